@@ -1,0 +1,82 @@
+//! Compute backends and device selection.
+//!
+//! Everything model-related is generic over `B: burn::tensor::backend::Backend`; this module
+//! names the concrete backends hacpo ships (CPU `flex` always, CUDA with `--features cuda`)
+//! and turns a `--device` string into one of them. Commands dispatch once at the top with
+//! [`with_backend!`](crate::with_backend) and stay generic below.
+
+use crate::error::{Error, Result};
+
+/// The CPU backend (burn-flex: pure Rust, gemm-based matmul, rayon threads).
+pub type Cpu = burn::backend::Flex;
+/// The CPU backend with autodiff, for training.
+pub type CpuAutodiff = burn::backend::Autodiff<Cpu>;
+
+/// The CUDA backend (kernels compiled at run time by NVRTC).
+#[cfg(feature = "cuda")]
+pub type Cuda = burn::backend::Cuda;
+#[cfg(feature = "cuda")]
+pub type CudaAutodiff = burn::backend::Autodiff<Cuda>;
+
+/// A device named on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+impl DeviceSpec {
+    /// Parses `cpu`, `cuda` or `cuda:N`.
+    pub fn parse(s: &str) -> Result<Self> {
+        let spec = match s {
+            "cpu" => DeviceSpec::Cpu,
+            "cuda" | "gpu" => DeviceSpec::Cuda(0),
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => DeviceSpec::Cuda(i),
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "unknown device {s:?}; use cpu, cuda or cuda:N"
+                    )));
+                }
+            },
+        };
+        if matches!(spec, DeviceSpec::Cuda(_)) && !cfg!(feature = "cuda") {
+            return Err(Error::InvalidArgument(format!(
+                "device {s:?} needs a CUDA build; rebuild with `cargo build --release --features cuda`"
+            )));
+        }
+        Ok(spec)
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DeviceSpec::Cpu => write!(f, "cpu"),
+            DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+        }
+    }
+}
+
+/// Runs a generic body with the backend and device that a [`DeviceSpec`] names:
+/// `with_backend!(spec, |B, device| run::<B>(&device))`.
+#[macro_export]
+macro_rules! with_backend {
+    ($spec:expr, |$b:ident, $dev:ident| $body:expr) => {{
+        match $spec {
+            $crate::backend::DeviceSpec::Cpu => {
+                type $b = $crate::backend::Cpu;
+                let $dev: <$b as burn::tensor::backend::BackendTypes>::Device = Default::default();
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            $crate::backend::DeviceSpec::Cuda(i) => {
+                type $b = $crate::backend::Cuda;
+                let $dev = burn::backend::cuda::CudaDevice::new(i);
+                $body
+            }
+            #[cfg(not(feature = "cuda"))]
+            $crate::backend::DeviceSpec::Cuda(_) => unreachable!("DeviceSpec::parse rejects cuda without the feature"),
+        }
+    }};
+}

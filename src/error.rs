@@ -1,0 +1,141 @@
+//! The library's error type.
+//!
+//! Every variant that a user can cause (a wrong path, a malformed file, an unknown model id, a
+//! prompt that does not fit) carries enough context to say what is wrong *and* how to fix it,
+//! because `main` prints these messages verbatim and exits with code 2. Internal failures
+//! (bugs, I/O errors we did not anticipate) exit with code 1.
+
+use std::path::{Path, PathBuf};
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A file or directory the user named (or that a model directory must contain) is missing.
+    #[error("{what} not found: {path}\n{hint}")]
+    NotFound { what: String, path: PathBuf, hint: String },
+
+    /// Reading or writing a file failed.
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// A configuration file is malformed or a key holds an invalid value.
+    #[error("invalid {file}: {message}")]
+    InvalidConfig { file: String, message: String },
+
+    /// The checkpoint is of a model architecture hacpo does not implement.
+    #[error(
+        "unsupported architecture {found:?} in {file}; hacpo implements {supported}.\n\
+         Use a Llama-3.x, Qwen2/2.5 or Qwen3 checkpoint."
+    )]
+    UnsupportedArchitecture { found: String, file: String, supported: &'static str },
+
+    /// A weight tensor is present but its shape disagrees with `config.json`.
+    #[error(
+        "weight {name} has shape {found:?} in {file}, but the model config implies {expected:?}.\n\
+         The weights and config.json do not belong to the same model."
+    )]
+    WeightShape { name: String, file: String, expected: Vec<usize>, found: Vec<usize> },
+
+    /// A weight the architecture needs is absent from the checkpoint.
+    #[error(
+        "weight {name} is missing from {file}.\n\
+         The checkpoint is incomplete or belongs to a different architecture than config.json says."
+    )]
+    MissingWeight { name: String, file: String },
+
+    /// A weight file could not be parsed (truncated download, wrong format, unknown dtype).
+    #[error("cannot read weights from {path}: {message}")]
+    WeightFile { path: PathBuf, message: String },
+
+    /// A model id that is neither a path nor a zoo entry.
+    #[error("unknown model {id:?}: it is not a local path and not a zoo id.\nKnown zoo ids: {known}.\nRun `hacpo models` for the list, or pass a model directory or a .gguf file.")]
+    UnknownModel { id: String, known: String },
+
+    /// The model is not in the local hub cache and cannot be downloaded.
+    #[error(
+        "cannot get {repo} from the Hugging Face hub: {reason}\n\
+         The model is not in the local cache ({cache}). Either connect to the network, \
+         or download the files elsewhere (`huggingface-cli download {repo}`) and copy them \
+         into that cache, or pass the model directory with --model /path/to/dir."
+    )]
+    Download { repo: String, reason: String, cache: PathBuf },
+
+    /// Tokenizer loading, encoding or decoding failed.
+    #[error("tokenizer error: {0}")]
+    Tokenizer(String),
+
+    /// A chat template failed to render.
+    #[error("chat template error: {0}")]
+    ChatTemplate(String),
+
+    /// The prompt (plus what must be generated) does not fit into the model's context.
+    #[error(
+        "the prompt has {prompt_tokens} tokens but the model's context is {context} tokens \
+         (max_position_embeddings); shorten the prompt"
+    )]
+    PromptTooLong { prompt_tokens: usize, context: usize },
+
+    /// A command-line value or request parameter is invalid.
+    #[error("{0}")]
+    InvalidArgument(String),
+
+    /// A GGUF file could not be imported.
+    #[error("cannot import GGUF {path}: {message}")]
+    Gguf { path: PathBuf, message: String },
+
+    /// Anything else: a bug or an unexpected condition.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// Exit code for the CLI: 2 for errors the user can fix, 1 for internal failures.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Error::Io { .. } | Error::Internal(_) => 1,
+            _ => 2,
+        }
+    }
+
+    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            return Error::NotFound {
+                what: "file".into(),
+                path: path.to_path_buf(),
+                hint: "Check the path.".into(),
+            };
+        }
+        Error::Io { action, path: path.to_path_buf(), source }
+    }
+
+    pub(crate) fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::InvalidConfig { file: file.into(), message: message.into() }
+    }
+}
+
+/// Reads a whole file, mapping failures to [`Error`] with the path.
+pub(crate) fn read_to_string(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).map_err(|e| Error::io("read", path, e))
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, then a rename, so a crash
+/// never leaves a half-written checkpoint under the final name.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = temp_path_for(path);
+    std::fs::write(&tmp, bytes).map_err(|e| Error::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename into place", path, e))
+}
+
+/// The temporary sibling used by [`write_atomic`].
+pub(crate) fn temp_path_for(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(format!(".tmp{}", std::process::id()));
+    path.with_file_name(name)
+}

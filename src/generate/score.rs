@@ -1,0 +1,231 @@
+//! Per-token log-probabilities of given responses, computed in vocabulary-sized chunks.
+//!
+//! `log p(y_t | y_<t) = z[y_t]/T − logsumexp(z/T)` with `z = h Wᵀ`. Materialising `z` for a
+//! whole batch is `[tokens, vocab]` floats: 32k tokens × 152k vocabulary = 20 GB. Both
+//! versions here walk the rows in chunks of at most [`CHUNK_ELEMENTS`] logits:
+//! - [`token_logprobs`] (any backend, no gradient) for rollouts and evaluation;
+//! - [`token_logprobs_autodiff`] for training, a custom autodiff op whose backward recomputes
+//!   each chunk's logits instead of keeping them, so the graph holds only `h`, `W` and one
+//!   log-sum-exp per token (the "fused linear cross-entropy" trick).
+
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
+use burn::tensor::{IndexingUpdateOp, ops::FloatTensor, ops::IntTensor};
+use burn_autodiff::Autodiff;
+use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+
+/// Upper bound on logits alive at once (64 MiB of f32).
+pub const CHUNK_ELEMENTS: usize = 1 << 24;
+
+fn chunk_rows(vocab: usize) -> usize {
+    (CHUNK_ELEMENTS / vocab.max(1)).max(1)
+}
+
+fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 1, Int> {
+    let data: Vec<i64> = targets.iter().map(|&t| t as i64).collect();
+    Tensor::from_data(TensorData::new(data, [targets.len()]), device)
+}
+
+/// Forward for one chunk: (log-prob of each target, log-sum-exp of each row).
+fn chunk_forward<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    inv_temperature: f32,
+) -> (Tensor<B, 1>, Tensor<B, 1>) {
+    let n = hidden.dims()[0];
+    let z = hidden.matmul(weight.transpose()).mul_scalar(inv_temperature); // [n, vocab]
+    let max = z.clone().max_dim(1); // [n, 1]
+    let lse = (z.clone() - max.clone()).exp().sum_dim(1).log() + max; // [n, 1]
+    let picked = z.gather(1, targets.reshape([n, 1])); // [n, 1]
+    ((picked - lse.clone()).reshape([n]), lse.reshape([n]))
+}
+
+/// Log-probabilities `[n]` of `targets` given final hidden states `hidden: [n, hidden]` and
+/// the LM head `weight: [vocab, hidden]`, at temperature `1 / inv_temperature`. No gradient.
+pub fn token_logprobs<B: Backend>(
+    hidden: Tensor<B, 2>,
+    weight: Tensor<B, 2>,
+    targets: &[u32],
+    inv_temperature: f32,
+) -> Tensor<B, 1> {
+    let [n, d] = hidden.dims();
+    assert_eq!(n, targets.len(), "one target per hidden row");
+    let device = hidden.device();
+    let rows = chunk_rows(weight.dims()[0]);
+    let mut parts = Vec::new();
+    for start in (0..n).step_by(rows) {
+        let end = (start + rows).min(n);
+        let h = hidden.clone().slice([start..end, 0..d]);
+        let t = targets_tensor::<B>(&targets[start..end], &device);
+        parts.push(chunk_forward(h, weight.clone(), t, inv_temperature).0);
+    }
+    if parts.is_empty() {
+        return Tensor::zeros([0], &device);
+    }
+    Tensor::cat(parts, 0)
+}
+
+#[derive(Debug)]
+struct ChunkedLogProbs;
+
+/// Saved for the backward pass: hidden, weight, targets, per-row log-sum-exp, 1/T.
+type ChunkedState<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32);
+
+impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
+    type State = ChunkedState<B>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let [node_hidden, node_weight] = ops.parents;
+        let grad_out: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
+        let (hidden, weight, targets, lse, inv_t) = ops.state;
+        let hidden: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(hidden));
+        let weight: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(weight));
+        let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
+        let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
+
+        let [n, d] = hidden.dims();
+        let vocab = weight.dims()[0];
+        let rows = chunk_rows(vocab);
+        let mut grad_hidden = Vec::new();
+        let mut grad_weight: Option<Tensor<B, 2>> = None;
+        for start in (0..n).step_by(rows) {
+            let end = (start + rows).min(n);
+            let c = end - start;
+            let h = hidden.clone().slice([start..end, 0..d]);
+            let g = grad_out.clone().slice([start..end]).reshape([c, 1]);
+            let l = lse.clone().slice([start..end]).reshape([c, 1]);
+            let t = targets.clone().slice([start..end]).reshape([c, 1]);
+            // d out_i / d z_ij = (1[j = y_i] − p_ij) / T
+            let p = (h.clone().matmul(weight.clone().transpose()).mul_scalar(inv_t) - l).exp();
+            let dz = (-p * g.clone()).scatter(1, t, g, IndexingUpdateOp::Add).mul_scalar(inv_t);
+            if node_hidden.is_some() {
+                grad_hidden.push(dz.clone().matmul(weight.clone()));
+            }
+            if node_weight.is_some() {
+                let gw = dz.transpose().matmul(h);
+                grad_weight = Some(match grad_weight {
+                    Some(acc) => acc + gw,
+                    None => gw,
+                });
+            }
+        }
+        if let Some(node) = node_hidden {
+            let gh = if grad_hidden.is_empty() { hidden.zeros_like() } else { Tensor::cat(grad_hidden, 0) };
+            grads.register::<B>(node.id, gh.into_primitive().tensor());
+        }
+        if let Some(node) = node_weight {
+            let gw = grad_weight.unwrap_or_else(|| weight.zeros_like());
+            grads.register::<B>(node.id, gw.into_primitive().tensor());
+        }
+    }
+}
+
+/// [`token_logprobs`] with gradients to `hidden` and `weight`, without keeping any
+/// `[rows, vocab]` tensor in the autodiff graph.
+pub fn token_logprobs_autodiff<B: Backend, C: CheckpointStrategy>(
+    hidden: Tensor<Autodiff<B, C>, 2>,
+    weight: Tensor<Autodiff<B, C>, 2>,
+    targets: &[u32],
+    inv_temperature: f32,
+) -> Tensor<Autodiff<B, C>, 1> {
+    let n = hidden.dims()[0];
+    assert_eq!(n, targets.len(), "one target per hidden row");
+    let h = hidden.into_primitive().tensor();
+    let w = weight.into_primitive().tensor();
+    let h_inner: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(h.primitive.clone()));
+    let w_inner: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(w.primitive.clone()));
+    let device = h_inner.device();
+    let rows = chunk_rows(w_inner.dims()[0]);
+    let d = h_inner.dims()[1];
+
+    let mut logps = Vec::new();
+    let mut lses = Vec::new();
+    for start in (0..n).step_by(rows) {
+        let end = (start + rows).min(n);
+        let t = targets_tensor::<B>(&targets[start..end], &device);
+        let (lp, lse) = chunk_forward(h_inner.clone().slice([start..end, 0..d]), w_inner.clone(), t, inv_temperature);
+        logps.push(lp);
+        lses.push(lse);
+    }
+    let (out, lse) = if logps.is_empty() {
+        (Tensor::<B, 1>::zeros([0], &device), Tensor::<B, 1>::zeros([0], &device))
+    } else {
+        (Tensor::cat(logps, 0), Tensor::cat(lses, 0))
+    };
+    let out = out.into_primitive().tensor();
+
+    let result = match ChunkedLogProbs.prepare::<C>([h.node.clone(), w.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let targets = targets_tensor::<B>(targets, &device).into_primitive();
+            prep.finish((h.primitive, w.primitive, targets, lse.into_primitive().tensor(), inv_temperature), out)
+        }
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(result))
+}
+
+/// Final hidden states of the positions that predict each response token, flattened over
+/// the batch: `([response tokens, hidden], targets, response lengths)`. Sequences are
+/// right-padded, which needs no mask (later slots never influence earlier ones).
+pub fn response_hidden<B: Backend>(
+    model: &crate::model::CausalLm<B>,
+    requests: &[(Vec<u32>, Vec<u32>)],
+) -> crate::error::Result<(Tensor<B, 2>, Vec<u32>, Vec<usize>)> {
+    use crate::error::Error;
+    let device = model.device();
+    let context = model.config.max_position_embeddings;
+    let mut t = 1;
+    for (p, r) in requests {
+        if p.is_empty() {
+            return Err(Error::InvalidArgument("cannot score a response without a prompt: the first response token needs a preceding token".into()));
+        }
+        if p.len() + r.len() > context {
+            return Err(Error::PromptTooLong { prompt_tokens: p.len() + r.len(), context });
+        }
+        t = t.max(p.len() + r.len());
+    }
+    let b = requests.len();
+    let mut ids = vec![0i64; b * t];
+    let mut rows = Vec::new();
+    let mut targets = Vec::new();
+    let mut lens = Vec::with_capacity(b);
+    for (i, (p, r)) in requests.iter().enumerate() {
+        for (j, &tok) in p.iter().chain(r.iter()).enumerate() {
+            ids[i * t + j] = tok as i64;
+        }
+        for (j, &tok) in r.iter().enumerate() {
+            rows.push((i * t + p.len() - 1 + j) as i64);
+            targets.push(tok);
+        }
+        lens.push(r.len());
+    }
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, t]), &device);
+    let layout = model.layout_tensors(&crate::model::Layout::dense(b, t));
+    let hidden = model.forward_hidden(ids, &layout, None);
+    let d = hidden.dims()[2];
+    let n = rows.len();
+    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device);
+    Ok((hidden.reshape([b * t, d]).select(0, index), targets, lens))
+}
+
+/// Log-probs of each response token given its prompt (no gradient), at `temperature`.
+pub fn score<B: Backend>(
+    model: &crate::model::CausalLm<B>,
+    requests: &[(Vec<u32>, Vec<u32>)],
+    temperature: f32,
+) -> crate::error::Result<Vec<Vec<f32>>> {
+    let (hidden, targets, lens) = response_hidden(model, requests)?;
+    let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature)
+        .into_data()
+        .into_vec::<f32>()
+        .map_err(|e| crate::error::Error::Internal(format!("{e:?}")))?;
+    let mut out = Vec::with_capacity(lens.len());
+    let mut at = 0;
+    for l in lens {
+        out.push(flat[at..at + l].to_vec());
+        at += l;
+    }
+    Ok(out)
+}

@@ -1,0 +1,15 @@
+//! hacpo: heterogeneous LLMs improving each other with reinforcement learning on verifiable
+//! rewards (HACPO), and multi-agent LLM systems trained with RL.
+//!
+//! Module map (see `ARCHITECTURE.md` in the shared docs): [`model`] holds the transformer
+//! families and their checkpoints, [`tokenizer`] tokenizers and chat templates, [`generate`]
+//! the sampling engine and log-prob scoring. Higher layers (RL, collaboration, evaluation)
+//! build on these.
+
+pub mod backend;
+pub mod error;
+pub mod generate;
+pub mod model;
+pub mod tokenizer;
+
+pub use error::{Error, Result};

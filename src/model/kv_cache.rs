@@ -1,0 +1,121 @@
+//! Batched key/value cache for incremental decoding.
+//!
+//! One `[batch, kv_heads, capacity, head_dim]` buffer per layer for keys and one for values,
+//! written in place with `slice_assign` (the flex backend mutates a uniquely owned buffer
+//! without copying). Capacity grows by doubling, so a long generation copies each slot O(1)
+//! times on average instead of once per step as a `cat`-based cache would.
+
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
+
+#[derive(Debug)]
+struct LayerKv<B: Backend> {
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+}
+
+/// Keys and values of every layer for a batch of sequences.
+#[derive(Debug)]
+pub struct KvCache<B: Backend> {
+    layers: Vec<Option<LayerKv<B>>>,
+    /// Slots filled so far (identical for all rows; see [`super::layout`]).
+    len: usize,
+    reserve: usize,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// An empty cache for `num_layers` layers that pre-allocates room for `reserve` slots.
+    pub fn new(num_layers: usize, reserve: usize) -> Self {
+        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0, reserve }
+    }
+
+    /// Slots already written.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Marks `n` more slots as written (called once per forward pass, after all layers).
+    pub(crate) fn advance(&mut self, n: usize) {
+        self.len += n;
+    }
+
+    /// Writes the new keys/values `[batch, kv_heads, t, head_dim]` of `layer` at slot `start`
+    /// and returns views of all keys and values `[batch, kv_heads, start + t, head_dim]`.
+    pub(crate) fn append(
+        &mut self,
+        layer: usize,
+        start: usize,
+        k_new: Tensor<B, 4>,
+        v_new: Tensor<B, 4>,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let [b, h, t, d] = k_new.dims();
+        let end = start + t;
+        let entry = self.layers[layer].take();
+        let mut kv = match entry {
+            None => {
+                let cap = end.max(self.reserve);
+                let dev = k_new.device();
+                LayerKv { k: Tensor::zeros([b, h, cap, d], &dev), v: Tensor::zeros([b, h, cap, d], &dev) }
+            }
+            Some(kv) => kv,
+        };
+        let cap = kv.k.dims()[2];
+        if end > cap {
+            let grow = end.max(cap * 2) - cap;
+            let dev = k_new.device();
+            kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], &dev)], 2);
+            kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], &dev)], 2);
+        }
+        kv.k = kv.k.slice_assign([0..b, 0..h, start..end, 0..d], k_new);
+        kv.v = kv.v.slice_assign([0..b, 0..h, start..end, 0..d], v_new);
+        let out = (kv.k.clone().slice([0..b, 0..h, 0..end, 0..d]), kv.v.clone().slice([0..b, 0..h, 0..end, 0..d]));
+        self.layers[layer] = Some(kv);
+        out
+    }
+
+    /// Stacks caches of the same length along the batch (prefill runs in chunks of prompts).
+    pub fn concat(mut caches: Vec<Self>) -> Self {
+        if caches.len() == 1 {
+            return caches.pop().expect("one cache");
+        }
+        let len = caches[0].len;
+        assert!(caches.iter().all(|c| c.len == len), "caches must hold the same number of slots");
+        let reserve = caches[0].reserve;
+        let num_layers = caches[0].layers.len();
+        let mut layers = Vec::with_capacity(num_layers);
+        for l in 0..num_layers {
+            let parts: Vec<LayerKv<B>> = caches.iter_mut().filter_map(|c| c.layers[l].take()).collect();
+            if parts.is_empty() {
+                layers.push(None);
+                continue;
+            }
+            let cap = parts.iter().map(|p| p.k.dims()[2]).min().expect("non-empty");
+            let (ks, vs): (Vec<_>, Vec<_>) = parts
+                .into_iter()
+                .map(|p| {
+                    let [b, h, _, d] = p.k.dims();
+                    (p.k.slice([0..b, 0..h, 0..cap, 0..d]), p.v.slice([0..b, 0..h, 0..cap, 0..d]))
+                })
+                .unzip();
+            layers.push(Some(LayerKv { k: Tensor::cat(ks, 0), v: Tensor::cat(vs, 0) }));
+        }
+        KvCache { layers, len, reserve }
+    }
+
+    /// Keeps only the rows `rows` (in that order; a row may repeat), e.g. to fan one prefilled
+    /// prompt out to G samples or to drop finished sequences.
+    pub fn select_rows(&mut self, rows: &[usize]) {
+        for kv in self.layers.iter_mut().flatten() {
+            let dev = kv.k.device();
+            let idx = Tensor::<B, 1, Int>::from_data(
+                TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
+                &dev,
+            );
+            kv.k = kv.k.clone().select(0, idx.clone());
+            kv.v = kv.v.clone().select(0, idx);
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Hugging Face safetensors checkpoints: single file or sharded with
+//! `model.safetensors.index.json`, read through a memory map; and writing them back.
+//!
+//! Headers are validated up front (a truncated download fails here with the file named, not
+//! later with garbage weights). Data in bf16/f16/f32/f64 is widened to f32 master weights.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors, tensor::Metadata};
+use serde_json::Value;
+
+use super::weights::{HostTensor, WeightSource, bytes_to_f32};
+use crate::error::{Error, Result, temp_path_for};
+
+struct MappedFile {
+    path: PathBuf,
+    mmap: memmap2::Mmap,
+    header_len: usize,
+    metadata: Metadata,
+}
+
+/// Weights of one HF model directory.
+pub struct SafetensorsSource {
+    dir: PathBuf,
+    files: Vec<MappedFile>,
+    /// tensor name → index into `files`
+    index: HashMap<String, usize>,
+}
+
+impl SafetensorsSource {
+    /// Opens `model.safetensors`, or the shards listed in `model.safetensors.index.json`.
+    pub fn open_dir(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let file_names: Vec<String> = if index_path.exists() {
+            let text = crate::error::read_to_string(&index_path)?;
+            let v: Value = serde_json::from_str(&text)
+                .map_err(|e| Error::config(index_path.display().to_string(), format!("not valid JSON: {e}")))?;
+            let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| {
+                Error::config(index_path.display().to_string(), "missing the \"weight_map\" object")
+            })?;
+            let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            names.sort();
+            names.dedup();
+            names
+        } else if single.exists() {
+            vec!["model.safetensors".into()]
+        } else {
+            return Err(Error::NotFound {
+                what: "model weights".into(),
+                path: single,
+                hint: "Expected model.safetensors or model.safetensors.index.json with its shards \
+                       in the model directory."
+                    .into(),
+            });
+        };
+
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for name in file_names {
+            let f = map_file(&dir.join(&name))?;
+            for tensor in f.metadata.tensors().keys() {
+                index.insert(tensor.clone(), files.len());
+            }
+            files.push(f);
+        }
+        Ok(SafetensorsSource { dir: dir.to_path_buf(), files, index })
+    }
+
+    /// Opens one `.safetensors` file.
+    pub fn open_file(path: &Path) -> Result<Self> {
+        let f = map_file(path)?;
+        let index = f.metadata.tensors().keys().map(|k| (k.clone(), 0)).collect();
+        Ok(SafetensorsSource { dir: path.to_path_buf(), files: vec![f], index })
+    }
+
+    /// Names of all tensors in the checkpoint.
+    pub fn names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.index.keys().cloned().collect();
+        v.sort();
+        v
+    }
+}
+
+fn map_file(path: &Path) -> Result<MappedFile> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?;
+    // SAFETY: the map is read-only and we never hand out references that outlive it; a file
+    // changed underneath us by another process is outside what any loader can defend against.
+    let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io("map", path, e))?;
+    let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| Error::WeightFile {
+        path: path.to_path_buf(),
+        message: format!(
+            "{e}. The file is truncated or not a safetensors file; download it again."
+        ),
+    })?;
+    Ok(MappedFile { path: path.to_path_buf(), mmap, header_len, metadata })
+}
+
+impl WeightSource for SafetensorsSource {
+    fn describe(&self) -> String {
+        self.dir.display().to_string()
+    }
+
+    fn take(&mut self, name: &str) -> Result<Option<HostTensor>> {
+        let Some(&fi) = self.index.get(name) else { return Ok(None) };
+        let f = &self.files[fi];
+        let info = f.metadata.info(name).expect("indexed tensor has info");
+        let start = 8 + f.header_len + info.data_offsets.0;
+        let end = 8 + f.header_len + info.data_offsets.1;
+        let data = bytes_to_f32(&f.mmap[start..end], info.dtype).map_err(|m| Error::WeightFile {
+            path: f.path.clone(),
+            message: format!("tensor {name}: {m}"),
+        })?;
+        Ok(Some(HostTensor { shape: info.shape.clone(), data }))
+    }
+}
+
+/// Storage dtype for saved checkpoints.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SaveDtype {
+    F32,
+    Bf16,
+}
+
+impl SaveDtype {
+    /// The name transformers uses in `config.json`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s {
+            "f32" | "float32" => Ok(SaveDtype::F32),
+            "bf16" | "bfloat16" => Ok(SaveDtype::Bf16),
+            other => Err(Error::InvalidArgument(format!("unknown dtype {other:?}; use f32 or bf16"))),
+        }
+    }
+
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            SaveDtype::F32 => "float32",
+            SaveDtype::Bf16 => "bfloat16",
+        }
+    }
+}
+
+struct ByteView {
+    dtype: Dtype,
+    shape: Vec<usize>,
+    bytes: Vec<u8>,
+}
+
+impl safetensors::View for &ByteView {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        std::borrow::Cow::Borrowed(&self.bytes)
+    }
+    fn data_len(&self) -> usize {
+        self.bytes.len()
+    }
+}
+
+/// Writes `tensors` into `dir` as `model.safetensors`, or as shards of at most
+/// `max_shard_bytes` plus `model.safetensors.index.json`. Each file is written to a temporary
+/// name and renamed, so an interrupted save never leaves a truncated file under a real name.
+pub fn write_safetensors(
+    dir: &Path,
+    tensors: Vec<(String, HostTensor)>,
+    dtype: SaveDtype,
+    max_shard_bytes: usize,
+) -> Result<Vec<PathBuf>> {
+    let views: Vec<(String, ByteView)> = tensors
+        .into_iter()
+        .map(|(name, t)| {
+            let (dt, bytes) = match dtype {
+                SaveDtype::F32 => (Dtype::F32, bytemuck::cast_slice::<f32, u8>(&t.data).to_vec()),
+                SaveDtype::Bf16 => (
+                    Dtype::BF16,
+                    t.data.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+                ),
+            };
+            (name, ByteView { dtype: dt, shape: t.shape, bytes })
+        })
+        .collect();
+
+    // Greedy sharding in checkpoint order, like transformers' `shard_checkpoint`.
+    let mut shards: Vec<Vec<&(String, ByteView)>> = vec![vec![]];
+    let mut size = 0usize;
+    for v in &views {
+        if size > 0 && size + v.1.bytes.len() > max_shard_bytes {
+            shards.push(vec![]);
+            size = 0;
+        }
+        size += v.1.bytes.len();
+        shards.last_mut().expect("non-empty").push(v);
+    }
+
+    let n = shards.len();
+    let mut written = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    let total: usize = views.iter().map(|v| v.1.bytes.len()).sum();
+    for (i, shard) in shards.iter().enumerate() {
+        let name = if n == 1 {
+            "model.safetensors".to_string()
+        } else {
+            format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
+        };
+        let path = dir.join(&name);
+        let tmp = temp_path_for(&path);
+        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+        safetensors::serialize_to_file(shard.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp)
+            .map_err(|e| Error::WeightFile { path: tmp.clone(), message: e.to_string() })?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename into place", &path, e))?;
+        for (k, _) in shard {
+            weight_map.insert(k.clone(), name.clone());
+        }
+        written.push(path);
+    }
+    if n > 1 {
+        let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+        let path = dir.join("model.safetensors.index.json");
+        crate::error::write_atomic(&path, serde_json::to_string_pretty(&index).expect("json").as_bytes())?;
+        written.push(path);
+    } else {
+        // A stale index from an earlier sharded save would shadow the new single file.
+        let _ = std::fs::remove_file(dir.join("model.safetensors.index.json"));
+    }
+    Ok(written)
+}

@@ -1,0 +1,233 @@
+//! The decoder-only transformer shared by Llama-3.x, Qwen2/2.5 and Qwen3.
+//!
+//! The three families are one architecture with switches, so they share this file instead of
+//! three near-copies (a bug fixed in one copy would survive in the others):
+//!
+//! | switch           | Llama-3.x              | Qwen2/2.5        | Qwen3                |
+//! |------------------|------------------------|------------------|----------------------|
+//! | q/k/v bias       | `attention_bias`       | always           | `attention_bias`     |
+//! | q/k RMSNorm      | –                      | –                | per head, before RoPE|
+//! | RoPE scaling     | `llama3` (3.1+)        | –                | –                    |
+//! | tied embeddings  | 3.2 1B/3B              | small sizes      | small sizes          |
+//! | `head_dim`       | hidden/heads           | hidden/heads     | explicit             |
+//!
+//! Reading order follows the architecture diagram: linear → RMSNorm → attention → MLP →
+//! decoder layer → model. Struct and field names mirror HF module names, so
+//! `model.layers.3.self_attn.q_proj.weight` is `layers[3].self_attn.q_proj.weight`.
+//! Weights are stored in HF's `[out, in]` layout; `x @ Wᵀ` uses a transposed view.
+//!
+//! Invariant: all maths runs in f32 on whatever backend `B` is; the forward pass never
+//! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
+
+use burn::module::{Module, Param};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::{Int, Tensor, backend::Backend};
+
+use super::config::ModelConfig;
+use super::kv_cache::KvCache;
+use super::layout::{Layout, LayoutTensors};
+use super::rope::Rope;
+
+/// `y = x Wᵀ + b` with `W` in HF layout `[out, in]`.
+#[derive(Module, Debug)]
+pub struct Linear<B: Backend> {
+    pub weight: Param<Tensor<B, 2>>,
+    pub bias: Option<Param<Tensor<B, 1>>>,
+}
+
+impl<B: Backend> Linear<B> {
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let dims = x.dims();
+        let rows: usize = dims[..D - 1].iter().product();
+        // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
+        // GEMM per batch row and sum them.
+        let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
+        let mut y = x2.matmul(self.weight.val().transpose());
+        if let Some(b) = &self.bias {
+            y = y + b.val().unsqueeze_dim(0);
+        }
+        let mut out = dims;
+        out[D - 1] = self.weight.dims()[0];
+        y.reshape(out)
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
+#[derive(Module, Debug)]
+pub struct RmsNorm<B: Backend> {
+    pub weight: Param<Tensor<B, 1>>,
+    pub eps: f64,
+}
+
+impl<B: Backend> RmsNorm<B> {
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        let var = x.clone().powi_scalar(2).mean_dim(D - 1);
+        let x = x * (var + self.eps).sqrt().recip();
+        let mut shape = [1usize; D];
+        shape[D - 1] = self.weight.dims()[0];
+        x * self.weight.val().reshape(shape)
+    }
+}
+
+/// Multi-head attention with grouped key/value heads.
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    pub q_proj: Linear<B>,
+    pub k_proj: Linear<B>,
+    pub v_proj: Linear<B>,
+    pub o_proj: Linear<B>,
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl<B: Backend> Attention<B> {
+    /// `x: [batch, t, hidden]` → `[batch, t, hidden]`.
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        layout: &LayoutTensors<B>,
+        cache: Option<(&mut KvCache<B>, usize, usize)>,
+    ) -> Tensor<B, 3> {
+        let [b, t, _] = x.dims();
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let group = h / kvh;
+
+        let mut q = self.q_proj.forward(x.clone()).reshape([b, t, h, hd]);
+        let mut k = self.k_proj.forward(x.clone()).reshape([b, t, kvh, hd]);
+        let v = self.v_proj.forward(x).reshape([b, t, kvh, hd]).swap_dims(1, 2);
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(q);
+            k = kn.forward(k);
+        }
+        let q = apply_rope(q.swap_dims(1, 2), layout);
+        let k = apply_rope(k.swap_dims(1, 2), layout);
+
+        let (k, v) = match cache {
+            Some((cache, layer, start)) => cache.append(layer, start, k, v),
+            None => (k, v),
+        };
+        let s = k.dims()[2];
+
+        // GQA without repeating K/V: the `group` query heads that share a KV head become
+        // extra query rows, [b, kvh, group*t, hd] (HF head order is kv-major).
+        let q = q.reshape([b, kvh, group * t, hd]);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut scores = q.matmul(k.transpose()).mul_scalar(scale);
+        if let Some(bias) = &layout.bias {
+            scores = (scores.reshape([b, kvh, group, t, s]) + bias.clone()).reshape([b, kvh, group * t, s]);
+        }
+        let probs = softmax(scores, 3);
+        let out = probs.matmul(v).reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
+        self.o_proj.forward(out)
+    }
+}
+
+/// HF `apply_rotary_pos_emb`: `x·cos + rotate_half(x)·sin`, `x: [batch, heads, t, head_dim]`.
+fn apply_rope<B: Backend>(x: Tensor<B, 4>, layout: &LayoutTensors<B>) -> Tensor<B, 4> {
+    let [b, h, t, d] = x.dims();
+    let half = d / 2;
+    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
+    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * layout.cos.clone() + rotated * layout.sin.clone()
+}
+
+/// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub gate_proj: Linear<B>,
+    pub up_proj: Linear<B>,
+    pub down_proj: Linear<B>,
+}
+
+impl<B: Backend> Mlp<B> {
+    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
+        let gate = silu(self.gate_proj.forward(x.clone()));
+        self.down_proj.forward(gate * self.up_proj.forward(x))
+    }
+}
+
+/// Pre-norm residual block.
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub input_layernorm: RmsNorm<B>,
+    pub self_attn: Attention<B>,
+    pub post_attention_layernorm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+}
+
+impl<B: Backend> DecoderLayer<B> {
+    pub fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        layout: &LayoutTensors<B>,
+        cache: Option<(&mut KvCache<B>, usize, usize)>,
+    ) -> Tensor<B, 3> {
+        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), layout, cache);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+    }
+}
+
+/// A causal language model: embeddings, decoder layers, final norm, LM head.
+#[derive(Module, Debug)]
+pub struct CausalLm<B: Backend> {
+    /// `[vocab, hidden]`
+    pub embed_tokens: Param<Tensor<B, 2>>,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub norm: RmsNorm<B>,
+    /// `[vocab, hidden]`; `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Param<Tensor<B, 2>>>,
+    #[module(skip)]
+    pub config: ModelConfig,
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// Final hidden states `[batch, t, hidden]` (after the last RMSNorm) for token ids
+    /// `[batch, t]` placed as `layout` says. With a cache, keys/values are appended at
+    /// `layout.start` and the cache advances by `t`.
+    pub fn forward_hidden(
+        &self,
+        ids: Tensor<B, 2, Int>,
+        layout: &LayoutTensors<B>,
+        mut cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let t = ids.dims()[1];
+        let start = cache.as_ref().map_or(0, |c| c.len());
+        let mut x = burn::tensor::module::embedding(self.embed_tokens.val(), ids);
+        for (i, layer) in self.layers.iter().enumerate() {
+            let c = cache.as_deref_mut().map(|c| (c, i, start));
+            x = layer.forward(x, layout, c);
+        }
+        if let Some(c) = cache {
+            c.advance(t);
+        }
+        self.norm.forward(x)
+    }
+
+    /// The device the weights live on.
+    pub fn device(&self) -> B::Device {
+        self.embed_tokens.val().device()
+    }
+
+    /// RoPE tables and attention mask for `layout`, on the model's device.
+    pub fn layout_tensors(&self, layout: &Layout) -> LayoutTensors<B> {
+        LayoutTensors::new(layout, &Rope::new(&self.config), &self.device())
+    }
+
+    /// The output projection `[vocab, hidden]` (the embedding matrix when tied).
+    pub fn lm_head_weight(&self) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(w) => w.val(),
+            None => self.embed_tokens.val(),
+        }
+    }
+
+    /// Logits `[n, vocab]` for hidden states `[n, hidden]`. Callers select the rows they need
+    /// first: full-sequence logits for a 152k vocabulary would not fit in memory.
+    pub fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        hidden.matmul(self.lm_head_weight().transpose())
+    }
+}

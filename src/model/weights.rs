@@ -1,0 +1,256 @@
+//! Building a [`CausalLm`] from named host tensors and back.
+//!
+//! Every weight source (safetensors, sharded safetensors, GGUF, random init) yields tensors by
+//! their Hugging Face name; [`build`] asks for each name the architecture needs, checks its
+//! shape against the config and uploads it as f32. [`export`] walks the model the other way
+//! for saving. Keeping names and shapes in one place ([`expected_weights`]) means loading,
+//! saving and error messages can never disagree about what a checkpoint must contain.
+
+use burn::module::Param;
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+
+use super::config::ModelConfig;
+use super::transformer::{Attention, CausalLm, DecoderLayer, Linear, Mlp, RmsNorm};
+use crate::error::{Error, Result};
+
+/// A weight in host memory, f32, row-major.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+/// Anything that can hand out weights by HF name.
+pub trait WeightSource {
+    /// Human-readable origin used in error messages (a file or directory).
+    fn describe(&self) -> String;
+    /// Takes the tensor `name` (its declared shape and its data as f32), or `None` if absent.
+    fn take(&mut self, name: &str) -> Result<Option<HostTensor>>;
+}
+
+/// The names and shapes of all weights of `config`, in checkpoint order.
+pub fn expected_weights(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let (d, h, kv, hd, f) =
+        (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size);
+    let mut w = vec![("model.embed_tokens.weight".to_string(), vec![c.vocab_size, d])];
+    for i in 0..c.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let mut push = |name: &str, shape: Vec<usize>| w.push((format!("{p}.{name}"), shape));
+        push("input_layernorm.weight", vec![d]);
+        push("self_attn.q_proj.weight", vec![h * hd, d]);
+        push("self_attn.k_proj.weight", vec![kv * hd, d]);
+        push("self_attn.v_proj.weight", vec![kv * hd, d]);
+        push("self_attn.o_proj.weight", vec![d, h * hd]);
+        if c.qkv_bias {
+            push("self_attn.q_proj.bias", vec![h * hd]);
+            push("self_attn.k_proj.bias", vec![kv * hd]);
+            push("self_attn.v_proj.bias", vec![kv * hd]);
+        }
+        if c.o_bias {
+            push("self_attn.o_proj.bias", vec![d]);
+        }
+        if c.qk_norm {
+            push("self_attn.q_norm.weight", vec![hd]);
+            push("self_attn.k_norm.weight", vec![hd]);
+        }
+        push("post_attention_layernorm.weight", vec![d]);
+        push("mlp.gate_proj.weight", vec![f, d]);
+        push("mlp.up_proj.weight", vec![f, d]);
+        push("mlp.down_proj.weight", vec![d, f]);
+        if c.mlp_bias {
+            push("mlp.gate_proj.bias", vec![f]);
+            push("mlp.up_proj.bias", vec![f]);
+            push("mlp.down_proj.bias", vec![d]);
+        }
+    }
+    w.push(("model.norm.weight".to_string(), vec![d]));
+    if !c.tie_word_embeddings {
+        w.push(("lm_head.weight".to_string(), vec![c.vocab_size, d]));
+    }
+    w
+}
+
+/// Builds the model from `source`, checking every shape.
+pub fn build<B: Backend>(
+    config: &ModelConfig,
+    source: &mut dyn WeightSource,
+    device: &B::Device,
+) -> Result<CausalLm<B>> {
+    let mut loader = Loader { source, device, config };
+    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    for i in 0..config.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        let linear = |l: &mut Loader<'_, B>, name: &str, bias: bool| -> Result<Linear<B>> {
+            Ok(Linear {
+                weight: l.param2(&format!("{p}.{name}.weight"))?,
+                bias: if bias { Some(l.param1(&format!("{p}.{name}.bias"))?) } else { None },
+            })
+        };
+        let self_attn = Attention {
+            q_proj: linear(&mut loader, "self_attn.q_proj", config.qkv_bias)?,
+            k_proj: linear(&mut loader, "self_attn.k_proj", config.qkv_bias)?,
+            v_proj: linear(&mut loader, "self_attn.v_proj", config.qkv_bias)?,
+            o_proj: linear(&mut loader, "self_attn.o_proj", config.o_bias)?,
+            q_norm: if config.qk_norm { Some(loader.norm(&format!("{p}.self_attn.q_norm.weight"))?) } else { None },
+            k_norm: if config.qk_norm { Some(loader.norm(&format!("{p}.self_attn.k_norm.weight"))?) } else { None },
+            num_heads: config.num_attention_heads,
+            num_kv_heads: config.num_key_value_heads,
+            head_dim: config.head_dim,
+        };
+        let mlp = Mlp {
+            gate_proj: linear(&mut loader, "mlp.gate_proj", config.mlp_bias)?,
+            up_proj: linear(&mut loader, "mlp.up_proj", config.mlp_bias)?,
+            down_proj: linear(&mut loader, "mlp.down_proj", config.mlp_bias)?,
+        };
+        layers.push(DecoderLayer {
+            input_layernorm: loader.norm(&format!("{p}.input_layernorm.weight"))?,
+            self_attn,
+            post_attention_layernorm: loader.norm(&format!("{p}.post_attention_layernorm.weight"))?,
+            mlp,
+        });
+    }
+    let embed_tokens = loader.param2("model.embed_tokens.weight")?;
+    let norm = loader.norm("model.norm.weight")?;
+    let lm_head = if config.tie_word_embeddings { None } else { Some(loader.param2("lm_head.weight")?) };
+    Ok(CausalLm { embed_tokens, layers, norm, lm_head, config: config.clone() })
+}
+
+struct Loader<'a, B: Backend> {
+    source: &'a mut dyn WeightSource,
+    device: &'a B::Device,
+    config: &'a ModelConfig,
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn host(&mut self, name: &str) -> Result<HostTensor> {
+        let expected = expected_shape(self.config, name);
+        let t = self
+            .source
+            .take(name)?
+            .ok_or_else(|| Error::MissingWeight { name: name.into(), file: self.source.describe() })?;
+        if t.shape != expected {
+            return Err(Error::WeightShape {
+                name: name.into(),
+                file: self.source.describe(),
+                expected,
+                found: t.shape,
+            });
+        }
+        Ok(t)
+    }
+
+    fn param2(&mut self, name: &str) -> Result<Param<Tensor<B, 2>>> {
+        let t = self.host(name)?;
+        let shape = [t.shape[0], t.shape[1]];
+        Ok(Param::from_tensor(Tensor::from_data(TensorData::new(t.data, shape), self.device)))
+    }
+
+    fn param1(&mut self, name: &str) -> Result<Param<Tensor<B, 1>>> {
+        let t = self.host(name)?;
+        let shape = [t.shape[0]];
+        Ok(Param::from_tensor(Tensor::from_data(TensorData::new(t.data, shape), self.device)))
+    }
+
+    fn norm(&mut self, name: &str) -> Result<RmsNorm<B>> {
+        Ok(RmsNorm { weight: self.param1(name)?, eps: self.config.rms_norm_eps })
+    }
+}
+
+fn expected_shape(config: &ModelConfig, name: &str) -> Vec<usize> {
+    expected_weights(config)
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, s)| s)
+        .unwrap_or_default()
+}
+
+/// All weights of `model` by HF name, in checkpoint order.
+pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
+    fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> HostTensor {
+        let shape = t.dims().to_vec();
+        let data = t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 weights");
+        HostTensor { shape, data }
+    }
+    let mut out = Vec::new();
+    let mut push = |name: String, t: HostTensor| out.push((name, t));
+    push("model.embed_tokens.weight".into(), host(model.embed_tokens.val()));
+    for (i, layer) in model.layers.iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let mut linear = |name: &str, l: &Linear<B>| {
+            push(format!("{p}.{name}.weight"), host(l.weight.val()));
+            if let Some(b) = &l.bias {
+                push(format!("{p}.{name}.bias"), host(b.val()));
+            }
+        };
+        let a = &layer.self_attn;
+        linear("self_attn.q_proj", &a.q_proj);
+        linear("self_attn.k_proj", &a.k_proj);
+        linear("self_attn.v_proj", &a.v_proj);
+        linear("self_attn.o_proj", &a.o_proj);
+        linear("mlp.gate_proj", &layer.mlp.gate_proj);
+        linear("mlp.up_proj", &layer.mlp.up_proj);
+        linear("mlp.down_proj", &layer.mlp.down_proj);
+        push(format!("{p}.input_layernorm.weight"), host(layer.input_layernorm.weight.val()));
+        push(format!("{p}.post_attention_layernorm.weight"), host(layer.post_attention_layernorm.weight.val()));
+        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
+            push(format!("{p}.self_attn.q_norm.weight"), host(qn.weight.val()));
+            push(format!("{p}.self_attn.k_norm.weight"), host(kn.weight.val()));
+        }
+    }
+    push("model.norm.weight".into(), host(model.norm.weight.val()));
+    if let Some(w) = &model.lm_head {
+        push("lm_head.weight".into(), host(w.val()));
+    }
+    out
+}
+
+/// Random weights like transformers' `_init_weights`: normal(0, `std`) matrices, zero biases,
+/// unit norms. For benchmarks and tests that need a model of a given shape.
+pub struct RandomWeights {
+    config: ModelConfig,
+    rng: rand_chacha::ChaCha8Rng,
+    std: f32,
+}
+
+impl RandomWeights {
+    pub fn new(config: &ModelConfig, seed: u64, std: f32) -> Self {
+        use rand::SeedableRng;
+        RandomWeights { config: config.clone(), rng: rand_chacha::ChaCha8Rng::seed_from_u64(seed), std }
+    }
+}
+
+impl WeightSource for RandomWeights {
+    fn describe(&self) -> String {
+        "random initialisation".into()
+    }
+
+    fn take(&mut self, name: &str) -> Result<Option<HostTensor>> {
+        use rand_distr::{Distribution, Normal};
+        let shape = expected_shape(&self.config, name);
+        let n: usize = shape.iter().product();
+        let data = if name.ends_with("norm.weight") {
+            vec![1.0; n]
+        } else if name.ends_with(".bias") {
+            vec![0.0; n]
+        } else {
+            let normal = Normal::new(0.0f32, self.std).expect("valid std");
+            (0..n).map(|_| normal.sample(&mut self.rng)).collect()
+        };
+        Ok(Some(HostTensor { shape, data }))
+    }
+}
+
+/// Converts raw little-endian bytes of a floating-point dtype to f32.
+pub fn bytes_to_f32(bytes: &[u8], dtype: safetensors::Dtype) -> std::result::Result<Vec<f32>, String> {
+    use safetensors::Dtype;
+    let chunks = |w: usize| bytes.chunks_exact(w);
+    Ok(match dtype {
+        Dtype::F32 => chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::BF16 => chunks(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F16 => chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::F64 => chunks(8)
+            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
+            .collect(),
+        other => return Err(format!("dtype {other:?} is not a floating-point weight type")),
+    })
+}

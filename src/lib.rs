@@ -7,6 +7,7 @@
 //! build on these.
 
 pub mod backend;
+pub mod bench;
 pub mod error;
 pub mod generate;
 pub mod model;

@@ -1,0 +1,115 @@
+//! Throughput measurements shared by `hacpo bench` and `benches/model.rs`.
+//!
+//! Three figures decide what an RL step costs: **prefill** (prompt tokens/s through a forward
+//! pass), **decode** (generated tokens/s with the KV cache, at batch 1 and at rollout batch
+//! sizes) and the **train step** (tokens/s through forward + backward + AdamW). Each is timed
+//! after one warm-up run; the caller chooses the sizes.
+
+use std::time::Instant;
+
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use rand::{Rng, SeedableRng};
+
+use crate::generate::{GenerateRequest, SamplingParams, generate, score};
+use crate::model::{CausalLm, Layout, ModelConfig};
+
+/// A ~5M-parameter Llama-architecture config (vocab 8192, hidden 256, 4 layers, GQA 4/2).
+pub fn tiny_5m_config() -> ModelConfig {
+    let v = serde_json::json!({
+        "model_type": "llama", "vocab_size": 8192, "hidden_size": 256, "intermediate_size": 768,
+        "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 2048,
+        "tie_word_embeddings": true
+    });
+    ModelConfig::from_json(&v, "tiny-5m").expect("valid built-in config")
+}
+
+/// One measurement.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct Measurement {
+    pub name: String,
+    pub batch: usize,
+    pub tokens: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+impl Measurement {
+    fn new(name: &str, batch: usize, tokens: usize, seconds: f64) -> Self {
+        Measurement { name: name.into(), batch, tokens, seconds, tokens_per_second: tokens as f64 / seconds }
+    }
+}
+
+fn random_ids(rng: &mut rand_chacha::ChaCha8Rng, n: usize, vocab: usize) -> Vec<u32> {
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+/// Prompt tokens per second through a full forward pass (hidden states and last-token logits)
+/// of `batch` sequences of `seq_len` tokens.
+pub fn prefill<B: Backend>(model: &CausalLm<B>, batch: usize, seq_len: usize) -> Measurement {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    let vocab = model.config.vocab_size;
+    let run = |ids: Vec<u32>| {
+        let data: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+        let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(data, [batch, seq_len]), &model.device());
+        let hidden = model.forward_hidden(ids, &model.layout_tensors(&Layout::dense(batch, seq_len)), None);
+        let d = hidden.dims()[2];
+        let last = hidden.slice([0..batch, seq_len - 1..seq_len, 0..d]).reshape([batch, d]);
+        let _ = model.logits(last).into_data();
+    };
+    run(random_ids(&mut rng, batch * seq_len, vocab));
+    let ids = random_ids(&mut rng, batch * seq_len, vocab);
+    let t = Instant::now();
+    run(ids);
+    Measurement::new("prefill", batch, batch * seq_len, t.elapsed().as_secs_f64())
+}
+
+/// Generated tokens per second for `batch` sequences (distinct random prompts of
+/// `prompt_len` tokens) decoding `new_tokens` greedy tokens each; prefill time excluded.
+pub fn decode<B: Backend>(model: &CausalLm<B>, batch: usize, prompt_len: usize, new_tokens: usize) -> Measurement {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
+    let vocab = model.config.vocab_size;
+    let run = |rng: &mut rand_chacha::ChaCha8Rng, n: usize| {
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_ids(rng, prompt_len, vocab)).collect();
+        let req = GenerateRequest::new(&prompts, SamplingParams::greedy(n));
+        generate(model, &req).expect("generation on valid prompts").1
+    };
+    run(&mut rng, 4);
+    let stats = run(&mut rng, new_tokens);
+    Measurement::new("decode", batch, stats.generated_tokens, stats.decode_seconds)
+}
+
+/// Training tokens per second: `steps` steps of forward + backward (negative log-likelihood
+/// through the chunked log-prob op) + AdamW on `batch` sequences of `seq_len` tokens.
+pub fn train_step<B: Backend>(model: CausalLm<burn::backend::Autodiff<B>>, batch: usize, seq_len: usize, steps: usize) -> Measurement {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
+    let vocab = model.config.vocab_size;
+    // PyTorch's AdamW defaults, spelled out (burn's differ: eps 1e-5, weight decay 1e-4).
+    let mut optim = AdamWConfig::new()
+        .with_beta_1(0.9)
+        .with_beta_2(0.999)
+        .with_epsilon(1e-8)
+        .with_weight_decay(0.01)
+        .init::<burn::backend::Autodiff<B>, CausalLm<burn::backend::Autodiff<B>>>();
+    let mut model = model;
+    let mut one_step = |model: CausalLm<burn::backend::Autodiff<B>>, rng: &mut rand_chacha::ChaCha8Rng| {
+        let requests: Vec<(Vec<u32>, Vec<u32>)> =
+            (0..batch).map(|_| (random_ids(rng, 1, vocab), random_ids(rng, seq_len - 1, vocab))).collect();
+        let (hidden, targets, _) = score::response_hidden(&model, &requests).expect("valid batch");
+        let logp = score::token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
+        let loss = logp.mean().neg();
+        let grads = GradientsParams::from_grads(loss.backward(), &model);
+        optim.step(1e-4, model, grads)
+    };
+    model = one_step(model, &mut rng);
+    let t = Instant::now();
+    for _ in 0..steps {
+        model = one_step(model, &mut rng);
+    }
+    // Touch a weight so queued device work (CUDA) is included in the timing.
+    let _ = model.valid().norm.weight.val().into_data();
+    Measurement::new("train_step", batch, steps * batch * seq_len, t.elapsed().as_secs_f64())
+}

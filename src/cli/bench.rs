@@ -1,0 +1,97 @@
+//! `hacpo bench`: prefill, decode and train-step throughput of a model (default: the built-in
+//! ~5M-parameter config with random weights).
+
+use clap::Args;
+use hacpo::backend::DeviceSpec;
+use hacpo::bench::{self, Measurement};
+use hacpo::model::{CausalLm, weights};
+use hacpo::{Result, with_backend};
+
+use super::Format;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    hacpo bench                      # ~5M-parameter Llama config, random weights\n  \
+    hacpo bench --model \"$(../shared/scripts/fetch-smollm2.sh)\" --format json")]
+pub struct BenchArgs {
+    /// Model to measure (directory, .gguf or zoo id); default: the built-in tiny-5m config.
+    #[arg(short, long)]
+    pub model: Option<String>,
+    /// cpu, cuda or cuda:N.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Prefill: sequences per batch.
+    #[arg(long, default_value_t = 4)]
+    pub prefill_batch: usize,
+    /// Prefill: tokens per sequence.
+    #[arg(long, default_value_t = 256)]
+    pub prefill_len: usize,
+    /// Decode: batch sizes to measure, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
+    pub decode_batch: Vec<usize>,
+    /// Decode: prompt tokens per sequence.
+    #[arg(long, default_value_t = 32)]
+    pub prompt_len: usize,
+    /// Decode: generated tokens per sequence.
+    #[arg(long, default_value_t = 64)]
+    pub new_tokens: usize,
+    /// Train step: sequences per batch.
+    #[arg(long, default_value_t = 8)]
+    pub train_batch: usize,
+    /// Train step: tokens per sequence.
+    #[arg(long, default_value_t = 128)]
+    pub train_len: usize,
+    /// Train step: timed steps (after one warm-up step).
+    #[arg(long, default_value_t = 3)]
+    pub train_steps: usize,
+    /// Skip the train-step measurement.
+    #[arg(long)]
+    pub no_train: bool,
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+pub fn run(args: BenchArgs) -> Result<()> {
+    let device = DeviceSpec::parse(&args.device)?;
+    with_backend!(device, |B, dev| run_on::<B>(&args, &dev))
+}
+
+fn load<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
+    match &args.model {
+        Some(m) => Ok(hacpo::model::load::<B>(m, device)?.model),
+        None => {
+            let config = bench::tiny_5m_config();
+            weights::build(&config, &mut weights::RandomWeights::new(&config, 0, 0.02), device)
+        }
+    }
+}
+
+fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<()> {
+    let name = args.model.clone().unwrap_or_else(|| "tiny-5m (random)".into());
+    let model = load::<B>(args, device)?;
+    let params = model.config.num_parameters();
+    eprintln!("benchmarking {name} ({params} parameters) on {} with {} threads", args.device, rayon::current_num_threads());
+    let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len)];
+    for &b in &args.decode_batch {
+        results.push(bench::decode(&model, b, args.prompt_len, args.new_tokens));
+    }
+    drop(model);
+    if !args.no_train {
+        let trainable = load::<burn::backend::Autodiff<B>>(args, device)?;
+        results.push(bench::train_step(trainable, args.train_batch, args.train_len, args.train_steps));
+    }
+    match args.format {
+        Format::Json => {
+            let out = serde_json::json!({"model": name, "parameters": params, "device": args.device,
+                "threads": rayon::current_num_threads(), "results": results});
+            println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+        }
+        Format::Text => {
+            println!("{:<12} {:>6} {:>8} {:>10} {:>12}", "phase", "batch", "tokens", "seconds", "tokens/s");
+            for r in &results {
+                println!("{:<12} {:>6} {:>8} {:>10.3} {:>12.1}", r.name, r.batch, r.tokens, r.seconds, r.tokens_per_second);
+            }
+        }
+    }
+    Ok(())
+}

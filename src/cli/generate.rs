@@ -1,0 +1,134 @@
+//! `hacpo generate`: sample completions for one prompt.
+
+use clap::Args;
+use hacpo::backend::DeviceSpec;
+use hacpo::generate::{GenerateRequest, SamplingParams, generate};
+use hacpo::{Error, Result, with_backend};
+use serde_json::json;
+
+use super::{Format, ModelArgs, encode_prompt};
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    hacpo generate --model smollm2-135m --chat --greedy --prompt 'What is the capital of France?'\n  \
+    hacpo generate --model ./qwen3-0.6b --chat --temperature 0.7 --top-p 0.95 --num-samples 8 --seed 1 \\\n      \
+    --prompt 'Solve 12*13.' --format json")]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt text.
+    #[arg(short, long)]
+    pub prompt: String,
+    /// Render the prompt as a user message with the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// A system message before the prompt (with --chat).
+    #[arg(long, requires = "chat")]
+    pub system: Option<String>,
+    /// Greedy decoding (argmax at every step).
+    #[arg(long, conflicts_with_all = ["temperature", "top_p", "top_k"])]
+    pub greedy: bool,
+    /// Sampling temperature (> 0).
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass.
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Keep only the k most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// Maximum number of generated tokens per completion.
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    /// Number of completions to sample for the prompt.
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub num_samples: usize,
+    /// Random seed (the same seed gives the same samples).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Stop when this string appears in the output (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    pub format: Format,
+}
+
+pub fn run(args: GenerateArgs) -> Result<()> {
+    let device = DeviceSpec::parse(&args.model.device)?;
+    if !args.greedy && args.temperature <= 0.0 {
+        return Err(Error::InvalidArgument("--temperature must be > 0; use --greedy for argmax decoding".into()));
+    }
+    let params = SamplingParams {
+        temperature: if args.greedy { 0.0 } else { args.temperature },
+        top_p: args.top_p,
+        top_k: args.top_k,
+        max_new_tokens: args.max_new_tokens,
+        seed: args.seed,
+    };
+    params.validate()?;
+    with_backend!(device, |B, dev| run_on::<B>(&args, params, &dev))
+}
+
+fn run_on<B: burn::tensor::backend::Backend>(args: &GenerateArgs, params: SamplingParams, device: &B::Device) -> Result<()> {
+    let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
+    let tok = &pretrained.tokenizer;
+    let prompt_ids = encode_prompt(tok, &args.prompt, args.chat, args.system.as_deref())?;
+    let prompts = vec![prompt_ids];
+    let mut req = GenerateRequest::new(&prompts, params);
+    req.num_samples = args.num_samples;
+    req.stop_token_ids = pretrained.eos_token_ids.clone();
+    req.stop_strings = args.stop.clone();
+    req.tokenizer = Some(tok);
+
+    let spinner = indicatif::ProgressBar::new_spinner().with_message("generating");
+    spinner.enable_steady_tick(std::time::Duration::from_millis(120));
+    let (completions, stats) = generate(&pretrained.model, &req)?;
+    spinner.finish_and_clear();
+
+    let texts: Vec<String> = completions
+        .iter()
+        .map(|c| {
+            let mut text = tok.decode(&c.token_ids, true)?;
+            // Like vLLM: the stop string itself is not part of the text.
+            if let Some(s) = &c.stop_string
+                && let Some(at) = text.find(s.as_str())
+            {
+                text.truncate(at);
+            }
+            Ok(text)
+        })
+        .collect::<Result<_>>()?;
+
+    match args.format {
+        Format::Json => {
+            let out = json!({
+                "prompt_ids": prompts[0],
+                "completions": completions.iter().zip(&texts).map(|(c, t)| json!({
+                    "ids": c.token_ids,
+                    "text": t,
+                    "logprobs": c.logprobs,
+                    "finish_reason": c.finish_reason,
+                })).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string(&out).expect("json"));
+        }
+        Format::Text => {
+            for (i, t) in texts.iter().enumerate() {
+                if texts.len() > 1 {
+                    println!("--- sample {i} ---");
+                }
+                println!("{t}");
+            }
+        }
+    }
+    let decode_tps = stats.generated_tokens as f64 / stats.decode_seconds.max(1e-9);
+    tracing::info!(
+        prompt_tokens = stats.prompt_tokens,
+        generated = stats.generated_tokens,
+        prefill_s = format!("{:.3}", stats.prefill_seconds),
+        decode_tok_per_s = format!("{decode_tps:.1}"),
+        "done"
+    );
+    Ok(())
+}

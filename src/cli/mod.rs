@@ -1,0 +1,111 @@
+//! Command definitions (clap) and dispatch. Each subcommand has its own file; all of them
+//! return `hacpo::Result` so `main` can print one clear paragraph and exit with code 2 for
+//! user errors.
+
+mod bench;
+mod convert;
+mod generate;
+mod models;
+mod score;
+
+use clap::{Parser, Subcommand};
+use hacpo::Result;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "hacpo",
+    version,
+    about = "Heterogeneous LLMs improving each other with reinforcement learning on verifiable rewards",
+    long_about = None,
+    after_help = "Examples:\n  \
+        hacpo models\n  \
+        hacpo generate --model smollm2-135m --chat --greedy --prompt 'What is 12 + 30?'\n  \
+        hacpo score --model ./my-model --prompt 'The capital of France is' --response ' Paris.'\n  \
+        hacpo bench --model ~/.cache/hacpo/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+)]
+pub struct Cli {
+    /// More logging on stderr (-v: info, -vv: debug). RUST_LOG overrides.
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Sample completions from a model.
+    Generate(generate::GenerateArgs),
+    /// Per-token log-probabilities of a response given a prompt.
+    Score(score::ScoreArgs),
+    /// List the model zoo.
+    Models(models::ModelsArgs),
+    /// Convert a model (e.g. a GGUF file) to a Hugging Face directory.
+    Convert(convert::ConvertArgs),
+    /// Measure prefill, decode and training-step throughput.
+    Bench(bench::BenchArgs),
+}
+
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Generate(a) => generate::run(a),
+        Command::Score(a) => score::run(a),
+        Command::Models(a) => models::run(a),
+        Command::Convert(a) => convert::run(a),
+        Command::Bench(a) => bench::run(a),
+    }
+}
+
+pub fn init_logging(verbose: u8) {
+    let default = match verbose {
+        0 => "warn",
+        1 => "info",
+        _ => "debug",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+}
+
+/// Output format shared by commands that print results.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Text,
+    Json,
+}
+
+/// `--model` and `--device`, shared by the model commands.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A Hugging Face model directory, a .gguf file, or a zoo id (see `hacpo models`).
+    #[arg(short, long)]
+    pub model: String,
+    /// Where to run: cpu, cuda or cuda:N (CUDA needs a `--features cuda` build).
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+/// Encodes a prompt: rendered by the chat template as one user message (after an optional
+/// system message) with `--chat`, else as plain text with the tokenizer's special tokens.
+pub fn encode_prompt(
+    tokenizer: &hacpo::tokenizer::Tokenizer,
+    prompt: &str,
+    chat: bool,
+    system: Option<&str>,
+) -> Result<Vec<u32>> {
+    use hacpo::tokenizer::Message;
+    if chat {
+        let mut messages = Vec::new();
+        if let Some(s) = system {
+            messages.push(Message::system(s));
+        }
+        messages.push(Message::user(prompt));
+        tokenizer.encode_chat(&messages, true)
+    } else {
+        tokenizer.encode(prompt, true)
+    }
+}

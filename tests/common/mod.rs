@@ -51,3 +51,59 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 pub fn hacpo_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_hacpo"))
 }
+
+/// GPT-2's byte → printable character map used by byte-level BPE.
+fn bytes_to_unicode() -> Vec<char> {
+    let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();
+    let mut chars: Vec<u32> = printable.clone();
+    let mut n = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + n);
+            n += 1;
+        }
+    }
+    let mut map = vec![' '; 256];
+    for (b, c) in printable.into_iter().zip(chars) {
+        map[b as usize] = char::from_u32(c).unwrap();
+    }
+    map
+}
+
+/// A byte-level BPE tokenizer without merges (ids 0..256 are bytes, 256.. are
+/// `<|im_start|>`, `<|im_end|>`, `<|endoftext|>`), with a ChatML template: small enough for the
+/// tiny fixture models, real enough to exercise the whole CLI.
+pub fn write_byte_tokenizer(dir: &Path) {
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        bytes_to_unicode().into_iter().enumerate().map(|(i, c)| (c.to_string(), i.into())).collect();
+    let added: Vec<serde_json::Value> = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
+        .iter()
+        .enumerate()
+        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true}))
+        .collect();
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+    let spec = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
+        "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    std::fs::write(dir.join("tokenizer.json"), spec.to_string()).unwrap();
+    let template = "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    let config = serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>"});
+    std::fs::write(dir.join("tokenizer_config.json"), config.to_string()).unwrap();
+}
+
+/// A temporary copy of fixture model `name` with the byte tokenizer added.
+pub fn tiny_model_dir(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(&format!("models/{name}"))).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
+    }
+    write_byte_tokenizer(dir.path());
+    dir
+}

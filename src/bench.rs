@@ -2,8 +2,9 @@
 //!
 //! Three figures decide what an RL step costs: **prefill** (prompt tokens/s through a forward
 //! pass), **decode** (generated tokens/s with the KV cache, at batch 1 and at rollout batch
-//! sizes) and the **train step** (tokens/s through forward + backward + AdamW). Each is timed
-//! after one warm-up run; the caller chooses the sizes.
+//! sizes) and the **train step** (tokens/s through forward + backward + AdamW). Each is run
+//! once to warm up, then `reps` times; the median rate is reported, because shared 2-core
+//! machines vary by ±30% from run to run.
 
 use std::time::Instant;
 
@@ -27,20 +28,26 @@ pub fn tiny_5m_config() -> ModelConfig {
     ModelConfig::from_json(&v, "tiny-5m").expect("valid built-in config")
 }
 
-/// One measurement.
+/// One measurement: the median over repetitions.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Measurement {
     pub name: String,
     pub batch: usize,
+    /// Tokens processed in one repetition.
     pub tokens: usize,
+    /// Seconds of the median repetition.
     pub seconds: f64,
     pub tokens_per_second: f64,
+    pub reps: usize,
 }
 
-impl Measurement {
-    fn new(name: &str, batch: usize, tokens: usize, seconds: f64) -> Self {
-        Measurement { name: name.into(), batch, tokens, seconds, tokens_per_second: tokens as f64 / seconds }
-    }
+/// Runs `run` once to warm up and `reps` more times; `run` returns (tokens, seconds).
+fn median_of(name: &str, batch: usize, reps: usize, mut run: impl FnMut() -> (usize, f64)) -> Measurement {
+    run();
+    let mut samples: Vec<(usize, f64)> = (0..reps.max(1)).map(|_| run()).collect();
+    samples.sort_by(|a, b| (a.0 as f64 / a.1).total_cmp(&(b.0 as f64 / b.1)));
+    let (tokens, seconds) = samples[samples.len() / 2];
+    Measurement { name: name.into(), batch, tokens, seconds, tokens_per_second: tokens as f64 / seconds, reps: samples.len() }
 }
 
 fn random_ids(rng: &mut rand_chacha::ChaCha8Rng, n: usize, vocab: usize) -> Vec<u32> {
@@ -49,42 +56,37 @@ fn random_ids(rng: &mut rand_chacha::ChaCha8Rng, n: usize, vocab: usize) -> Vec<
 
 /// Prompt tokens per second through a full forward pass (hidden states and last-token logits)
 /// of `batch` sequences of `seq_len` tokens.
-pub fn prefill<B: Backend>(model: &CausalLm<B>, batch: usize, seq_len: usize) -> Measurement {
+pub fn prefill<B: Backend>(model: &CausalLm<B>, batch: usize, seq_len: usize, reps: usize) -> Measurement {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let vocab = model.config.vocab_size;
-    let run = |ids: Vec<u32>| {
-        let data: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    median_of("prefill", batch, reps, || {
+        let data: Vec<i64> = random_ids(&mut rng, batch * seq_len, vocab).iter().map(|&t| t as i64).collect();
+        let t = Instant::now();
         let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(data, [batch, seq_len]), &model.device());
         let hidden = model.forward_hidden(ids, &model.layout_tensors(&Layout::dense(batch, seq_len)), None);
         let d = hidden.dims()[2];
         let last = hidden.slice([0..batch, seq_len - 1..seq_len, 0..d]).reshape([batch, d]);
         let _ = model.logits(last).into_data();
-    };
-    run(random_ids(&mut rng, batch * seq_len, vocab));
-    let ids = random_ids(&mut rng, batch * seq_len, vocab);
-    let t = Instant::now();
-    run(ids);
-    Measurement::new("prefill", batch, batch * seq_len, t.elapsed().as_secs_f64())
+        (batch * seq_len, t.elapsed().as_secs_f64())
+    })
 }
 
 /// Generated tokens per second for `batch` sequences (distinct random prompts of
 /// `prompt_len` tokens) decoding `new_tokens` greedy tokens each; prefill time excluded.
-pub fn decode<B: Backend>(model: &CausalLm<B>, batch: usize, prompt_len: usize, new_tokens: usize) -> Measurement {
+pub fn decode<B: Backend>(model: &CausalLm<B>, batch: usize, prompt_len: usize, new_tokens: usize, reps: usize) -> Measurement {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let vocab = model.config.vocab_size;
-    let run = |rng: &mut rand_chacha::ChaCha8Rng, n: usize| {
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_ids(rng, prompt_len, vocab)).collect();
-        let req = GenerateRequest::new(&prompts, SamplingParams::greedy(n));
-        generate(model, &req).expect("generation on valid prompts").1
-    };
-    run(&mut rng, 4);
-    let stats = run(&mut rng, new_tokens);
-    Measurement::new("decode", batch, stats.generated_tokens, stats.decode_seconds)
+    median_of("decode", batch, reps, || {
+        let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_ids(&mut rng, prompt_len, vocab)).collect();
+        let req = GenerateRequest::new(&prompts, SamplingParams::greedy(new_tokens));
+        let stats = generate(model, &req).expect("generation on valid prompts").1;
+        (stats.generated_tokens, stats.decode_seconds)
+    })
 }
 
-/// Training tokens per second: `steps` steps of forward + backward (negative log-likelihood
-/// through the chunked log-prob op) + AdamW on `batch` sequences of `seq_len` tokens.
-pub fn train_step<B: Backend>(model: CausalLm<burn::backend::Autodiff<B>>, batch: usize, seq_len: usize, steps: usize) -> Measurement {
+/// Training tokens per second: steps of forward + backward (negative log-likelihood through
+/// the chunked log-prob op) + AdamW on `batch` sequences of `seq_len` tokens.
+pub fn train_step<B: Backend>(model: CausalLm<burn::backend::Autodiff<B>>, batch: usize, seq_len: usize, reps: usize) -> Measurement {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
     let vocab = model.config.vocab_size;
     // PyTorch's AdamW defaults, spelled out (burn's differ: eps 1e-5, weight decay 1e-4).
@@ -94,7 +96,6 @@ pub fn train_step<B: Backend>(model: CausalLm<burn::backend::Autodiff<B>>, batch
         .with_epsilon(1e-8)
         .with_weight_decay(0.01)
         .init::<burn::backend::Autodiff<B>, CausalLm<burn::backend::Autodiff<B>>>();
-    let mut model = model;
     let mut one_step = |model: CausalLm<burn::backend::Autodiff<B>>, rng: &mut rand_chacha::ChaCha8Rng| {
         let requests: Vec<(Vec<u32>, Vec<u32>)> =
             (0..batch).map(|_| (random_ids(rng, 1, vocab), random_ids(rng, seq_len - 1, vocab))).collect();
@@ -104,12 +105,13 @@ pub fn train_step<B: Backend>(model: CausalLm<burn::backend::Autodiff<B>>, batch
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         optim.step(1e-4, model, grads)
     };
-    model = one_step(model, &mut rng);
-    let t = Instant::now();
-    for _ in 0..steps {
-        model = one_step(model, &mut rng);
-    }
-    // Touch a weight so queued device work (CUDA) is included in the timing.
-    let _ = model.valid().norm.weight.val().into_data();
-    Measurement::new("train_step", batch, steps * batch * seq_len, t.elapsed().as_secs_f64())
+    let mut model = Some(model);
+    median_of("train_step", batch, reps, || {
+        let t = Instant::now();
+        let m = one_step(model.take().expect("model"), &mut rng);
+        // Read a weight back so queued device work (CUDA) is included in the timing.
+        let _ = m.valid().norm.weight.val().into_data();
+        model = Some(m);
+        (batch * seq_len, t.elapsed().as_secs_f64())
+    })
 }

@@ -41,9 +41,9 @@ pub struct BenchArgs {
     /// Train step: tokens per sequence.
     #[arg(long, default_value_t = 128)]
     pub train_len: usize,
-    /// Train step: timed steps (after one warm-up step).
-    #[arg(long, default_value_t = 3)]
-    pub train_steps: usize,
+    /// Timed repetitions of each measurement (after one warm-up); the median is reported.
+    #[arg(long, default_value_t = 5)]
+    pub reps: usize,
     /// Skip the train-step measurement.
     #[arg(long)]
     pub no_train: bool,
@@ -71,14 +71,14 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
     let model = load::<B>(args, device)?;
     let params = model.config.num_parameters();
     eprintln!("benchmarking {name} ({params} parameters) on {} with {} threads", args.device, rayon::current_num_threads());
-    let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len)];
+    let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len, args.reps)];
     for &b in &args.decode_batch {
-        results.push(bench::decode(&model, b, args.prompt_len, args.new_tokens));
+        results.push(bench::decode(&model, b, args.prompt_len, args.new_tokens, args.reps));
     }
     drop(model);
     if !args.no_train {
         let trainable = load::<burn::backend::Autodiff<B>>(args, device)?;
-        results.push(bench::train_step(trainable, args.train_batch, args.train_len, args.train_steps));
+        results.push(bench::train_step(trainable, args.train_batch, args.train_len, args.reps));
     }
     match args.format {
         Format::Json => {
@@ -87,7 +87,7 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }
         Format::Text => {
-            println!("{:<12} {:>6} {:>8} {:>10} {:>12}", "phase", "batch", "tokens", "seconds", "tokens/s");
+            println!("{:<12} {:>6} {:>8} {:>10} {:>12}  (median of {} runs)", "phase", "batch", "tokens", "seconds", "tokens/s", args.reps);
             for r in &results {
                 println!("{:<12} {:>6} {:>8} {:>10.3} {:>12.1}", r.name, r.batch, r.tokens, r.seconds, r.tokens_per_second);
             }

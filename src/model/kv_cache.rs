@@ -1,11 +1,13 @@
 //! Batched key/value cache for incremental decoding.
 //!
 //! One `[batch, kv_heads, capacity, head_dim]` buffer per layer for keys and one for values,
-//! written in place with `slice_assign` (the flex backend mutates a uniquely owned buffer
-//! without copying). Capacity grows by doubling, so a long generation copies each slot O(1)
+//! written in place (see [`write_slots`]: a plain `slice_assign` copies the whole buffer on
+//! the flex backend). Capacity grows by doubling, so a long generation copies each slot O(1)
 //! times on average instead of once per step as a `cat`-based cache would.
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
+
+use crate::backend::flex_fast::write_slots;
 
 #[derive(Debug)]
 struct LayerKv<B: Backend> {
@@ -69,8 +71,8 @@ impl<B: Backend> KvCache<B> {
             kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], &dev)], 2);
             kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], &dev)], 2);
         }
-        kv.k = kv.k.slice_assign([0..b, 0..h, start..end, 0..d], k_new);
-        kv.v = kv.v.slice_assign([0..b, 0..h, start..end, 0..d], v_new);
+        kv.k = write_slots(kv.k, start, k_new);
+        kv.v = write_slots(kv.v, start, v_new);
         let out = (kv.k.clone().slice([0..b, 0..h, 0..end, 0..d]), kv.v.clone().slice([0..b, 0..h, 0..end, 0..d]));
         self.layers[layer] = Some(kv);
         out

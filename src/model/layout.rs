@@ -6,6 +6,11 @@
 //! rectangular tensor). Slot `s` of row `b` has RoPE position `s - pads[b]`; a query at slot `i`
 //! sees key slots `pads[b] ..= i`. Query slots inside the padding see only themselves, which
 //! keeps their softmax finite; their outputs are never read.
+//!
+//! The device tensors are laid out for speed on CPU: every elementwise op of RoPE and of the
+//! mask is either same-shape or "one row shared by all rows", the two patterns burn-flex runs
+//! with contiguous SIMD loops (a broadcast over a middle dimension walks a strided iterator,
+//! ~10× slower). Tables are therefore expanded over heads on the host, once per forward pass.
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
@@ -38,58 +43,107 @@ impl Layout {
     fn padded(&self) -> bool {
         self.pads.iter().any(|&p| p > 0)
     }
+
+    /// RoPE position of slot `slot` in row `row`.
+    fn position(&self, row: usize, slot: usize) -> usize {
+        slot.saturating_sub(self.pads[row])
+    }
+
+    /// Whether the query at `slot` of `row` may attend to key slot `key`.
+    fn visible(&self, row: usize, slot: usize, key: usize) -> bool {
+        let pad = self.pads[row];
+        if slot < pad { key == slot } else { key >= pad && key <= slot }
+    }
 }
 
-/// Device tensors for one forward pass: RoPE tables and the additive attention bias.
+/// Head geometry the tables are expanded for.
+#[derive(Clone, Copy, Debug)]
+pub struct Heads {
+    pub query: usize,
+    pub key_value: usize,
+    pub dim: usize,
+}
+
+/// RoPE tables for one set of heads, `[rows, t * heads * head_dim]` (rows = 1 when all rows
+/// share positions): `cos`, and `sin` with the rotate-half sign folded in (`−sin` on the first
+/// half of each head, `+sin` on the second).
+pub struct RopeTables<B: Backend> {
+    pub cos: Tensor<B, 2>,
+    pub sin: Tensor<B, 2>,
+}
+
+/// Device tensors for one forward pass.
 pub struct LayoutTensors<B: Backend> {
-    /// `[batch or 1, 1, len, head_dim]`
-    pub cos: Tensor<B, 4>,
-    pub sin: Tensor<B, 4>,
-    /// `[batch or 1, 1, 1, len, keys]`, 0 where allowed and -inf where masked; `None` when
-    /// a single query attends to every cached key (unpadded decode).
-    pub bias: Option<Tensor<B, 5>>,
+    /// Query tables, pre-multiplied by the attention scale `1/sqrt(head_dim)`.
+    pub query: RopeTables<B>,
+    pub key: RopeTables<B>,
+    /// Additive attention bias (0 or −∞) to add to scores viewed as `[rows, n]`: `[1, t*keys]`
+    /// when rows share the mask (broadcast over batch and heads), else the full
+    /// `[batch, heads*t*keys]`. `None` when a single query sees every cached key.
+    pub bias: Option<Tensor<B, 2>>,
 }
 
 impl<B: Backend> LayoutTensors<B> {
-    pub fn new(layout: &Layout, rope: &Rope, device: &B::Device) -> Self {
-        let head_dim = rope.half_dim() * 2;
+    pub fn new(layout: &Layout, rope: &Rope, heads: Heads, device: &B::Device) -> Self {
         let (t, s) = (layout.len, layout.keys());
-        // Rows share one table unless padding shifts their positions.
-        let rows = if layout.padded() { layout.batch() } else { 1 };
+        let padded = layout.padded();
+        let rows = if padded { layout.batch() } else { 1 };
 
-        let mut cos = vec![0f32; rows * t * head_dim];
-        let mut sin = vec![0f32; rows * t * head_dim];
+        // One cos/sin row per (row, slot), then expanded over heads.
+        let hd = heads.dim;
+        let half = hd / 2;
+        let mut base_cos = vec![0f32; rows * t * hd];
+        let mut base_sin = vec![0f32; rows * t * hd];
         for r in 0..rows {
             for q in 0..t {
-                let pos = (layout.start + q).saturating_sub(layout.pads[r]);
-                let off = (r * t + q) * head_dim;
-                rope.fill_row(pos, &mut cos[off..off + head_dim], &mut sin[off..off + head_dim]);
+                let off = (r * t + q) * hd;
+                let (c, sn) = (&mut base_cos[off..off + hd], &mut base_sin[off..off + hd]);
+                rope.fill_row(layout.position(r, layout.start + q), c, sn);
+                sn[..half].iter_mut().for_each(|x| *x = -*x);
             }
         }
-
-        let bias = if t == 1 && !layout.padded() {
-            None
-        } else {
-            let mut bias = vec![f32::NEG_INFINITY; rows * t * s];
-            for r in 0..rows {
-                let pad = layout.pads[r];
-                for q in 0..t {
-                    let slot = layout.start + q;
-                    let row = &mut bias[(r * t + q) * s..(r * t + q + 1) * s];
-                    if slot < pad {
-                        row[slot] = 0.0;
-                    } else {
-                        row[pad..=slot].fill(0.0);
+        let scale = 1.0 / (hd as f32).sqrt();
+        let tables = |n_heads: usize, scale: f32| {
+            let expand = |base: &[f32]| {
+                let mut out = Vec::with_capacity(base.len() * n_heads);
+                for row in base.chunks(hd) {
+                    for _ in 0..n_heads {
+                        out.extend(row.iter().map(|x| x * scale));
                     }
                 }
-            }
-            Some(Tensor::from_data(TensorData::new(bias, [rows, 1, 1, t, s]), device))
+                Tensor::<B, 2>::from_data(TensorData::new(out, [rows, t * n_heads * hd]), device)
+            };
+            RopeTables { cos: expand(&base_cos), sin: expand(&base_sin) }
         };
 
-        LayoutTensors {
-            cos: Tensor::from_data(TensorData::new(cos, [rows, 1, t, head_dim]), device),
-            sin: Tensor::from_data(TensorData::new(sin, [rows, 1, t, head_dim]), device),
-            bias,
-        }
+        let bias = if t == 1 && !padded {
+            None
+        } else if !padded {
+            let mut bias = vec![f32::NEG_INFINITY; t * s];
+            for q in 0..t {
+                bias[q * s..q * s + layout.start + q + 1].fill(0.0);
+            }
+            Some(Tensor::from_data(TensorData::new(bias, [1, t * s]), device))
+        } else {
+            let per_head = t * s;
+            let mut bias = vec![f32::NEG_INFINITY; rows * heads.query * per_head];
+            for r in 0..rows {
+                let first = r * heads.query * per_head;
+                for q in 0..t {
+                    for k in 0..s {
+                        if layout.visible(r, layout.start + q, k) {
+                            bias[first + q * s + k] = 0.0;
+                        }
+                    }
+                }
+                let (head0, rest) = bias[first..first + heads.query * per_head].split_at_mut(per_head);
+                for h in rest.chunks_mut(per_head) {
+                    h.copy_from_slice(head0);
+                }
+            }
+            Some(Tensor::from_data(TensorData::new(bias, [rows, heads.query * per_head]), device))
+        };
+
+        LayoutTensors { query: tables(heads.query, scale), key: tables(heads.key_value, 1.0), bias }
     }
 }

@@ -25,7 +25,7 @@ use burn::tensor::{Int, Tensor, backend::Backend};
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
-use super::layout::{Layout, LayoutTensors};
+use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::rope::Rope;
 
 /// `y = x Wᵀ + b` with `W` in HF layout `[out, in]`.
@@ -102,8 +102,9 @@ impl<B: Backend> Attention<B> {
             q = qn.forward(q);
             k = kn.forward(k);
         }
-        let q = apply_rope(q.swap_dims(1, 2), layout);
-        let k = apply_rope(k.swap_dims(1, 2), layout);
+        // RoPE in the projections' own contiguous layout; q also takes the 1/sqrt(d) scale.
+        let q = apply_rope(q, &layout.query).swap_dims(1, 2);
+        let k = apply_rope(k, &layout.key).swap_dims(1, 2);
 
         let (k, v) = match cache {
             Some((cache, layer, start)) => cache.append(layer, start, k, v),
@@ -114,10 +115,12 @@ impl<B: Backend> Attention<B> {
         // GQA without repeating K/V: the `group` query heads that share a KV head become
         // extra query rows, [b, kvh, group*t, hd] (HF head order is kv-major).
         let q = q.reshape([b, kvh, group * t, hd]);
-        let scale = 1.0 / (hd as f64).sqrt();
-        let mut scores = q.matmul(k.transpose()).mul_scalar(scale);
+        let mut scores = q.matmul(k.transpose()); // [b, kvh, group*t, s]
         if let Some(bias) = &layout.bias {
-            scores = (scores.reshape([b, kvh, group, t, s]) + bias.clone()).reshape([b, kvh, group * t, s]);
+            // Viewed so that the bias is one shared row, or exactly the scores' shape.
+            let shared = bias.dims()[1] == t * s;
+            let view = if shared { [b * h, t * s] } else { [b, h * t * s] };
+            scores = (scores.reshape(view) + bias.clone()).reshape([b, kvh, group * t, s]);
         }
         let probs = softmax(scores, 3);
         let out = probs.matmul(v).reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
@@ -125,14 +128,20 @@ impl<B: Backend> Attention<B> {
     }
 }
 
-/// HF `apply_rotary_pos_emb`: `x·cos + rotate_half(x)·sin`, `x: [batch, heads, t, head_dim]`.
-fn apply_rope<B: Backend>(x: Tensor<B, 4>, layout: &LayoutTensors<B>) -> Tensor<B, 4> {
-    let [b, h, t, d] = x.dims();
-    let half = d / 2;
-    let x1 = x.clone().slice([0..b, 0..h, 0..t, 0..half]);
-    let x2 = x.clone().slice([0..b, 0..h, 0..t, half..d]);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
-    x * layout.cos.clone() + rotated * layout.sin.clone()
+/// HF `apply_rotary_pos_emb` on `x: [batch, t, heads, head_dim]`:
+/// `x·cos + rotate_half(x)·sin` with `rotate_half(x) = [−x₂, x₁]` per head. The sign lives in
+/// the table (see [`RopeTables`]), so here `rotate_half` is a swap of the two halves.
+fn apply_rope<B: Backend>(x: Tensor<B, 4>, tables: &RopeTables<B>) -> Tensor<B, 4> {
+    let [b, t, h, d] = x.dims();
+    let (n, half) = (b * t * h, d / 2);
+    let pairs = x.clone().reshape([n, 2, half]);
+    let swapped = Tensor::cat(
+        vec![pairs.clone().slice([0..n, 1..2, 0..half]), pairs.slice([0..n, 0..1, 0..half])],
+        1,
+    );
+    // Tables are [1 or batch, t*h*d]: one shared row or exactly this shape.
+    let view = [b, t * h * d];
+    (x.reshape(view) * tables.cos.clone() + swapped.reshape(view) * tables.sin.clone()).reshape([b, t, h, d])
 }
 
 /// SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`.
@@ -214,7 +223,9 @@ impl<B: Backend> CausalLm<B> {
 
     /// RoPE tables and attention mask for `layout`, on the model's device.
     pub fn layout_tensors(&self, layout: &Layout) -> LayoutTensors<B> {
-        LayoutTensors::new(layout, &Rope::new(&self.config), &self.device())
+        let c = &self.config;
+        let heads = Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim };
+        LayoutTensors::new(layout, &Rope::new(c), heads, &self.device())
     }
 
     /// The output projection `[vocab, hidden]` (the embedding matrix when tied).

@@ -5,6 +5,8 @@
 //! and turns a `--device` string into one of them. Commands dispatch once at the top with
 //! [`with_backend!`](crate::with_backend) and stay generic below.
 
+pub mod flex_fast;
+
 use crate::error::{Error, Result};
 
 /// The CPU backend (burn-flex: pure Rust, gemm-based matmul, rayon threads).

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""The PyTorch (eager, transformers) counterpart of `hacpo bench`, for side-by-side figures.
+
+Same models, sizes and definitions as src/bench.rs:
+  prefill     forward of [batch, len] random ids, last-position logits only (logits_to_keep=1)
+  decode      greedy tokens/s with the KV cache, prefill excluded: (t(1+new) - t(1)) / (batch*new)
+  train_step  forward + backward (mean token NLL) + AdamW(lr 1e-4, eps 1e-8, wd 0.01)
+Threads: torch.set_num_threads(--threads), default all cores, as hacpo's rayon pool.
+Each measurement runs once to warm up, then --reps times; the median rate is reported.
+
+Usage:
+  python scripts/bench_pytorch.py                       # tiny-5m, random weights
+  python scripts/bench_pytorch.py --gguf "$(../shared/scripts/fetch-smollm2.sh)"
+Needs: torch, transformers (and accelerate + gguf for --gguf).
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+
+def tiny_5m():
+    cfg = LlamaConfig(vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5,
+                      max_position_embeddings=2048, tie_word_embeddings=True,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    return LlamaForCausalLM(cfg)
+
+
+def timed(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def median_rate(run, reps):
+    """run() -> (tokens, seconds); one warm-up, then the median of `reps` rates."""
+    run()
+    samples = sorted((run() for _ in range(reps)), key=lambda s: s[0] / s[1])
+    return samples[len(samples) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--gguf")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--prefill-batch", type=int, default=4)
+    ap.add_argument("--prefill-len", type=int, default=256)
+    ap.add_argument("--decode-batch", default="1,64")
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--train-batch", type=int, default=8)
+    ap.add_argument("--train-len", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--attn", default="sdpa")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    if args.gguf:
+        d, f = os.path.dirname(args.gguf), os.path.basename(args.gguf)
+        model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, attn_implementation=args.attn)
+        name = f
+    else:
+        model = tiny_5m()
+        name = "tiny-5m (random)"
+    model.eval()
+    vocab = model.config.vocab_size
+    results = []
+
+    with torch.no_grad():
+        def prefill():
+            ids = torch.randint(0, vocab, (args.prefill_batch, args.prefill_len))
+            return ids.numel(), timed(lambda: model(ids, logits_to_keep=1, use_cache=False))
+        results.append(("prefill", args.prefill_batch, *median_rate(prefill, args.reps)))
+        for b in [int(x) for x in args.decode_batch.split(",")]:
+            def decode():
+                prompts = torch.randint(0, vocab, (b, args.prompt_len))
+                mask = torch.ones_like(prompts)
+                gen = lambda n: model.generate(prompts, attention_mask=mask, do_sample=False, max_new_tokens=n,
+                                               min_new_tokens=n, pad_token_id=0, eos_token_id=None)
+                return b * args.new_tokens, timed(lambda: gen(1 + args.new_tokens)) - timed(lambda: gen(1))
+            results.append(("decode", b, *median_rate(decode, args.reps)))
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+    def step():
+        x = torch.randint(0, vocab, (args.train_batch, args.train_len))
+        loss = model(x, labels=x, use_cache=False).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    results.append(("train_step", args.train_batch,
+                    *median_rate(lambda: (args.train_batch * args.train_len, timed(step)), args.reps)))
+
+    out = {"model": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
+           "results": [{"name": n, "batch": b, "tokens": k, "seconds": s, "tokens_per_second": k / s}
+                       for n, b, k, s in results]}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+//! Fast paths for the flex CPU backend where burn 0.21's generic op is much slower than it
+//! needs to be. Each function takes ordinary `Tensor<B, D>`s, does the work directly on the
+//! flex buffer when `B` is [`Cpu`](super::Cpu) (checked at run time with `Any`, no `unsafe`),
+//! and falls back to the generic burn ops for every other backend (CUDA, autodiff), so
+//! callers stay backend-generic.
+
+use std::any::Any;
+
+use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
+use burn_flex::FlexTensor;
+
+/// The flex tensor behind `t`, or `t` back if `B` is not the flex backend.
+fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<FlexTensor, Tensor<B, D>> {
+    let boxed: Box<dyn Any> = Box::new(t.into_primitive().tensor());
+    match boxed.downcast::<FlexTensor>() {
+        Ok(f) => Ok(*f),
+        Err(other) => {
+            let prim = *other.downcast::<B::FloatTensorPrimitive>().expect("the primitive we boxed");
+            Err(Tensor::from_primitive(TensorPrimitive::Float(prim)))
+        }
+    }
+}
+
+/// Wraps a flex tensor as a `Tensor<B, D>`; only called once [`as_flex`] succeeded for `B`.
+fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, D> {
+    let boxed: Box<dyn Any> = Box::new(t);
+    let prim = *boxed.downcast::<B::FloatTensorPrimitive>().expect("B is the flex backend");
+    Tensor::from_primitive(TensorPrimitive::Float(prim))
+}
+
+/// `buffer[.., .., start..start + t, ..] = new` for `[batch, heads, capacity, dim]` buffers.
+///
+/// burn-flex 0.21's `slice_assign` clones its input's `Arc` before asking for mutable access,
+/// so it copies the whole buffer on every call: a KV cache append would cost O(cache) per
+/// token. Here a uniquely owned f32 buffer is written in place.
+pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [b, h, t, d] = new.dims();
+    let cap = buffer.dims()[2];
+    assert!(start + t <= cap, "write_slots beyond capacity");
+    let generic = |buffer: Tensor<B, 4>, new: Tensor<B, 4>| buffer.slice_assign([0..b, 0..h, start..start + t, 0..d], new);
+    let mut buf = match as_flex(buffer) {
+        Ok(f) => f,
+        Err(buffer) => return generic(buffer, new),
+    };
+    let in_place = buf.is_unique()
+        && buf.dtype() == burn::tensor::DType::F32
+        && buf.layout().contiguous_offsets() == Some((0, b * h * cap * d));
+    if !in_place {
+        return generic(from_flex(buf), new);
+    }
+    let new = match as_flex(new) {
+        Ok(f) => f.to_contiguous(),
+        Err(_) => unreachable!("same backend as the buffer"),
+    };
+    let src: &[f32] = new.storage();
+    let src = &src[new.layout().start_offset()..];
+    let dst: &mut [f32] = buf.storage_mut();
+    for bh in 0..b * h {
+        let from = &src[bh * t * d..(bh + 1) * t * d];
+        let at = (bh * cap + start) * d;
+        dst[at..at + t * d].copy_from_slice(from);
+    }
+    from_flex(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use burn::tensor::TensorData;
+
+    #[test]
+    fn write_slots_matches_slice_assign() {
+        let dev = Default::default();
+        let data: Vec<f32> = (0..2 * 3 * 5 * 4).map(|x| x as f32).collect();
+        let buf = Tensor::<Cpu, 4>::from_data(TensorData::new(data, [2, 3, 5, 4]), &dev);
+        let new = Tensor::<Cpu, 4>::from_data(TensorData::new(vec![-1.0f32; 2 * 3 * 2 * 4], [2, 3, 2, 4]), &dev);
+        let want = buf.clone().slice_assign([0..2, 0..3, 1..3, 0..4], new.clone()).into_data();
+        let got = write_slots(buf, 1, new).into_data();
+        assert_eq!(got, want);
+    }
+}

@@ -14,7 +14,9 @@
 //! Reading order follows the architecture diagram: linear → RMSNorm → attention → MLP →
 //! decoder layer → model. Struct and field names mirror HF module names, so
 //! `model.layers.3.self_attn.q_proj.weight` is `layers[3].self_attn.q_proj.weight`.
-//! Weights are stored in HF's `[out, in]` layout; `x @ Wᵀ` uses a transposed view.
+//! Linear weights are stored transposed, `[in, out]`: the gemm kernels run 2–3× faster at
+//! rollout batch sizes (M = 64) with a row-major right-hand side (measured with burn-flex
+//! 0.21). Loading and saving transpose to and from HF's `[out, in]`.
 //!
 //! Invariant: all maths runs in f32 on whatever backend `B` is; the forward pass never
 //! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
@@ -28,7 +30,7 @@ use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::rope::Rope;
 
-/// `y = x Wᵀ + b` with `W` in HF layout `[out, in]`.
+/// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`).
 #[derive(Module, Debug)]
 pub struct Linear<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
@@ -42,12 +44,12 @@ impl<B: Backend> Linear<B> {
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
         // GEMM per batch row and sum them.
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
-        let mut y = x2.matmul(self.weight.val().transpose());
+        let mut y = x2.matmul(self.weight.val());
         if let Some(b) = &self.bias {
             y = y + b.val().unsqueeze_dim(0);
         }
         let mut out = dims;
-        out[D - 1] = self.weight.dims()[0];
+        out[D - 1] = self.weight.dims()[1];
         y.reshape(out)
     }
 }

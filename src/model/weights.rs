@@ -82,7 +82,7 @@ pub fn build<B: Backend>(
         let p = format!("model.layers.{i}");
         let linear = |l: &mut Loader<'_, B>, name: &str, bias: bool| -> Result<Linear<B>> {
             Ok(Linear {
-                weight: l.param2(&format!("{p}.{name}.weight"))?,
+                weight: l.linear_weight(&format!("{p}.{name}.weight"))?,
                 bias: if bias { Some(l.param1(&format!("{p}.{name}.bias"))?) } else { None },
             })
         };
@@ -145,6 +145,19 @@ impl<B: Backend> Loader<'_, B> {
         Ok(Param::from_tensor(Tensor::from_data(TensorData::new(t.data, shape), self.device)))
     }
 
+    /// A linear weight: HF `[out, in]` on disk, `[in, out]` in the model (see `Linear`).
+    fn linear_weight(&mut self, name: &str) -> Result<Param<Tensor<B, 2>>> {
+        let t = self.host(name)?;
+        let (out, inp) = (t.shape[0], t.shape[1]);
+        let mut data = vec![0f32; t.data.len()];
+        for (o, row) in t.data.chunks_exact(inp).enumerate() {
+            for (i, &x) in row.iter().enumerate() {
+                data[i * out + o] = x;
+            }
+        }
+        Ok(Param::from_tensor(Tensor::from_data(TensorData::new(data, [inp, out]), self.device)))
+    }
+
     fn param1(&mut self, name: &str) -> Result<Param<Tensor<B, 1>>> {
         let t = self.host(name)?;
         let shape = [t.shape[0]];
@@ -177,7 +190,7 @@ pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
     for (i, layer) in model.layers.iter().enumerate() {
         let p = format!("model.layers.{i}");
         let mut linear = |name: &str, l: &Linear<B>| {
-            push(format!("{p}.{name}.weight"), host(l.weight.val()));
+            push(format!("{p}.{name}.weight"), host(l.weight.val().transpose()));
             if let Some(b) = &l.bias {
                 push(format!("{p}.{name}.bias"), host(b.val()));
             }

@@ -10,6 +10,7 @@ pub mod backend;
 pub mod bench;
 pub mod error;
 pub mod generate;
+pub mod math;
 pub mod model;
 pub mod tokenizer;
 

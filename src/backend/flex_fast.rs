@@ -5,12 +5,31 @@
 //! callers stay backend-generic.
 
 use std::any::Any;
+use std::cell::Cell;
+
+thread_local! {
+    static DISABLED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the fast paths off on this thread, so tests can check them against the
+/// generic burn ops on the same backend.
+pub fn without_fast_paths<R>(f: impl FnOnce() -> R) -> R {
+    let before = DISABLED.with(|d| d.replace(true));
+    let out = f();
+    DISABLED.with(|d| d.set(before));
+    out
+}
 
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
 use burn_flex::FlexTensor;
 
+use crate::math::fast_exp;
+
 /// The flex tensor behind `t`, or `t` back if `B` is not the flex backend.
 fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<FlexTensor, Tensor<B, D>> {
+    if DISABLED.with(Cell::get) {
+        return Err(t);
+    }
     let boxed: Box<dyn Any> = Box::new(t.into_primitive().tensor());
     match boxed.downcast::<FlexTensor>() {
         Ok(f) => Ok(*f),
@@ -79,4 +98,61 @@ mod tests {
         let got = write_slots(buf, 1, new).into_data();
         assert_eq!(got, want);
     }
+}
+
+/// Contiguous f32 data of `t` when `B` is the flex backend.
+fn flex_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<FlexTensor> {
+    let f = as_flex(t.clone()).ok()?;
+    (f.dtype() == burn::tensor::DType::F32).then(|| f.to_contiguous())
+}
+
+/// For logits `z: [n, vocab]` and `targets`, the log-probabilities at temperature
+/// `1/inv_temperature` of each target and each row's log-sum-exp, in one fused pass per row.
+/// `None` when `B` is not the flex backend (callers use tensor ops instead).
+pub fn target_logprobs<B: Backend>(z: &Tensor<B, 2>, targets: &[u32], inv_temperature: f32) -> Option<(Vec<f32>, Vec<f32>)> {
+    use rayon::prelude::*;
+    let f = flex_f32(z)?;
+    let vocab = z.dims()[1];
+    let data: &[f32] = &f.storage::<f32>()[f.layout().start_offset()..];
+    let (logp, lse): (Vec<f32>, Vec<f32>) = data
+        .par_chunks(vocab)
+        .zip(targets.par_iter())
+        .map(|(row, &t)| {
+            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * inv_temperature;
+            let sum: f32 = row.iter().map(|&x| fast_exp(x * inv_temperature - max)).sum();
+            let lse = max + sum.ln();
+            (row[t as usize] * inv_temperature - lse, lse)
+        })
+        .unzip();
+    Some((logp, lse))
+}
+
+/// Gradient of `Σ_i g_i · log softmax(z_i / T)[target_i]` with respect to `z`:
+/// `(onehot(target_i) − softmax(z_i / T)) · g_i / T`, written over `z`'s own buffer when
+/// possible. `Err(z)` when `B` is not the flex backend.
+pub fn target_logprobs_grad<B: Backend>(
+    z: Tensor<B, 2>,
+    lse: &[f32],
+    targets: &[u32],
+    grad: &[f32],
+    inv_temperature: f32,
+) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
+    use rayon::prelude::*;
+    let vocab = z.dims()[1];
+    let mut f = as_flex(z)?;
+    if f.dtype() != burn::tensor::DType::F32 {
+        return Err(from_flex(f));
+    }
+    if !(f.is_unique() && f.layout().contiguous_offsets() == Some((0, lse.len() * vocab))) {
+        f = FlexTensor::from_data(f.into_data()); // a fresh, owned, contiguous copy
+    }
+    let data: &mut [f32] = f.storage_mut();
+    data[..lse.len() * vocab].par_chunks_mut(vocab).enumerate().for_each(|(i, row)| {
+        let (g, l) = (grad[i] * inv_temperature, lse[i]);
+        for x in row.iter_mut() {
+            *x = -g * fast_exp(*x * inv_temperature - l);
+        }
+        row[targets[i] as usize] += g;
+    });
+    Ok(from_flex(f))
 }

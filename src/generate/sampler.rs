@@ -9,6 +9,8 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::math::fast_exp;
+
 /// How to pick tokens.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SamplingParams {
@@ -78,7 +80,7 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
         cand.truncate(params.top_k);
     }
     let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f32> = cand.iter().map(|c| (c.1 - max).exp()).collect();
+    let mut probs: Vec<f32> = cand.iter().map(|c| fast_exp(c.1 - max)).collect();
     let total: f32 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= total);
 
@@ -130,7 +132,7 @@ pub fn argmax(logits: &[f32]) -> (usize, f32) {
 /// `log softmax(logits · inv_t)[index]`.
 pub fn log_softmax_at(logits: &[f32], index: usize, inv_t: f32) -> f32 {
     let max = logits.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z * inv_t));
-    let sum: f32 = logits.iter().map(|&z| (z * inv_t - max).exp()).sum();
+    let sum: f32 = logits.iter().map(|&z| fast_exp(z * inv_t - max)).sum();
     logits[index] * inv_t - max - sum.ln()
 }
 

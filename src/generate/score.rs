@@ -15,6 +15,8 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
+use crate::backend::flex_fast;
+
 /// Upper bound on logits alive at once (64 MiB of f32).
 pub const CHUNK_ELEMENTS: usize = 1 << 24;
 
@@ -31,15 +33,43 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
 fn chunk_forward<B: Backend>(
     hidden: Tensor<B, 2>,
     weight: Tensor<B, 2>,
-    targets: Tensor<B, 1, Int>,
+    targets: &[u32],
     inv_temperature: f32,
 ) -> (Tensor<B, 1>, Tensor<B, 1>) {
     let n = hidden.dims()[0];
-    let z = hidden.matmul(weight.transpose()).mul_scalar(inv_temperature); // [n, vocab]
+    let device = hidden.device();
+    let z = hidden.matmul(weight.transpose()); // [n, vocab]
+    if let Some((logp, lse)) = flex_fast::target_logprobs(&z, targets, inv_temperature) {
+        let vec = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [n]), &device);
+        return (vec(logp), vec(lse));
+    }
+    let z = z.mul_scalar(inv_temperature);
     let max = z.clone().max_dim(1); // [n, 1]
     let lse = (z.clone() - max.clone()).exp().sum_dim(1).log() + max; // [n, 1]
-    let picked = z.gather(1, targets.reshape([n, 1])); // [n, 1]
+    let picked = z.gather(1, targets_tensor::<B>(targets, &device).reshape([n, 1])); // [n, 1]
     ((picked - lse.clone()).reshape([n]), lse.reshape([n]))
+}
+
+/// Gradient of `Σ g_i · logp_i` with respect to the chunk's logits `z` (before 1/T).
+fn chunk_logits_grad<B: Backend>(
+    z: Tensor<B, 2>,
+    lse: Tensor<B, 1>,
+    targets: &[u32],
+    grad: Tensor<B, 1>,
+    inv_temperature: f32,
+) -> Tensor<B, 2> {
+    let host = |t: Tensor<B, 1>| t.into_data().into_vec::<f32>().expect("f32");
+    let (lse_v, grad_v) = (host(lse.clone()), host(grad.clone()));
+    match flex_fast::target_logprobs_grad(z, &lse_v, targets, &grad_v, inv_temperature) {
+        Ok(dz) => dz,
+        Err(z) => {
+            let c = targets.len();
+            let p = (z.mul_scalar(inv_temperature) - lse.reshape([c, 1])).exp();
+            let g = grad.reshape([c, 1]);
+            let t = targets_tensor::<B>(targets, &p.device()).reshape([c, 1]);
+            (-p * g.clone()).scatter(1, t, g, IndexingUpdateOp::Add).mul_scalar(inv_temperature)
+        }
+    }
 }
 
 /// Log-probabilities `[n]` of `targets` given final hidden states `hidden: [n, hidden]` and
@@ -58,8 +88,7 @@ pub fn token_logprobs<B: Backend>(
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
         let h = hidden.clone().slice([start..end, 0..d]);
-        let t = targets_tensor::<B>(&targets[start..end], &device);
-        parts.push(chunk_forward(h, weight.clone(), t, inv_temperature).0);
+        parts.push(chunk_forward(h, weight.clone(), &targets[start..end], inv_temperature).0);
     }
     if parts.is_empty() {
         return Tensor::zeros([0], &device);
@@ -70,8 +99,9 @@ pub fn token_logprobs<B: Backend>(
 #[derive(Debug)]
 struct ChunkedLogProbs;
 
-/// Saved for the backward pass: hidden, weight, targets, per-row log-sum-exp, 1/T.
-type ChunkedState<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32);
+/// Saved for the backward pass: hidden, weight, targets, per-row log-sum-exp, 1/T, rows per
+/// chunk.
+type ChunkedState<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32, usize);
 
 impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
     type State = ChunkedState<B>;
@@ -79,27 +109,27 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_hidden, node_weight] = ops.parents;
         let grad_out: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
-        let (hidden, weight, targets, lse, inv_t) = ops.state;
+        let (hidden, weight, targets, lse, inv_t, rows) = ops.state;
         let hidden: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(hidden));
         let weight: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(weight));
         let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
         let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
 
+        let targets: Vec<u32> = targets.into_data().convert::<i64>().into_vec::<i64>().expect("ids").iter().map(|&t| t as u32).collect();
         let [n, d] = hidden.dims();
-        let vocab = weight.dims()[0];
-        let rows = chunk_rows(vocab);
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
         for start in (0..n).step_by(rows) {
             let end = (start + rows).min(n);
-            let c = end - start;
             let h = hidden.clone().slice([start..end, 0..d]);
-            let g = grad_out.clone().slice([start..end]).reshape([c, 1]);
-            let l = lse.clone().slice([start..end]).reshape([c, 1]);
-            let t = targets.clone().slice([start..end]).reshape([c, 1]);
-            // d out_i / d z_ij = (1[j = y_i] − p_ij) / T
-            let p = (h.clone().matmul(weight.clone().transpose()).mul_scalar(inv_t) - l).exp();
-            let dz = (-p * g.clone()).scatter(1, t, g, IndexingUpdateOp::Add).mul_scalar(inv_t);
+            let z = h.clone().matmul(weight.clone().transpose());
+            let dz = chunk_logits_grad(
+                z,
+                lse.clone().slice([start..end]),
+                &targets[start..end],
+                grad_out.clone().slice([start..end]),
+                inv_t,
+            );
             if node_hidden.is_some() {
                 grad_hidden.push(dz.clone().matmul(weight.clone()));
             }
@@ -130,6 +160,17 @@ pub fn token_logprobs_autodiff<B: Backend, C: CheckpointStrategy>(
     targets: &[u32],
     inv_temperature: f32,
 ) -> Tensor<Autodiff<B, C>, 1> {
+    let rows = chunk_rows(weight.dims()[0]);
+    token_logprobs_autodiff_in_chunks(hidden, weight, targets, inv_temperature, rows)
+}
+
+fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
+    hidden: Tensor<Autodiff<B, C>, 2>,
+    weight: Tensor<Autodiff<B, C>, 2>,
+    targets: &[u32],
+    inv_temperature: f32,
+    rows: usize,
+) -> Tensor<Autodiff<B, C>, 1> {
     let n = hidden.dims()[0];
     assert_eq!(n, targets.len(), "one target per hidden row");
     let h = hidden.into_primitive().tensor();
@@ -137,15 +178,13 @@ pub fn token_logprobs_autodiff<B: Backend, C: CheckpointStrategy>(
     let h_inner: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(h.primitive.clone()));
     let w_inner: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(w.primitive.clone()));
     let device = h_inner.device();
-    let rows = chunk_rows(w_inner.dims()[0]);
     let d = h_inner.dims()[1];
 
     let mut logps = Vec::new();
     let mut lses = Vec::new();
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
-        let t = targets_tensor::<B>(&targets[start..end], &device);
-        let (lp, lse) = chunk_forward(h_inner.clone().slice([start..end, 0..d]), w_inner.clone(), t, inv_temperature);
+        let (lp, lse) = chunk_forward(h_inner.clone().slice([start..end, 0..d]), w_inner.clone(), &targets[start..end], inv_temperature);
         logps.push(lp);
         lses.push(lse);
     }
@@ -159,7 +198,7 @@ pub fn token_logprobs_autodiff<B: Backend, C: CheckpointStrategy>(
     let result = match ChunkedLogProbs.prepare::<C>([h.node.clone(), w.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let targets = targets_tensor::<B>(targets, &device).into_primitive();
-            prep.finish((h.primitive, w.primitive, targets, lse.into_primitive().tensor(), inv_temperature), out)
+            prep.finish((h.primitive, w.primitive, targets, lse.into_primitive().tensor(), inv_temperature, rows), out)
         }
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
@@ -228,4 +267,78 @@ pub fn score<B: Backend>(
         at += l;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Cpu, CpuAutodiff, flex_fast::without_fast_paths};
+    use burn::tensor::Distribution;
+    use burn::tensor::activation::log_softmax;
+
+    type Ad = CpuAutodiff;
+
+    /// (values, d/d hidden, d/d weight) of `Σ_i c_i · logp_i` for the chunked op.
+    fn chunked(h: &Tensor<Cpu, 2>, w: &Tensor<Cpu, 2>, t: &[u32], c: &Tensor<Cpu, 1>, inv_t: f32, rows: usize) -> [Vec<f32>; 3] {
+        let h = Tensor::<Ad, 2>::from_inner(h.clone()).require_grad();
+        let w = Tensor::<Ad, 2>::from_inner(w.clone()).require_grad();
+        let lp = token_logprobs_autodiff_in_chunks(h.clone(), w.clone(), t, inv_t, rows);
+        let grads = (lp.clone() * Tensor::from_inner(c.clone())).sum().backward();
+        let v = |x: Tensor<Cpu, 2>| x.into_data().into_vec::<f32>().unwrap();
+        [lp.inner().into_data().into_vec().unwrap(), v(h.grad(&grads).unwrap()), v(w.grad(&grads).unwrap())]
+    }
+
+    /// The same through a full `[n, vocab]` log-softmax and burn's own autodiff.
+    fn naive(h: &Tensor<Cpu, 2>, w: &Tensor<Cpu, 2>, t: &[u32], c: &Tensor<Cpu, 1>, inv_t: f32) -> [Vec<f32>; 3] {
+        let n = t.len();
+        let h = Tensor::<Ad, 2>::from_inner(h.clone()).require_grad();
+        let w = Tensor::<Ad, 2>::from_inner(w.clone()).require_grad();
+        let logp = log_softmax(h.clone().matmul(w.clone().transpose()).mul_scalar(inv_t), 1);
+        let idx = Tensor::<Ad, 2, Int>::from_data(TensorData::new(t.iter().map(|&x| x as i64).collect::<Vec<_>>(), [n, 1]), &Default::default());
+        let lp = logp.gather(1, idx).reshape([n]);
+        let grads = (lp.clone() * Tensor::from_inner(c.clone())).sum().backward();
+        let v = |x: Tensor<Cpu, 2>| x.into_data().into_vec::<f32>().unwrap();
+        [lp.inner().into_data().into_vec().unwrap(), v(h.grad(&grads).unwrap()), v(w.grad(&grads).unwrap())]
+    }
+
+    fn close(a: &[f32], b: &[f32], what: &str) {
+        let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
+        let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(err / scale < 1e-4, "{what}: max error {err} (scale {scale})");
+    }
+
+    #[test]
+    fn chunked_logprobs_match_full_log_softmax_values_and_gradients() {
+        let dev = Default::default();
+        let (n, d, vocab) = (13, 16, 300);
+        let h = Tensor::<Cpu, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<Cpu, 2>::random([vocab, d], Distribution::Normal(0.0, 0.5), &dev);
+        let c = Tensor::<Cpu, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev);
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+        for inv_t in [1.0, 1.0 / 0.7] {
+            let want = naive(&h, &w, &targets, &c, inv_t);
+            for rows in [4, 13, 100] {
+                let fast = chunked(&h, &w, &targets, &c, inv_t, rows);
+                let generic = without_fast_paths(|| chunked(&h, &w, &targets, &c, inv_t, rows));
+                for (name, got) in [("flex fast path", &fast), ("generic ops", &generic)] {
+                    close(&got[0], &want[0], &format!("{name}: values, {rows} rows/chunk"));
+                    close(&got[1], &want[1], &format!("{name}: d hidden, {rows} rows/chunk"));
+                    close(&got[2], &want[2], &format!("{name}: d weight, {rows} rows/chunk"));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_grad_scoring_matches_the_autodiff_values() {
+        let dev = Default::default();
+        let h = Tensor::<Cpu, 2>::random([7, 8], Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<Cpu, 2>::random([50, 8], Distribution::Normal(0.0, 1.0), &dev);
+        let targets = [1u32, 4, 9, 16, 25, 36, 49];
+        let c = Tensor::<Cpu, 1>::ones([7], &dev);
+        let a = token_logprobs(h.clone(), w.clone(), &targets, 1.0).into_data().into_vec::<f32>().unwrap();
+        let b = without_fast_paths(|| token_logprobs(h.clone(), w.clone(), &targets, 1.0)).into_data().into_vec::<f32>().unwrap();
+        close(&a, &chunked(&h, &w, &targets, &c, 1.0, 3)[0], "no-grad vs autodiff");
+        close(&a, &b, "fast vs generic");
+    }
 }

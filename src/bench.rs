@@ -14,7 +14,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
-use crate::generate::{GenerateRequest, SamplingParams, generate, score};
+use crate::generate::{GenerateRequest, GenerationStats, SamplingParams, generate, score};
 use crate::model::{CausalLm, Layout, ModelConfig};
 
 /// A ~5M-parameter Llama-architecture config (vocab 8192, hidden 256, 4 layers, GQA 4/2).
@@ -47,71 +47,113 @@ fn median_of(name: &str, batch: usize, reps: usize, mut run: impl FnMut() -> (us
     let mut samples: Vec<(usize, f64)> = (0..reps.max(1)).map(|_| run()).collect();
     samples.sort_by(|a, b| (a.0 as f64 / a.1).total_cmp(&(b.0 as f64 / b.1)));
     let (tokens, seconds) = samples[samples.len() / 2];
-    Measurement { name: name.into(), batch, tokens, seconds, tokens_per_second: tokens as f64 / seconds, reps: samples.len() }
+    Measurement {
+        name: name.into(),
+        batch,
+        tokens,
+        seconds,
+        tokens_per_second: tokens as f64 / seconds,
+        reps: samples.len(),
+    }
 }
 
-fn random_ids(rng: &mut rand_chacha::ChaCha8Rng, n: usize, vocab: usize) -> Vec<u32> {
+/// `n` uniformly random token ids below `vocab`.
+pub fn random_ids(rng: &mut rand_chacha::ChaCha8Rng, n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
 }
 
-/// Prompt tokens per second through a full forward pass (hidden states and last-token logits)
-/// of `batch` sequences of `seq_len` tokens.
+/// One forward pass over `ids` (`batch` rows of `seq_len`), producing the last-position
+/// logits, as the prefill of a generation does.
+pub fn prefill_once<B: Backend>(model: &CausalLm<B>, ids: &[u32], batch: usize, seq_len: usize) {
+    let data: Vec<i64> = ids.iter().map(|&t| t as i64).collect();
+    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(data, [batch, seq_len]), &model.device());
+    let hidden = model.forward_hidden(ids, &model.layout_tensors(&Layout::dense(batch, seq_len)), None);
+    let d = hidden.dims()[2];
+    let last = hidden.slice([0..batch, seq_len - 1..seq_len, 0..d]).reshape([batch, d]);
+    let _ = model.logits(last).into_data();
+}
+
+/// Prompt tokens per second through [`prefill_once`].
 pub fn prefill<B: Backend>(model: &CausalLm<B>, batch: usize, seq_len: usize, reps: usize) -> Measurement {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
     let vocab = model.config.vocab_size;
     median_of("prefill", batch, reps, || {
-        let data: Vec<i64> = random_ids(&mut rng, batch * seq_len, vocab).iter().map(|&t| t as i64).collect();
+        let ids = random_ids(&mut rng, batch * seq_len, vocab);
         let t = Instant::now();
-        let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(data, [batch, seq_len]), &model.device());
-        let hidden = model.forward_hidden(ids, &model.layout_tensors(&Layout::dense(batch, seq_len)), None);
-        let d = hidden.dims()[2];
-        let last = hidden.slice([0..batch, seq_len - 1..seq_len, 0..d]).reshape([batch, d]);
-        let _ = model.logits(last).into_data();
+        prefill_once(model, &ids, batch, seq_len);
         (batch * seq_len, t.elapsed().as_secs_f64())
     })
+}
+
+/// Greedy generation of `new_tokens` for each prompt (no stop tokens, so every row decodes
+/// the full length).
+pub fn decode_once<B: Backend>(model: &CausalLm<B>, prompts: &[Vec<u32>], new_tokens: usize) -> GenerationStats {
+    let req = GenerateRequest::new(prompts, SamplingParams::greedy(new_tokens));
+    generate(model, &req).expect("generation on valid prompts").1
 }
 
 /// Generated tokens per second for `batch` sequences (distinct random prompts of
 /// `prompt_len` tokens) decoding `new_tokens` greedy tokens each; prefill time excluded.
-pub fn decode<B: Backend>(model: &CausalLm<B>, batch: usize, prompt_len: usize, new_tokens: usize, reps: usize) -> Measurement {
+pub fn decode<B: Backend>(
+    model: &CausalLm<B>,
+    batch: usize,
+    prompt_len: usize,
+    new_tokens: usize,
+    reps: usize,
+) -> Measurement {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let vocab = model.config.vocab_size;
     median_of("decode", batch, reps, || {
         let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_ids(&mut rng, prompt_len, vocab)).collect();
-        let req = GenerateRequest::new(&prompts, SamplingParams::greedy(new_tokens));
-        let stats = generate(model, &req).expect("generation on valid prompts").1;
+        let stats = decode_once(model, &prompts, new_tokens);
         (stats.generated_tokens, stats.decode_seconds)
     })
 }
 
-/// Training tokens per second: steps of forward + backward (negative log-likelihood through
-/// the chunked log-prob op) + AdamW on `batch` sequences of `seq_len` tokens.
-pub fn train_step<B: Backend>(model: CausalLm<burn::backend::Autodiff<B>>, batch: usize, seq_len: usize, reps: usize) -> Measurement {
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(2);
-    let vocab = model.config.vocab_size;
-    // PyTorch's AdamW defaults, spelled out (burn's differ: eps 1e-5, weight decay 1e-4).
-    let mut optim = AdamWConfig::new()
-        .with_beta_1(0.9)
-        .with_beta_2(0.999)
-        .with_epsilon(1e-8)
-        .with_weight_decay(0.01)
-        .init::<burn::backend::Autodiff<B>, CausalLm<burn::backend::Autodiff<B>>>();
-    let mut one_step = |model: CausalLm<burn::backend::Autodiff<B>>, rng: &mut rand_chacha::ChaCha8Rng| {
-        let requests: Vec<(Vec<u32>, Vec<u32>)> =
-            (0..batch).map(|_| (random_ids(rng, 1, vocab), random_ids(rng, seq_len - 1, vocab))).collect();
+type Trainable<B> = CausalLm<burn::backend::Autodiff<B>>;
+
+/// A supervised training step on random sequences: forward, negative log-likelihood through
+/// the chunked log-prob op, backward, AdamW.
+pub struct TrainStep<B: Backend> {
+    model: Option<Trainable<B>>,
+    optim: burn::optim::adaptor::OptimizerAdaptor<burn::optim::AdamW, Trainable<B>, burn::backend::Autodiff<B>>,
+    rng: rand_chacha::ChaCha8Rng,
+    batch: usize,
+    seq_len: usize,
+}
+
+impl<B: Backend> TrainStep<B> {
+    pub fn new(model: Trainable<B>, batch: usize, seq_len: usize) -> Self {
+        // PyTorch's AdamW defaults, spelled out (burn's differ: eps 1e-5, weight decay 1e-4).
+        let optim =
+            AdamWConfig::new().with_beta_1(0.9).with_beta_2(0.999).with_epsilon(1e-8).with_weight_decay(0.01).init();
+        TrainStep { model: Some(model), optim, rng: rand_chacha::ChaCha8Rng::seed_from_u64(2), batch, seq_len }
+    }
+
+    /// Runs one step and returns the number of tokens trained on.
+    pub fn step(&mut self) -> usize {
+        let model = self.model.take().expect("model present between steps");
+        let vocab = model.config.vocab_size;
+        let requests: Vec<(Vec<u32>, Vec<u32>)> = (0..self.batch)
+            .map(|_| (random_ids(&mut self.rng, 1, vocab), random_ids(&mut self.rng, self.seq_len - 1, vocab)))
+            .collect();
         let (hidden, targets, _) = score::response_hidden(&model, &requests).expect("valid batch");
         let logp = score::token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
-        let loss = logp.mean().neg();
-        let grads = GradientsParams::from_grads(loss.backward(), &model);
-        optim.step(1e-4, model, grads)
-    };
-    let mut model = Some(model);
+        let grads = GradientsParams::from_grads(logp.mean().neg().backward(), &model);
+        let model = self.optim.step(1e-4, model, grads);
+        // Read a weight back so queued device work (CUDA) is inside the step.
+        let _ = model.valid().norm.weight.val().into_data();
+        self.model = Some(model);
+        self.batch * self.seq_len
+    }
+}
+
+/// Training tokens per second through [`TrainStep`].
+pub fn train_step<B: Backend>(model: Trainable<B>, batch: usize, seq_len: usize, reps: usize) -> Measurement {
+    let mut step = TrainStep::new(model, batch, seq_len);
     median_of("train_step", batch, reps, || {
         let t = Instant::now();
-        let m = one_step(model.take().expect("model"), &mut rng);
-        // Read a weight back so queued device work (CUDA) is included in the timing.
-        let _ = m.valid().norm.weight.val().into_data();
-        model = Some(m);
-        (batch * seq_len, t.elapsed().as_secs_f64())
+        let tokens = step.step();
+        (tokens, t.elapsed().as_secs_f64())
     })
 }

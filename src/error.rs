@@ -55,7 +55,9 @@ pub enum Error {
     WeightFile { path: PathBuf, message: String },
 
     /// A model id that is neither a path nor a zoo entry.
-    #[error("unknown model {id:?}: it is not a local path and not a zoo id.\nKnown zoo ids: {known}.\nRun `hacpo models` for the list, or pass a model directory or a .gguf file.")]
+    #[error(
+        "unknown model {id:?}: it is not a local path and not a zoo id.\nKnown zoo ids: {known}.\nRun `hacpo models` for the list, or pass a model directory or a .gguf file."
+    )]
     UnknownModel { id: String, known: String },
 
     /// The model is not in the local hub cache and cannot be downloaded.
@@ -106,11 +108,7 @@ impl Error {
 
     pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
         if source.kind() == std::io::ErrorKind::NotFound {
-            return Error::NotFound {
-                what: "file".into(),
-                path: path.to_path_buf(),
-                hint: "Check the path.".into(),
-            };
+            return Error::NotFound { what: "file".into(), path: path.to_path_buf(), hint: "Check the path.".into() };
         }
         Error::Io { action, path: path.to_path_buf(), source }
     }

@@ -17,7 +17,9 @@ pub fn fast_exp(x: f32) -> f32 {
     let r = x - n * LN2_HI - n * LN2_LO;
     // e^r on |r| ≤ ln2/2 (the degree-7 Taylor remainder is below 1e-8 there).
     let p = 1.0
-        + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
     let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
     if underflow { 0.0 } else { p * scale }
 }

@@ -44,7 +44,18 @@ fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {
 fn the_tiny_model_dir_works_so_failures_below_are_the_edits() {
     let dir = tiny_model_dir("qwen3-tiny");
     let out = hacpo(
-        &["generate", "--model", dir.path().to_str().unwrap(), "--chat", "--prompt", "hi", "--max-new-tokens", "3", "--format", "json"],
+        &[
+            "generate",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--chat",
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "3",
+            "--format",
+            "json",
+        ],
         &[],
     );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -94,7 +105,8 @@ fn missing_weight() {
     let dir = tiny_model_dir("qwen3-tiny");
     let mut src = SafetensorsSource::open_file(&dir.path().join("model.safetensors")).unwrap();
     let missing = "model.layers.1.mlp.down_proj.weight";
-    let tensors: Vec<_> = src.names().into_iter().filter(|n| n != missing).map(|n| (n.clone(), src.take(&n).unwrap().unwrap())).collect();
+    let tensors: Vec<_> =
+        src.names().into_iter().filter(|n| n != missing).map(|n| (n.clone(), src.take(&n).unwrap().unwrap())).collect();
     drop(src);
     write_safetensors(dir.path(), tensors, SaveDtype::F32, usize::MAX).unwrap();
     assert_user_error(&generate(dir.path()), &[missing, "missing"]);
@@ -179,9 +191,15 @@ fn cuda_device_without_cuda_build_and_bad_sampling_values() {
     let dir = tiny_model_dir("qwen3-tiny");
     let m = dir.path().to_str().unwrap();
     if !cfg!(feature = "cuda") {
-        assert_user_error(&hacpo(&["generate", "--model", m, "--prompt", "hi", "--device", "cuda:0"], &[]), &["--features cuda"]);
+        assert_user_error(
+            &hacpo(&["generate", "--model", m, "--prompt", "hi", "--device", "cuda:0"], &[]),
+            &["--features cuda"],
+        );
     }
-    assert_user_error(&hacpo(&["generate", "--model", m, "--prompt", "hi", "--device", "tpu"], &[]), &["unknown device \"tpu\""]);
+    assert_user_error(
+        &hacpo(&["generate", "--model", m, "--prompt", "hi", "--device", "tpu"], &[]),
+        &["unknown device \"tpu\""],
+    );
     assert_user_error(&hacpo(&["generate", "--model", m, "--prompt", "hi", "--top-p", "1.5"], &[]), &["top-p"]);
     assert_user_error(&hacpo(&["generate", "--model", m, "--prompt", "hi", "--temperature", "0"], &[]), &["--greedy"]);
     assert_user_error(&hacpo(&["convert", "--model", m, "--out", "/tmp/x", "--dtype", "int4"], &[]), &["int4"]);

@@ -25,12 +25,19 @@ fn reference(name: &str) -> Reference {
     let dir = fixture(&format!("models/{name}"));
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> { v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect() };
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    };
     let mut tensors = SafetensorsSource::open_file(&dir.join("reference.safetensors")).unwrap();
     Reference {
         prompt_a: ids(&json["prompt_a"]),
         prompt_b: ids(&json["prompt_b"]),
-        greedy: json["greedy"].as_array().unwrap().iter().map(|c| (ids(&c["prompt"]), ids(&c["continuation"]))).collect(),
+        greedy: json["greedy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (ids(&c["prompt"]), ids(&c["continuation"])))
+            .collect(),
         logits_a: tensors.take("logits_a").unwrap().unwrap().data,
         logits_b_last: tensors.take("logits_b_last").unwrap().unwrap().data,
     }
@@ -73,7 +80,11 @@ fn greedy_continuations_match_transformers_alone_and_batched() {
         let (out, stats) = generate(&model, &req).unwrap();
         assert_eq!(out.len(), 6);
         for c in &out {
-            assert_eq!(c.token_ids, r.greedy[c.prompt_index].1, "{name}: batched prompt {} sample {}", c.prompt_index, c.sample_index);
+            assert_eq!(
+                c.token_ids, r.greedy[c.prompt_index].1,
+                "{name}: batched prompt {} sample {}",
+                c.prompt_index, c.sample_index
+            );
         }
         assert_eq!(stats.generated_tokens, 6 * 32);
         // Prefill in chunks of one prompt gives the same result.
@@ -113,7 +124,8 @@ fn generation_logprobs_agree_with_scoring() {
     let mut req = GenerateRequest::new(&prompts, params);
     req.num_samples = 3;
     let (out, _) = generate(&model, &req).unwrap();
-    let pairs: Vec<(Vec<u32>, Vec<u32>)> = out.iter().map(|c| (prompts[c.prompt_index].clone(), c.token_ids.clone())).collect();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> =
+        out.iter().map(|c| (prompts[c.prompt_index].clone(), c.token_ids.clone())).collect();
     let scored = score::score(&model, &pairs, 0.8).unwrap();
     for (c, s) in out.iter().zip(&scored) {
         let d = max_abs_diff(&c.logprobs, s);

@@ -72,7 +72,8 @@ fn library_matches_transformers_on_the_real_model() {
     }
 
     // Teacher-forced log-probs agree with transformers'.
-    let pairs: Vec<(Vec<u32>, Vec<u32>)> = cases.iter().map(|c| (c.prompt_ids.clone(), c.completion_ids.clone())).collect();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> =
+        cases.iter().map(|c| (c.prompt_ids.clone(), c.completion_ids.clone())).collect();
     let scored = score::score(&pretrained.model, &pairs, 1.0).unwrap();
     for (c, s) in cases.iter().zip(&scored) {
         let d = max_abs_diff(s, &c.completion_logprobs);
@@ -84,7 +85,19 @@ fn library_matches_transformers_on_the_real_model() {
 fn cli_generate_matches_transformers() {
     for c in cases().iter().take(3) {
         let out = Command::new(hacpo_bin())
-            .args(["generate", "--model", gguf(), "--chat", "--greedy", "--max-new-tokens", "48", "--format", "json", "--prompt", &c.user])
+            .args([
+                "generate",
+                "--model",
+                gguf(),
+                "--chat",
+                "--greedy",
+                "--max-new-tokens",
+                "48",
+                "--format",
+                "json",
+                "--prompt",
+                &c.user,
+            ])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
@@ -119,11 +132,8 @@ fn cli_score_matches_transformers() {
 #[test]
 fn converted_hf_directory_reloads_with_identical_outputs() {
     let dir = tempfile::tempdir().unwrap();
-    let status = Command::new(hacpo_bin())
-        .args(["convert", "--model", gguf(), "--out"])
-        .arg(dir.path())
-        .status()
-        .unwrap();
+    let status =
+        Command::new(hacpo_bin()).args(["convert", "--model", gguf(), "--out"]).arg(dir.path()).status().unwrap();
     assert!(status.success());
     for f in ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
         assert!(dir.path().join(f).exists(), "{f} missing");

@@ -14,10 +14,7 @@ fn golden(name: &str) -> Vec<(String, Vec<u32>)> {
     let out = std::fs::read_to_string(dir.join(format!("ggml-vocab-{name}.gguf.out"))).unwrap();
     let mut texts: Vec<&str> = inp.split("\n__ggml_vocab_test__\n").collect();
     assert_eq!(texts.pop(), Some(""), "input ends with a separator");
-    let ids: Vec<Vec<u32>> = out
-        .lines()
-        .map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect())
-        .collect();
+    let ids: Vec<Vec<u32>> = out.lines().map(|l| l.split_whitespace().map(|t| t.parse().unwrap()).collect()).collect();
     assert_eq!(texts.len(), ids.len(), "{name}: one expected line per case");
     texts.into_iter().map(String::from).zip(ids).collect()
 }
@@ -35,7 +32,13 @@ fn check_golden(tokenizer_dir: &str, golden_name: &str) {
         // Decoding restores the text exactly (byte-level BPE is lossless).
         assert_eq!(&tok.decode(&got, false).unwrap(), text, "{tokenizer_dir}: round trip");
     }
-    assert!(failures.is_empty(), "{tokenizer_dir}: {} of {} golden cases differ:\n{}", failures.len(), cases.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{tokenizer_dir}: {} of {} golden cases differ:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]

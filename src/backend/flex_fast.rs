@@ -56,7 +56,8 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
     let [b, h, t, d] = new.dims();
     let cap = buffer.dims()[2];
     assert!(start + t <= cap, "write_slots beyond capacity");
-    let generic = |buffer: Tensor<B, 4>, new: Tensor<B, 4>| buffer.slice_assign([0..b, 0..h, start..start + t, 0..d], new);
+    let generic =
+        |buffer: Tensor<B, 4>, new: Tensor<B, 4>| buffer.slice_assign([0..b, 0..h, start..start + t, 0..d], new);
     let mut buf = match as_flex(buffer) {
         Ok(f) => f,
         Err(buffer) => return generic(buffer, new),
@@ -82,24 +83,6 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
     from_flex(buf)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backend::Cpu;
-    use burn::tensor::TensorData;
-
-    #[test]
-    fn write_slots_matches_slice_assign() {
-        let dev = Default::default();
-        let data: Vec<f32> = (0..2 * 3 * 5 * 4).map(|x| x as f32).collect();
-        let buf = Tensor::<Cpu, 4>::from_data(TensorData::new(data, [2, 3, 5, 4]), &dev);
-        let new = Tensor::<Cpu, 4>::from_data(TensorData::new(vec![-1.0f32; 2 * 3 * 2 * 4], [2, 3, 2, 4]), &dev);
-        let want = buf.clone().slice_assign([0..2, 0..3, 1..3, 0..4], new.clone()).into_data();
-        let got = write_slots(buf, 1, new).into_data();
-        assert_eq!(got, want);
-    }
-}
-
 /// Contiguous f32 data of `t` when `B` is the flex backend.
 fn flex_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<FlexTensor> {
     let f = as_flex(t.clone()).ok()?;
@@ -109,7 +92,11 @@ fn flex_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<FlexTensor> 
 /// For logits `z: [n, vocab]` and `targets`, the log-probabilities at temperature
 /// `1/inv_temperature` of each target and each row's log-sum-exp, in one fused pass per row.
 /// `None` when `B` is not the flex backend (callers use tensor ops instead).
-pub fn target_logprobs<B: Backend>(z: &Tensor<B, 2>, targets: &[u32], inv_temperature: f32) -> Option<(Vec<f32>, Vec<f32>)> {
+pub fn target_logprobs<B: Backend>(
+    z: &Tensor<B, 2>,
+    targets: &[u32],
+    inv_temperature: f32,
+) -> Option<(Vec<f32>, Vec<f32>)> {
     use rayon::prelude::*;
     let f = flex_f32(z)?;
     let vocab = z.dims()[1];
@@ -155,4 +142,22 @@ pub fn target_logprobs_grad<B: Backend>(
         row[targets[i] as usize] += g;
     });
     Ok(from_flex(f))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use burn::tensor::TensorData;
+
+    #[test]
+    fn write_slots_matches_slice_assign() {
+        let dev = Default::default();
+        let data: Vec<f32> = (0..2 * 3 * 5 * 4).map(|x| x as f32).collect();
+        let buf = Tensor::<Cpu, 4>::from_data(TensorData::new(data, [2, 3, 5, 4]), &dev);
+        let new = Tensor::<Cpu, 4>::from_data(TensorData::new(vec![-1.0f32; 2 * 3 * 2 * 4], [2, 3, 2, 4]), &dev);
+        let want = buf.clone().slice_assign([0..2, 0..3, 1..3, 0..4], new.clone()).into_data();
+        let got = write_slots(buf, 1, new).into_data();
+        assert_eq!(got, want);
+    }
 }

@@ -36,9 +36,7 @@ impl DeviceSpec {
             _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
                 Some(Ok(i)) => DeviceSpec::Cuda(i),
                 _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "unknown device {s:?}; use cpu, cuda or cuda:N"
-                    )));
+                    return Err(Error::InvalidArgument(format!("unknown device {s:?}; use cpu, cuda or cuda:N")));
                 }
             },
         };

@@ -70,7 +70,11 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
     let name = args.model.clone().unwrap_or_else(|| "tiny-5m (random)".into());
     let model = load::<B>(args, device)?;
     let params = model.config.num_parameters();
-    eprintln!("benchmarking {name} ({params} parameters) on {} with {} threads", args.device, rayon::current_num_threads());
+    eprintln!(
+        "benchmarking {name} ({params} parameters) on {} with {} threads",
+        args.device,
+        rayon::current_num_threads()
+    );
     let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len, args.reps)];
     for &b in &args.decode_batch {
         results.push(bench::decode(&model, b, args.prompt_len, args.new_tokens, args.reps));
@@ -87,9 +91,15 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }
         Format::Text => {
-            println!("{:<12} {:>6} {:>8} {:>10} {:>12}  (median of {} runs)", "phase", "batch", "tokens", "seconds", "tokens/s", args.reps);
+            println!(
+                "{:<12} {:>6} {:>8} {:>10} {:>12}  (median of {} runs)",
+                "phase", "batch", "tokens", "seconds", "tokens/s", args.reps
+            );
             for r in &results {
-                println!("{:<12} {:>6} {:>8} {:>10.3} {:>12.1}", r.name, r.batch, r.tokens, r.seconds, r.tokens_per_second);
+                println!(
+                    "{:<12} {:>6} {:>8} {:>10.3} {:>12.1}",
+                    r.name, r.batch, r.tokens, r.seconds, r.tokens_per_second
+                );
             }
         }
     }

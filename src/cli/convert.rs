@@ -36,6 +36,11 @@ pub fn run(args: ConvertArgs) -> Result<()> {
         &args.out,
         dtype,
     )?;
-    eprintln!("wrote {} ({} parameters, {})", args.out.display(), pretrained.model.config.num_parameters(), dtype.torch_name());
+    eprintln!(
+        "wrote {} ({} parameters, {})",
+        args.out.display(),
+        pretrained.model.config.num_parameters(),
+        dtype.torch_name()
+    );
     Ok(())
 }

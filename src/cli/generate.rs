@@ -70,7 +70,11 @@ pub fn run(args: GenerateArgs) -> Result<()> {
     with_backend!(device, |B, dev| run_on::<B>(&args, params, &dev))
 }
 
-fn run_on<B: burn::tensor::backend::Backend>(args: &GenerateArgs, params: SamplingParams, device: &B::Device) -> Result<()> {
+fn run_on<B: burn::tensor::backend::Backend>(
+    args: &GenerateArgs,
+    params: SamplingParams,
+    device: &B::Device,
+) -> Result<()> {
     let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
     let tok = &pretrained.tokenizer;
     let prompt_ids = encode_prompt(tok, &args.prompt, args.chat, args.system.as_deref())?;

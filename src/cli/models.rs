@@ -31,7 +31,7 @@ pub fn run(args: ModelsArgs) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&rows).expect("json"));
         }
         Format::Text => {
-            println!("{:<16} {:<38} {:<7} {:>6}  {}", "ID", "REPO", "FAMILY", "PARAMS", "CACHED");
+            println!("{:<16} {:<38} {:<7} {:>6}  CACHED", "ID", "REPO", "FAMILY", "PARAMS");
             for e in &entries {
                 let cached = cache.model(e.repo.clone()).get("config.json").is_some();
                 println!(

@@ -41,8 +41,8 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &ScoreArgs, device: &B::Devic
     let tok = &pretrained.tokenizer;
     let prompt_ids = encode_prompt(tok, &args.prompt, args.chat, args.system.as_deref())?;
     let response_ids = tok.encode(&args.response, false)?;
-    let logprobs = hacpo::generate::score::score(&pretrained.model, &[(prompt_ids.clone(), response_ids.clone())], 1.0)?
-        .remove(0);
+    let logprobs =
+        hacpo::generate::score::score(&pretrained.model, &[(prompt_ids.clone(), response_ids.clone())], 1.0)?.remove(0);
     match args.format {
         Format::Json => {
             let out = json!({"prompt_ids": prompt_ids, "response_ids": response_ids, "logprobs": logprobs});

@@ -105,7 +105,10 @@ struct Sequence {
 
 /// Generates `num_samples` completions for each prompt; results are ordered by prompt, then
 /// sample.
-pub fn generate<B: Backend>(model: &CausalLm<B>, req: &GenerateRequest<'_>) -> Result<(Vec<Completion>, GenerationStats)> {
+pub fn generate<B: Backend>(
+    model: &CausalLm<B>,
+    req: &GenerateRequest<'_>,
+) -> Result<(Vec<Completion>, GenerationStats)> {
     req.params.validate()?;
     if req.num_samples == 0 {
         return Err(Error::InvalidArgument("num-samples must be at least 1".into()));
@@ -259,16 +262,17 @@ fn step_sequence(seq: &mut Sequence, logits: &[f32], req: &GenerateRequest<'_>, 
 
 /// Runs `ids` (`[rows, layout.len]`, row-major) through the model with the cache and returns
 /// the logits of each row's last position, `[rows, vocab]` row-major.
-fn forward_last<B: Backend>(model: &CausalLm<B>, ids: Vec<i64>, layout: Layout, cache: &mut KvCache<B>) -> Result<Vec<f32>> {
+fn forward_last<B: Backend>(
+    model: &CausalLm<B>,
+    ids: Vec<i64>,
+    layout: Layout,
+    cache: &mut KvCache<B>,
+) -> Result<Vec<f32>> {
     let (rows, t) = (layout.batch(), layout.len);
     let device = model.device();
     let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [rows, t]), &device);
     let hidden = model.forward_hidden(ids, &model.layout_tensors(&layout), Some(cache));
     let d = hidden.dims()[2];
     let last = hidden.slice([0..rows, t - 1..t, 0..d]).reshape([rows, d]);
-    model
-        .logits(last)
-        .into_data()
-        .into_vec::<f32>()
-        .map_err(|e| Error::Internal(format!("reading logits: {e:?}")))
+    model.logits(last).into_data().into_vec::<f32>().map_err(|e| Error::Internal(format!("reading logits: {e:?}")))
 }

@@ -167,7 +167,8 @@ mod tests {
         for _ in 0..2000 {
             let (t, lp) = sample(&logits, &p, &mut rng);
             seen[t as usize] += 1;
-            let renorm = if t == 0 { 2f32.exp() / (2f32.exp() + 1f32.exp()) } else { 1f32.exp() / (2f32.exp() + 1f32.exp()) };
+            let renorm =
+                if t == 0 { 2f32.exp() / (2f32.exp() + 1f32.exp()) } else { 1f32.exp() / (2f32.exp() + 1f32.exp()) };
             assert!((lp - renorm.ln()).abs() < 1e-5);
         }
         assert_eq!(seen[2], 0);

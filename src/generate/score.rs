@@ -8,8 +8,8 @@
 //!   each chunk's logits instead of keeping them, so the graph holds only `h`, `W` and one
 //!   log-sum-exp per token (the "fused linear cross-entropy" trick).
 
-use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use burn::tensor::{IndexingUpdateOp, ops::FloatTensor, ops::IntTensor};
+use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
 use burn_autodiff::grads::Gradients;
@@ -115,7 +115,8 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
         let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
 
-        let targets: Vec<u32> = targets.into_data().convert::<i64>().into_vec::<i64>().expect("ids").iter().map(|&t| t as u32).collect();
+        let targets: Vec<u32> =
+            targets.into_data().convert::<i64>().into_vec::<i64>().expect("ids").iter().map(|&t| t as u32).collect();
         let [n, d] = hidden.dims();
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
@@ -125,9 +126,9 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
             let z = h.clone().matmul(weight.clone().transpose());
             let dz = chunk_logits_grad(
                 z,
-                lse.clone().slice([start..end]),
+                lse.clone().narrow(0, start, end - start),
                 &targets[start..end],
-                grad_out.clone().slice([start..end]),
+                grad_out.clone().narrow(0, start, end - start),
                 inv_t,
             );
             if node_hidden.is_some() {
@@ -184,7 +185,12 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
     let mut lses = Vec::new();
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
-        let (lp, lse) = chunk_forward(h_inner.clone().slice([start..end, 0..d]), w_inner.clone(), &targets[start..end], inv_temperature);
+        let (lp, lse) = chunk_forward(
+            h_inner.clone().slice([start..end, 0..d]),
+            w_inner.clone(),
+            &targets[start..end],
+            inv_temperature,
+        );
         logps.push(lp);
         lses.push(lse);
     }
@@ -218,7 +224,9 @@ pub fn response_hidden<B: Backend>(
     let mut t = 1;
     for (p, r) in requests {
         if p.is_empty() {
-            return Err(Error::InvalidArgument("cannot score a response without a prompt: the first response token needs a preceding token".into()));
+            return Err(Error::InvalidArgument(
+                "cannot score a response without a prompt: the first response token needs a preceding token".into(),
+            ));
         }
         if p.len() + r.len() > context {
             return Err(Error::PromptTooLong { prompt_tokens: p.len() + r.len(), context });
@@ -279,7 +287,14 @@ mod tests {
     type Ad = CpuAutodiff;
 
     /// (values, d/d hidden, d/d weight) of `Σ_i c_i · logp_i` for the chunked op.
-    fn chunked(h: &Tensor<Cpu, 2>, w: &Tensor<Cpu, 2>, t: &[u32], c: &Tensor<Cpu, 1>, inv_t: f32, rows: usize) -> [Vec<f32>; 3] {
+    fn chunked(
+        h: &Tensor<Cpu, 2>,
+        w: &Tensor<Cpu, 2>,
+        t: &[u32],
+        c: &Tensor<Cpu, 1>,
+        inv_t: f32,
+        rows: usize,
+    ) -> [Vec<f32>; 3] {
         let h = Tensor::<Ad, 2>::from_inner(h.clone()).require_grad();
         let w = Tensor::<Ad, 2>::from_inner(w.clone()).require_grad();
         let lp = token_logprobs_autodiff_in_chunks(h.clone(), w.clone(), t, inv_t, rows);
@@ -294,7 +309,10 @@ mod tests {
         let h = Tensor::<Ad, 2>::from_inner(h.clone()).require_grad();
         let w = Tensor::<Ad, 2>::from_inner(w.clone()).require_grad();
         let logp = log_softmax(h.clone().matmul(w.clone().transpose()).mul_scalar(inv_t), 1);
-        let idx = Tensor::<Ad, 2, Int>::from_data(TensorData::new(t.iter().map(|&x| x as i64).collect::<Vec<_>>(), [n, 1]), &Default::default());
+        let idx = Tensor::<Ad, 2, Int>::from_data(
+            TensorData::new(t.iter().map(|&x| x as i64).collect::<Vec<_>>(), [n, 1]),
+            &Default::default(),
+        );
         let lp = logp.gather(1, idx).reshape([n]);
         let grads = (lp.clone() * Tensor::from_inner(c.clone())).sum().backward();
         let v = |x: Tensor<Cpu, 2>| x.into_data().into_vec::<f32>().unwrap();
@@ -337,7 +355,10 @@ mod tests {
         let targets = [1u32, 4, 9, 16, 25, 36, 49];
         let c = Tensor::<Cpu, 1>::ones([7], &dev);
         let a = token_logprobs(h.clone(), w.clone(), &targets, 1.0).into_data().into_vec::<f32>().unwrap();
-        let b = without_fast_paths(|| token_logprobs(h.clone(), w.clone(), &targets, 1.0)).into_data().into_vec::<f32>().unwrap();
+        let b = without_fast_paths(|| token_logprobs(h.clone(), w.clone(), &targets, 1.0))
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
         close(&a, &chunked(&h, &w, &targets, &c, 1.0, 3)[0], "no-grad vs autodiff");
         close(&a, &b, "fast vs generic");
     }

@@ -105,34 +105,24 @@ impl ModelConfig {
             },
             other => other,
         })?;
-        let value: Value = serde_json::from_str(&text).map_err(|e| {
-            Error::config(path.display().to_string(), format!("not valid JSON: {e}"))
-        })?;
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::config(path.display().to_string(), format!("not valid JSON: {e}")))?;
         Self::from_json(&value, &path.display().to_string())
     }
 
     /// Parses a `config.json` value; `file` names it in errors.
     pub fn from_json(value: &Value, file: &str) -> Result<Self> {
-        let obj = value
-            .as_object()
-            .ok_or_else(|| Error::config(file, "expected a JSON object at the top level"))?;
+        let obj = value.as_object().ok_or_else(|| Error::config(file, "expected a JSON object at the top level"))?;
         let r = Reader { obj, file };
 
         let model_type = r.opt_str("model_type")?.unwrap_or_default();
         let family = Family::from_model_type(&model_type).ok_or_else(|| {
             let found = if model_type.is_empty() {
-                r.obj
-                    .get("architectures")
-                    .map(|a| a.to_string())
-                    .unwrap_or_else(|| "(no model_type)".into())
+                r.obj.get("architectures").map(|a| a.to_string()).unwrap_or_else(|| "(no model_type)".into())
             } else {
                 model_type.clone()
             };
-            Error::UnsupportedArchitecture {
-                found,
-                file: file.into(),
-                supported: Family::SUPPORTED,
-            }
+            Error::UnsupportedArchitecture { found, file: file.into(), supported: Family::SUPPORTED }
         })?;
 
         if let Some(act) = r.opt_str("hidden_act")?
@@ -163,7 +153,10 @@ impl ModelConfig {
             Some(d) => d,
             None if hidden_size % num_attention_heads == 0 => hidden_size / num_attention_heads,
             None => {
-                return Err(Error::config(file, "head_dim is missing and hidden_size is not divisible by num_attention_heads"));
+                return Err(Error::config(
+                    file,
+                    "head_dim is missing and hidden_size is not divisible by num_attention_heads",
+                ));
             }
         };
         if head_dim % 2 != 0 {
@@ -286,7 +279,9 @@ impl ModelConfig {
             self.head_dim,
             self.intermediate_size,
         );
-        let attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+        let attn = d * h * hd
+            + 2 * d * kv * hd
+            + h * hd * d
             + if self.qkv_bias { h * hd + 2 * kv * hd } else { 0 }
             + if self.o_bias { d } else { 0 }
             + if self.qk_norm { 2 * hd } else { 0 };
@@ -298,18 +293,14 @@ impl ModelConfig {
 }
 
 fn parse_rope_scaling(s: &Map<String, Value>, file: &str) -> Result<Option<Llama3RopeScaling>> {
-    let kind = s
-        .get("rope_type")
-        .or_else(|| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let kind = s.get("rope_type").or_else(|| s.get("type")).and_then(Value::as_str).unwrap_or("default");
     match kind {
         "default" => Ok(None),
         "llama3" => {
             let num = |k: &str| {
-                s.get(k).and_then(Value::as_f64).ok_or_else(|| {
-                    Error::config(file, format!("llama3 rope scaling needs a numeric {k:?}"))
-                })
+                s.get(k)
+                    .and_then(Value::as_f64)
+                    .ok_or_else(|| Error::config(file, format!("llama3 rope scaling needs a numeric {k:?}")))
             };
             Ok(Some(Llama3RopeScaling {
                 factor: num("factor")?,
@@ -318,10 +309,7 @@ fn parse_rope_scaling(s: &Map<String, Value>, file: &str) -> Result<Option<Llama
                 original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
             }))
         }
-        other => Err(Error::config(
-            file,
-            format!("rope type {other:?} is not supported (supported: default, llama3)"),
-        )),
+        other => Err(Error::config(file, format!("rope type {other:?} is not supported (supported: default, llama3)"))),
     }
 }
 
@@ -337,16 +325,16 @@ impl Reader<'_> {
     }
 
     fn usize(&self, key: &str) -> Result<usize> {
-        self.opt_usize(key)?
-            .ok_or_else(|| Error::config(self.file, format!("required key {key:?} is missing")))
+        self.opt_usize(key)?.ok_or_else(|| Error::config(self.file, format!("required key {key:?} is missing")))
     }
 
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.present(key) {
             None => Ok(None),
-            Some(v) => v.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-                Error::config(self.file, format!("{key:?} must be a non-negative integer, found {v}"))
-            }),
+            Some(v) => v
+                .as_u64()
+                .map(|n| Some(n as usize))
+                .ok_or_else(|| Error::config(self.file, format!("{key:?} must be a non-negative integer, found {v}"))),
         }
     }
 
@@ -392,7 +380,9 @@ impl Reader<'_> {
 
     /// A token id given as an integer or a list of integers.
     fn opt_token_ids(&self, key: &str) -> Result<Option<Vec<u32>>> {
-        let bad = |v: &Value| Error::config(self.file, format!("{key:?} must be a token id or a list of token ids, found {v}"));
+        let bad = |v: &Value| {
+            Error::config(self.file, format!("{key:?} must be a token id or a list of token ids, found {v}"))
+        };
         match self.present(key) {
             None => Ok(None),
             Some(Value::Array(items)) => items

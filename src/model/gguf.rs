@@ -110,9 +110,11 @@ struct Cursor<'a> {
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> std::result::Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            format!("unexpected end of file at byte {} (the file is truncated)", self.pos)
-        })?;
+        let end = self
+            .pos
+            .checked_add(n)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| format!("unexpected end of file at byte {} (the file is truncated)", self.pos))?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -225,10 +227,8 @@ impl GgufFile {
     }
 
     fn require(&self, key: &str) -> Result<&GgufValue> {
-        self.meta(key).ok_or_else(|| Error::Gguf {
-            path: self.path.clone(),
-            message: format!("metadata key {key} is missing"),
-        })
+        self.meta(key)
+            .ok_or_else(|| Error::Gguf { path: self.path.clone(), message: format!("metadata key {key} is missing") })
     }
 
     /// Dequantises tensor `name` (GGUF name) to f32 in HF dimension order.
@@ -260,14 +260,10 @@ impl GgufFile {
         let float = |k: &str| self.meta(&format!("{arch}.{k}")).and_then(GgufValue::as_f64);
         let hidden = int("embedding_length")?;
         let heads = int("attention.head_count")?;
-        let kv_heads = self
-            .meta(&format!("{arch}.attention.head_count_kv"))
-            .and_then(GgufValue::as_i64)
-            .unwrap_or(heads);
-        let head_dim = self
-            .meta(&format!("{arch}.attention.key_length"))
-            .and_then(GgufValue::as_i64)
-            .unwrap_or(hidden / heads);
+        let kv_heads =
+            self.meta(&format!("{arch}.attention.head_count_kv")).and_then(GgufValue::as_i64).unwrap_or(heads);
+        let head_dim =
+            self.meta(&format!("{arch}.attention.key_length")).and_then(GgufValue::as_i64).unwrap_or(hidden / heads);
         let vocab = match self.meta(&format!("{arch}.vocab_size")).and_then(GgufValue::as_i64) {
             Some(v) => v as usize,
             None => self.tensors.get("token_embd.weight").map(|t| t.shape[0]).unwrap_or(0),
@@ -524,6 +520,41 @@ mod tests {
         let y = dequantize(&q, GgmlType::Q8_0, 32);
         assert_eq!(y[0], -4.0);
         assert_eq!(y[31], 3.75);
+    }
+
+    #[test]
+    fn q4_0_and_f16_dequantise_like_ggml() {
+        // Q4_0: x = (nibble − 8)·d.
+        let mut b = half::f16::from_f32(2.0).to_le_bytes().to_vec();
+        b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+        let x = dequantize(&b, GgmlType::Q4_0, 32);
+        assert_eq!((x[0], x[8], x[15], x[16], x[31]), (-16.0, 0.0, 14.0, 14.0, -16.0));
+        let f: Vec<u8> = [1.5f32, -0.25].iter().flat_map(|v| half::f16::from_f32(*v).to_le_bytes()).collect();
+        assert_eq!(dequantize(&f, GgmlType::F16, 2), vec![1.5, -0.25]);
+        let g: Vec<u8> = [3.0f32, -7.5].iter().flat_map(|v| half::bf16::from_f32(*v).to_le_bytes()).collect();
+        assert_eq!(dequantize(&g, GgmlType::Bf16, 2), vec![3.0, -7.5]);
+    }
+
+    #[test]
+    fn llama3_rope_factors_are_recognised() {
+        // llama.cpp's rope_freqs for Llama 3.1 (factor 8), head_dim 128, theta 500000.
+        let (theta, dim) = (500000.0f64, 128usize);
+        let factors: Vec<f32> = (0..dim / 2)
+            .map(|i| {
+                let wavelen = 2.0 * std::f64::consts::PI * theta.powf((2 * i) as f64 / dim as f64);
+                if wavelen < 2048.0 {
+                    1.0
+                } else if wavelen > 8192.0 {
+                    8.0
+                } else {
+                    let smooth = (8192.0 / wavelen - 1.0) / 3.0;
+                    (1.0 / ((1.0 - smooth) / 8.0 + smooth)) as f32
+                }
+            })
+            .collect();
+        let v = match_llama3_scaling(&factors, theta, dim).expect("recognised");
+        assert_eq!(v["factor"], 8.0);
+        assert!(match_llama3_scaling(&vec![2.0; dim / 2], theta, dim).is_none());
     }
 
     #[test]

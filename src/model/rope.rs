@@ -18,10 +18,7 @@ impl Rope {
     pub fn new(config: &ModelConfig) -> Self {
         let dim = config.head_dim;
         let base = config.rope_theta as f32;
-        let mut inv_freq: Vec<f32> = (0..dim)
-            .step_by(2)
-            .map(|i| 1.0f32 / base.powf(i as f32 / dim as f32))
-            .collect();
+        let mut inv_freq: Vec<f32> = (0..dim).step_by(2).map(|i| 1.0f32 / base.powf(i as f32 / dim as f32)).collect();
         if let Some(s) = &config.rope_scaling {
             llama3_scale(&mut inv_freq, s);
         }
@@ -56,10 +53,10 @@ fn llama3_scale(inv_freq: &mut [f32], s: &Llama3RopeScaling) {
     for f in inv_freq.iter_mut() {
         let wavelen = 2.0 * std::f32::consts::PI / *f;
         let scaled = if wavelen > low_freq_wavelen { *f / factor } else { *f };
-        let is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
+        let is_medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
         *f = if is_medium {
-            let smooth = (old_ctx / wavelen - s.low_freq_factor as f32)
-                / (s.high_freq_factor as f32 - s.low_freq_factor as f32);
+            let smooth =
+                (old_ctx / wavelen - s.low_freq_factor as f32) / (s.high_freq_factor as f32 - s.low_freq_factor as f32);
             (1.0 - smooth) * scaled / factor + smooth * scaled
         } else {
             scaled

@@ -37,9 +37,10 @@ impl SafetensorsSource {
             let text = crate::error::read_to_string(&index_path)?;
             let v: Value = serde_json::from_str(&text)
                 .map_err(|e| Error::config(index_path.display().to_string(), format!("not valid JSON: {e}")))?;
-            let map = v.get("weight_map").and_then(Value::as_object).ok_or_else(|| {
-                Error::config(index_path.display().to_string(), "missing the \"weight_map\" object")
-            })?;
+            let map = v
+                .get("weight_map")
+                .and_then(Value::as_object)
+                .ok_or_else(|| Error::config(index_path.display().to_string(), "missing the \"weight_map\" object"))?;
             let mut names: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
             names.sort();
             names.dedup();
@@ -90,9 +91,7 @@ fn map_file(path: &Path) -> Result<MappedFile> {
     let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| Error::io("map", path, e))?;
     let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| Error::WeightFile {
         path: path.to_path_buf(),
-        message: format!(
-            "{e}. The file is truncated or not a safetensors file; download it again."
-        ),
+        message: format!("{e}. The file is truncated or not a safetensors file; download it again."),
     })?;
     Ok(MappedFile { path: path.to_path_buf(), mmap, header_len, metadata })
 }
@@ -108,10 +107,8 @@ impl WeightSource for SafetensorsSource {
         let info = f.metadata.info(name).expect("indexed tensor has info");
         let start = 8 + f.header_len + info.data_offsets.0;
         let end = 8 + f.header_len + info.data_offsets.1;
-        let data = bytes_to_f32(&f.mmap[start..end], info.dtype).map_err(|m| Error::WeightFile {
-            path: f.path.clone(),
-            message: format!("tensor {name}: {m}"),
-        })?;
+        let data = bytes_to_f32(&f.mmap[start..end], info.dtype)
+            .map_err(|m| Error::WeightFile { path: f.path.clone(), message: format!("tensor {name}: {m}") })?;
         Ok(Some(HostTensor { shape: info.shape.clone(), data }))
     }
 }
@@ -176,10 +173,9 @@ pub fn write_safetensors(
         .map(|(name, t)| {
             let (dt, bytes) = match dtype {
                 SaveDtype::F32 => (Dtype::F32, bytemuck::cast_slice::<f32, u8>(&t.data).to_vec()),
-                SaveDtype::Bf16 => (
-                    Dtype::BF16,
-                    t.data.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
-                ),
+                SaveDtype::Bf16 => {
+                    (Dtype::BF16, t.data.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect())
+                }
             };
             (name, ByteView { dtype: dt, shape: t.shape, bytes })
         })

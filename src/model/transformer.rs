@@ -137,10 +137,7 @@ fn apply_rope<B: Backend>(x: Tensor<B, 4>, tables: &RopeTables<B>) -> Tensor<B, 
     let [b, t, h, d] = x.dims();
     let (n, half) = (b * t * h, d / 2);
     let pairs = x.clone().reshape([n, 2, half]);
-    let swapped = Tensor::cat(
-        vec![pairs.clone().slice([0..n, 1..2, 0..half]), pairs.slice([0..n, 0..1, 0..half])],
-        1,
-    );
+    let swapped = Tensor::cat(vec![pairs.clone().slice([0..n, 1..2, 0..half]), pairs.slice([0..n, 0..1, 0..half])], 1);
     // Tables are [1 or batch, t*h*d]: one shared row or exactly this shape.
     let view = [b, t * h * d];
     (x.reshape(view) * tables.cos.clone() + swapped.reshape(view) * tables.sin.clone()).reshape([b, t, h, d])

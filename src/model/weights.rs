@@ -76,7 +76,11 @@ pub fn build<B: Backend>(
     source: &mut dyn WeightSource,
     device: &B::Device,
 ) -> Result<CausalLm<B>> {
-    let mut loader = Loader { source, device, config };
+    let progress = indicatif::ProgressBar::new(expected_weights(config).len() as u64).with_style(
+        indicatif::ProgressStyle::with_template("loading weights {bar:30} {pos}/{len} [{elapsed}]")
+            .expect("valid template"),
+    );
+    let mut loader = Loader { source, device, config, progress: &progress };
     let mut layers = Vec::with_capacity(config.num_hidden_layers);
     for i in 0..config.num_hidden_layers {
         let p = format!("model.layers.{i}");
@@ -112,6 +116,7 @@ pub fn build<B: Backend>(
     let embed_tokens = loader.param2("model.embed_tokens.weight")?;
     let norm = loader.norm("model.norm.weight")?;
     let lm_head = if config.tie_word_embeddings { None } else { Some(loader.param2("lm_head.weight")?) };
+    progress.finish_and_clear();
     Ok(CausalLm { embed_tokens, layers, norm, lm_head, config: config.clone() })
 }
 
@@ -119,6 +124,7 @@ struct Loader<'a, B: Backend> {
     source: &'a mut dyn WeightSource,
     device: &'a B::Device,
     config: &'a ModelConfig,
+    progress: &'a indicatif::ProgressBar,
 }
 
 impl<B: Backend> Loader<'_, B> {
@@ -136,6 +142,7 @@ impl<B: Backend> Loader<'_, B> {
                 found: t.shape,
             });
         }
+        self.progress.inc(1);
         Ok(t)
     }
 
@@ -170,11 +177,7 @@ impl<B: Backend> Loader<'_, B> {
 }
 
 fn expected_shape(config: &ModelConfig, name: &str) -> Vec<usize> {
-    expected_weights(config)
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, s)| s)
-        .unwrap_or_default()
+    expected_weights(config).into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_default()
 }
 
 /// All weights of `model` by HF name, in checkpoint order.
@@ -261,9 +264,7 @@ pub fn bytes_to_f32(bytes: &[u8], dtype: safetensors::Dtype) -> std::result::Res
         Dtype::F32 => chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         Dtype::BF16 => chunks(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         Dtype::F16 => chunks(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-        Dtype::F64 => chunks(8)
-            .map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32)
-            .collect(),
+        Dtype::F64 => chunks(8).map(|c| f64::from_le_bytes(c.try_into().expect("8 bytes")) as f32).collect(),
         other => return Err(format!("dtype {other:?} is not a floating-point weight type")),
     })
 }

@@ -186,8 +186,18 @@ mod tests {
     fn zoo_has_the_required_ids_and_parses() {
         let ids: Vec<String> = entries().into_iter().map(|e| e.id).collect();
         for want in [
-            "qwen-0.5b", "qwen-1.5b", "qwen-3b", "qwen-7b", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b",
-            "qwen3-8b", "llama-1b", "llama-3b", "llama-8b", "smollm2-135m",
+            "qwen-0.5b",
+            "qwen-1.5b",
+            "qwen-3b",
+            "qwen-7b",
+            "qwen3-0.6b",
+            "qwen3-1.7b",
+            "qwen3-4b",
+            "qwen3-8b",
+            "llama-1b",
+            "llama-3b",
+            "llama-8b",
+            "smollm2-135m",
         ] {
             assert!(ids.iter().any(|i| i == want), "missing {want}");
         }

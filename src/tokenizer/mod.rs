@@ -130,9 +130,7 @@ impl Tokenizer {
 
     /// Decodes `ids` to text.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| Error::Tokenizer(format!("cannot decode ids: {e}")))
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| Error::Tokenizer(format!("cannot decode ids: {e}")))
     }
 
     /// Renders `messages` with the chat template.
@@ -164,10 +162,8 @@ impl Tokenizer {
 
     /// Writes `tokenizer.json` and `tokenizer_config.json` (with the chat template) to `dir`.
     pub fn save(&self, dir: &Path) -> Result<()> {
-        let json = self
-            .inner
-            .to_string(true)
-            .map_err(|e| Error::Tokenizer(format!("cannot serialise tokenizer: {e}")))?;
+        let json =
+            self.inner.to_string(true).map_err(|e| Error::Tokenizer(format!("cannot serialise tokenizer: {e}")))?;
         write_atomic(&dir.join("tokenizer.json"), json.as_bytes())?;
         let mut config = self.special_tokens.clone();
         if let Some(t) = &self.chat_template {

@@ -80,10 +80,13 @@ pub fn write_byte_tokenizer(dir: &Path) {
     let added: Vec<serde_json::Value> = ["<|im_start|>", "<|im_end|>", "<|endoftext|>"]
         .iter()
         .enumerate()
-        .map(|(i, t)| serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
-            "rstrip": false, "normalized": false, "special": true}))
+        .map(|(i, t)| {
+            serde_json::json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+        })
         .collect();
-    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
+    let byte_level =
+        serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false, "use_regex": true});
     let spec = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": added, "normalizer": null,
         "pre_tokenizer": byte_level, "post_processor": null, "decoder": byte_level,

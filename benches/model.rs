@@ -11,6 +11,7 @@ use hacpo::model::weights::{RandomWeights, build};
 use rand::SeedableRng;
 
 fn model_core(c: &mut Criterion) {
+    hacpo::alloc::keep_freed_memory();
     let config = tiny_5m_config();
     let device = Default::default();
     let model = build::<Cpu>(&config, &mut RandomWeights::new(&config, 0, 0.02), &device).unwrap();

@@ -6,6 +6,7 @@
 //! the sampling engine and log-prob scoring. Higher layers (RL, collaboration, evaluation)
 //! build on these.
 
+pub mod alloc;
 pub mod backend;
 pub mod bench;
 pub mod error;

@@ -71,6 +71,19 @@ fn library_matches_transformers_on_the_real_model() {
         assert_eq!(got.finish_reason, want);
     }
 
+    // A stop string ends the sequence at the token that completes it.
+    let first = vec![cases[0].prompt_ids.clone()];
+    let mut req = GenerateRequest::new(&first, SamplingParams::greedy(48));
+    req.stop_token_ids = pretrained.eos_token_ids.clone();
+    req.stop_strings = vec![" France".into()];
+    req.tokenizer = Some(&pretrained.tokenizer);
+    let (out, _) = generate(&pretrained.model, &req).unwrap();
+    assert_eq!(out[0].finish_reason, FinishReason::Stop);
+    assert_eq!(out[0].stop_string.as_deref(), Some(" France"));
+    let text = pretrained.tokenizer.decode(&out[0].token_ids, true).unwrap();
+    assert!(text.ends_with(" France"), "{text:?}");
+    assert_eq!(out[0].token_ids[..], cases[0].completion_ids[..out[0].token_ids.len()]);
+
     // Teacher-forced log-probs agree with transformers'.
     let pairs: Vec<(Vec<u32>, Vec<u32>)> =
         cases.iter().map(|c| (c.prompt_ids.clone(), c.completion_ids.clone())).collect();
@@ -107,6 +120,23 @@ fn cli_generate_matches_transformers() {
         assert_eq!(prompt, c.prompt_ids);
         assert_eq!(ids, c.completion_ids, "CLI completion for {:?}", c.user);
     }
+    // Text output with a stop string: the text ends before it, like vLLM.
+    let out = Command::new(hacpo_bin())
+        .args([
+            "generate",
+            "--model",
+            gguf(),
+            "--chat",
+            "--greedy",
+            "--stop",
+            " Paris",
+            "--prompt",
+            "What is the capital of France?",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), "The capital of France is\n");
 }
 
 #[test]

@@ -94,49 +94,37 @@ fn library_matches_transformers_on_the_real_model() {
     }
 }
 
+/// Runs `hacpo args…`, asserts success and returns stdout.
+fn hacpo_ok(args: &[&str]) -> Vec<u8> {
+    let out = Command::new(hacpo_bin()).args(args).output().unwrap();
+    assert!(out.status.success(), "hacpo {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+}
+
 #[test]
 fn cli_generate_matches_transformers() {
     for c in cases().iter().take(3) {
-        let out = Command::new(hacpo_bin())
-            .args([
-                "generate",
-                "--model",
-                gguf(),
-                "--chat",
-                "--greedy",
-                "--max-new-tokens",
-                "48",
-                "--format",
-                "json",
-                "--prompt",
-                &c.user,
-            ])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let args = ["generate", "--model", gguf(), "--chat", "--greedy", "--max-new-tokens", "48", "--format", "json"];
+        let stdout = hacpo_ok(&[&args[..], &["--prompt", &c.user]].concat());
+        let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
         let prompt: Vec<u32> = serde_json::from_value(v["prompt_ids"].clone()).unwrap();
         let ids: Vec<u32> = serde_json::from_value(v["completions"][0]["ids"].clone()).unwrap();
         assert_eq!(prompt, c.prompt_ids);
         assert_eq!(ids, c.completion_ids, "CLI completion for {:?}", c.user);
     }
     // Text output with a stop string: the text ends before it, like vLLM.
-    let out = Command::new(hacpo_bin())
-        .args([
-            "generate",
-            "--model",
-            gguf(),
-            "--chat",
-            "--greedy",
-            "--stop",
-            " Paris",
-            "--prompt",
-            "What is the capital of France?",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(String::from_utf8(out.stdout).unwrap(), "The capital of France is\n");
+    let args = [
+        "generate",
+        "--model",
+        gguf(),
+        "--chat",
+        "--greedy",
+        "--stop",
+        " Paris",
+        "--prompt",
+        "What is the capital of France?",
+    ];
+    assert_eq!(String::from_utf8(hacpo_ok(&args)).unwrap(), "The capital of France is\n");
 }
 
 #[test]
@@ -146,12 +134,9 @@ fn cli_score_matches_transformers() {
         let tok = hacpo::model::load_gguf::<Cpu>(std::path::Path::new(gguf()), &device()).unwrap().tokenizer;
         tok.decode(&c.completion_ids[..c.completion_ids.len() - 1], false).unwrap()
     };
-    let out = Command::new(hacpo_bin())
-        .args(["score", "--model", gguf(), "--chat", "--prompt", &c.user, "--response", &text, "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stdout =
+        hacpo_ok(&["score", "--model", gguf(), "--chat", "--prompt", &c.user, "--response", &text, "--format", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
     let response: Vec<u32> = serde_json::from_value(v["response_ids"].clone()).unwrap();
     let logprobs: Vec<f32> = serde_json::from_value(v["logprobs"].clone()).unwrap();
     let n = c.completion_ids.len() - 1; // without the EOS

@@ -119,9 +119,9 @@ pub fn target_logprobs<B: Backend>(
 /// possible. `Err(z)` when `B` is not the flex backend.
 pub fn target_logprobs_grad<B: Backend>(
     z: Tensor<B, 2>,
-    lse: &[f32],
+    lse: &Tensor<B, 1>,
     targets: &[u32],
-    grad: &[f32],
+    grad: &Tensor<B, 1>,
     inv_temperature: f32,
 ) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
     use rayon::prelude::*;
@@ -130,6 +130,9 @@ pub fn target_logprobs_grad<B: Backend>(
     if f.dtype() != burn::tensor::DType::F32 {
         return Err(from_flex(f));
     }
+    // On the CPU backend reading these back is a copy of `rows` floats, not a device sync.
+    let host = |t: &Tensor<B, 1>| t.clone().into_data().into_vec::<f32>().expect("f32 tensor");
+    let (lse, grad) = (host(lse), host(grad));
     if !(f.is_unique() && f.layout().contiguous_offsets() == Some((0, lse.len() * vocab))) {
         f = FlexTensor::from_data(f.into_data()); // a fresh, owned, contiguous copy
     }

@@ -8,7 +8,7 @@
 //!   each chunk's logits instead of keeping them, so the graph holds only `h`, `W` and one
 //!   log-sum-exp per token (the "fused linear cross-entropy" trick).
 
-use burn::tensor::{IndexingUpdateOp, ops::FloatTensor, ops::IntTensor};
+use burn::tensor::{IndexingUpdateOp, ops::FloatTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -58,9 +58,7 @@ fn chunk_logits_grad<B: Backend>(
     grad: Tensor<B, 1>,
     inv_temperature: f32,
 ) -> Tensor<B, 2> {
-    let host = |t: Tensor<B, 1>| t.into_data().into_vec::<f32>().expect("f32");
-    let (lse_v, grad_v) = (host(lse.clone()), host(grad.clone()));
-    match flex_fast::target_logprobs_grad(z, &lse_v, targets, &grad_v, inv_temperature) {
+    match flex_fast::target_logprobs_grad(z, &lse, targets, &grad, inv_temperature) {
         Ok(dz) => dz,
         Err(z) => {
             let c = targets.len();
@@ -101,7 +99,7 @@ struct ChunkedLogProbs;
 
 /// Saved for the backward pass: hidden, weight, targets, per-row log-sum-exp, 1/T, rows per
 /// chunk.
-type ChunkedState<B> = (FloatTensor<B>, FloatTensor<B>, IntTensor<B>, FloatTensor<B>, f32, usize);
+type ChunkedState<B> = (FloatTensor<B>, FloatTensor<B>, Vec<u32>, FloatTensor<B>, f32, usize);
 
 impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
     type State = ChunkedState<B>;
@@ -112,11 +110,8 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         let (hidden, weight, targets, lse, inv_t, rows) = ops.state;
         let hidden: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(hidden));
         let weight: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(weight));
-        let targets: Tensor<B, 1, Int> = Tensor::from_primitive(targets);
         let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
 
-        let targets: Vec<u32> =
-            targets.into_data().convert::<i64>().into_vec::<i64>().expect("ids").iter().map(|&t| t as u32).collect();
         let [n, d] = hidden.dims();
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
@@ -202,10 +197,10 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
     let out = out.into_primitive().tensor();
 
     let result = match ChunkedLogProbs.prepare::<C>([h.node.clone(), w.node.clone()]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => {
-            let targets = targets_tensor::<B>(targets, &device).into_primitive();
-            prep.finish((h.primitive, w.primitive, targets, lse.into_primitive().tensor(), inv_temperature, rows), out)
-        }
+        OpsKind::Tracked(prep) => prep.finish(
+            (h.primitive, w.primitive, targets.to_vec(), lse.into_primitive().tensor(), inv_temperature, rows),
+            out,
+        ),
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Tensor::from_primitive(TensorPrimitive::Float(result))

@@ -13,6 +13,7 @@ pub mod error;
 pub mod generate;
 pub mod math;
 pub mod model;
+pub mod rl;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -6,6 +6,7 @@ mod bench;
 mod convert;
 mod generate;
 mod models;
+mod rl;
 mod score;
 
 use clap::{Parser, Subcommand};
@@ -21,7 +22,8 @@ use hacpo::Result;
         hacpo models\n  \
         hacpo generate --model smollm2-135m --chat --greedy --prompt 'What is 12 + 30?'\n  \
         hacpo score --model ./my-model --prompt 'The capital of France is' --response ' Paris.'\n  \
-        hacpo bench --model ~/.cache/hacpo/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+        hacpo bench --model ~/.cache/hacpo/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf\n  \
+        hacpo rl inspect --input tests/fixtures/rl/worked_example.json --minibatch-index 0,1,2,3"
 )]
 pub struct Cli {
     /// More logging on stderr (-v: info, -vv: debug). RUST_LOG overrides.
@@ -44,6 +46,8 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Measure prefill, decode and training-step throughput.
     Bench(bench::BenchArgs),
+    /// RL algorithm tools (`hacpo rl inspect`).
+    Rl(rl::RlArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -53,6 +57,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Models(a) => models::run(a),
         Command::Convert(a) => convert::run(a),
         Command::Bench(a) => bench::run(a),
+        Command::Rl(a) => rl::run(a),
     }
 }
 

@@ -1,0 +1,87 @@
+//! `hacpo rl …`: tools for the RL algorithm core.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use hacpo::rl::inspect::Input;
+use hacpo::{Error, Result};
+
+#[derive(Args, Debug)]
+pub struct RlArgs {
+    #[command(subcommand)]
+    pub command: RlCommand,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RlCommand {
+    /// Explain what HACPO does to one learner's mini-batch: advantages, ω, ratios, clips,
+    /// objectives and gradient weights per response.
+    Inspect(InspectArgs),
+}
+
+#[derive(Args, Debug)]
+#[command(after_help = "Input (JSON; all fields but samples optional, defaults from ALGORITHMS.md):\n  \
+    {\"learner\": 0, \"capabilities\": [0.6, 0.3], \"alpha\": 1.0, \"delta\": 0.2, \"delta_step\": 0.025,\n   \
+    \"eps_low\": 0.0003, \"eps_high\": 0.0004, \"minibatch_index\": 0,\n   \
+    \"samples\": [{\"agent\": 0, \"prompt\": \"p0\", \"reward\": 1.0, \"mean_logp_target\": -1.2, \"mean_logp_source\": -1.0}]}\n\
+    Switches for ablations may appear too: capability_baseline, discrepancy_coef, exp_is, stepwise, naive.\n\n\
+    Example (the worked example of ALGORITHMS.md §2.12, all four mini-batch indices):\n  \
+    hacpo rl inspect --input tests/fixtures/rl/worked_example.json --minibatch-index 0,1,2,3")]
+pub struct InspectArgs {
+    /// The batch file (`-` for standard input).
+    #[arg(short, long)]
+    pub input: PathBuf,
+    /// Mini-batch update indices to evaluate, comma-separated (default: the file's).
+    #[arg(long, value_delimiter = ',')]
+    pub minibatch_index: Vec<usize>,
+    #[arg(long, value_enum, default_value_t = InspectFormat::Table)]
+    pub format: InspectFormat,
+}
+
+/// `table` is the human view; `json` one report object per line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InspectFormat {
+    Table,
+    Json,
+}
+
+pub fn run(args: RlArgs) -> Result<()> {
+    match args.command {
+        RlCommand::Inspect(a) => inspect(a),
+    }
+}
+
+fn inspect(args: InspectArgs) -> Result<()> {
+    let text = if args.input.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin()).map_err(|e| Error::Io {
+            action: "read",
+            path: "stdin".into(),
+            source: e,
+        })?
+    } else {
+        std::fs::read_to_string(&args.input).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::NotFound {
+                what: "rl inspect input".into(),
+                path: args.input.clone(),
+                hint: "Pass a JSON batch file (see `hacpo rl inspect --help`).".into(),
+            },
+            _ => Error::Io { action: "read", path: args.input.clone(), source: e },
+        })?
+    };
+    let mut input = Input::parse(&text)?;
+    let indices = if args.minibatch_index.is_empty() { vec![input.minibatch_index] } else { args.minibatch_index };
+    for (i, m) in indices.into_iter().enumerate() {
+        input.minibatch_index = m;
+        let report = input.report()?;
+        match args.format {
+            InspectFormat::Json => println!("{}", serde_json::to_string(&report).expect("json")),
+            InspectFormat::Table => {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", report.table());
+            }
+        }
+    }
+    Ok(())
+}

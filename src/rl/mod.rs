@@ -1,0 +1,24 @@
+//! The RL algorithm core: GRPO, GSPO and HACPO (ALGORITHMS.md §1–2).
+//!
+//! - [`stats`]: group statistics, GRPO advantages;
+//! - [`capability`]: the capability tracker P̂ and ratios ω;
+//! - [`objective`]: per-token and per-sequence objectives with analytic gradients, KL k3,
+//!   loss aggregation;
+//! - [`hacpo`]: HACPO's advantages, per-response terms and mini-batch ordering, each
+//!   mechanism switchable;
+//! - [`tensor`]: the same losses as burn tensor expressions for autodiff training;
+//! - [`inspect`]: `hacpo rl inspect`, which explains what HACPO does to a batch.
+//!
+//! The scalar core is plain f64 Rust, testable without a model; the tensor side is checked
+//! against it. Nothing here knows about threads or files (inspect parses a string).
+
+pub mod capability;
+pub mod hacpo;
+pub mod inspect;
+pub mod objective;
+pub mod stats;
+pub mod tensor;
+
+pub use capability::{Capabilities, CapabilityConfig, CapabilityTracker};
+pub use hacpo::{HacpoConfig, MinibatchOrder, PoolSample, SampleTerms};
+pub use objective::LossAggregation;

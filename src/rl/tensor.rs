@@ -1,0 +1,157 @@
+//! The policy losses as burn tensor expressions, for training with autodiff.
+//!
+//! A thin layer over the scalar core ([`super::objective`], [`super::hacpo`]): the same
+//! formulas written with tensor ops so that gradients reach the model. Stop-gradients are
+//! `detach()`, clips are `clamp` (zero gradient outside the band) and PPO's pessimism is
+//! `min_pair`. The tests check every gradient here against the scalar core's analytic one.
+//!
+//! Token-level inputs are padded `[sequences, max_len]` tensors with a 0/1 `mask` of the same
+//! shape (verl's `response_mask`).
+
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+
+use super::hacpo::{HacpoConfig, SampleTerms};
+use super::objective::LossAggregation;
+
+/// Per-sequence constants of a HACPO mini-batch for one learner.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SequenceBatch {
+    /// Old-policy mean log-prob (own responses) or the source agent's (cross).
+    pub mean_logp_source: Vec<f32>,
+    /// Advantage before ω.
+    pub advantage: Vec<f32>,
+    /// ω(source, learner); 1 for own responses.
+    pub coef: Vec<f32>,
+    pub cross: Vec<bool>,
+}
+
+impl SequenceBatch {
+    pub fn len(&self) -> usize {
+        self.advantage.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.advantage.is_empty()
+    }
+
+    /// From the scalar core's terms and the source log-probs, in the same order.
+    pub fn from_terms(terms: &[SampleTerms], mean_logp_source: &[f64]) -> Self {
+        SequenceBatch {
+            mean_logp_source: mean_logp_source.iter().map(|&x| x as f32).collect(),
+            advantage: terms.iter().map(|t| t.advantage as f32).collect(),
+            coef: terms.iter().map(|t| t.coef as f32).collect(),
+            cross: terms.iter().map(|t| t.cross).collect(),
+        }
+    }
+}
+
+fn vector<B: Backend>(values: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+/// Per-sequence HACPO objectives `[n]` given the learner's mean log-probs `[n]` (with grad) at
+/// mini-batch update `minibatch_index`: GSPO on own sequences, the stepwise-clipped,
+/// exponentially importance-weighted, ω-scaled ratio on cross sequences.
+pub fn hacpo_objectives<B: Backend>(
+    mean_logp_target: Tensor<B, 1>,
+    batch: &SequenceBatch,
+    minibatch_index: usize,
+    cfg: &HacpoConfig,
+) -> Tensor<B, 1> {
+    let device = mean_logp_target.device();
+    let adv = vector::<B>(batch.advantage.clone(), &device);
+    let coef = vector::<B>(batch.coef.clone(), &device);
+    let cross_mask = vector::<B>(batch.cross.iter().map(|&c| c as u8 as f32).collect(), &device);
+    let own_mask = cross_mask.clone().neg().add_scalar(1.0);
+
+    let max = cfg.max_abs_log_ratio;
+    let s = (mean_logp_target - vector::<B>(batch.mean_logp_source.clone(), &device)).clamp(-max, max).exp();
+
+    let own = (s.clone() * adv.clone()).min_pair(s.clone().clamp(1.0 - cfg.eps_low, 1.0 + cfg.eps_high) * adv.clone());
+    let c = s.clamp(cfg.cross_lower_bound(minibatch_index), 1.0);
+    let cross = c.clone() * c.detach().powf_scalar(cfg.effective_alpha()) * coef * adv;
+    own * own_mask + cross * cross_mask
+}
+
+/// The HACPO policy loss of a mini-batch: `−mean(objectives)`.
+pub fn hacpo_policy_loss<B: Backend>(
+    mean_logp_target: Tensor<B, 1>,
+    batch: &SequenceBatch,
+    minibatch_index: usize,
+    cfg: &HacpoConfig,
+) -> Tensor<B, 1> {
+    hacpo_objectives(mean_logp_target, batch, minibatch_index, cfg).mean().neg()
+}
+
+/// Mean over each sequence's valid tokens: `[n, L]` → `[n]`.
+pub fn sequence_mean<B: Backend>(values: Tensor<B, 2>, mask: Tensor<B, 2>) -> Tensor<B, 1> {
+    let n = values.dims()[0];
+    let lengths = mask.clone().sum_dim(1).clamp_min(1.0);
+    ((values * mask).sum_dim(1) / lengths).reshape([n])
+}
+
+/// Aggregates per-token values `[n, L]` under `mask` into a scalar `[1]`.
+pub fn aggregate<B: Backend>(values: Tensor<B, 2>, mask: Tensor<B, 2>, mode: LossAggregation) -> Tensor<B, 1> {
+    match mode {
+        LossAggregation::TokenMean => (values * mask.clone()).sum() / mask.sum().clamp_min(1.0),
+        LossAggregation::SeqMeanTokenMean => sequence_mean(values, mask).mean(),
+    }
+}
+
+fn advantage_column<B: Backend>(advantage: &[f32], device: &B::Device) -> Tensor<B, 2> {
+    vector::<B>(advantage.to_vec(), device).reshape([advantage.len(), 1])
+}
+
+/// GRPO's per-token clipped surrogate, aggregated: the objective to maximise.
+pub fn grpo_objective<B: Backend>(
+    logp: Tensor<B, 2>,
+    old_logp: Tensor<B, 2>,
+    mask: Tensor<B, 2>,
+    advantage: &[f32],
+    eps_low: f64,
+    eps_high: f64,
+    mode: LossAggregation,
+) -> Tensor<B, 1> {
+    let adv = advantage_column::<B>(advantage, &logp.device());
+    let ratio = (logp - old_logp).exp();
+    let surrogate = (ratio.clone() * adv.clone()).min_pair(ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv);
+    aggregate(surrogate, mask, mode)
+}
+
+/// GSPO in its token form (verl): every token carries `s_{i,t} = sg(s_i)·π(y_t)/sg(π(y_t))`,
+/// whose value is the sequence ratio `s_i` and whose gradient is per token; aggregated with
+/// `seq-mean-token-mean` it equals sequence-level GSPO.
+#[allow(clippy::too_many_arguments)]
+pub fn gspo_token_objective<B: Backend>(
+    logp: Tensor<B, 2>,
+    old_logp: Tensor<B, 2>,
+    mask: Tensor<B, 2>,
+    advantage: &[f32],
+    eps_low: f64,
+    eps_high: f64,
+    max_abs_log_ratio: f64,
+    mode: LossAggregation,
+) -> Tensor<B, 1> {
+    let [n, len] = logp.dims();
+    let adv = advantage_column::<B>(advantage, &logp.device());
+    let mean_log_ratio = sequence_mean(logp.clone() - old_logp, mask.clone())
+        .clamp(-max_abs_log_ratio, max_abs_log_ratio)
+        .reshape([n, 1])
+        .detach();
+    let s = (mean_log_ratio.expand([n, len]) + logp.clone() - logp.detach()).exp();
+    let surrogate = (s.clone() * adv.clone()).min_pair(s.clamp(1.0 - eps_low, 1.0 + eps_high) * adv);
+    aggregate(surrogate, mask, mode)
+}
+
+/// The k3 KL estimator to a reference, per token, clamped to [−10, 10], aggregated.
+pub fn kl_k3<B: Backend>(
+    logp: Tensor<B, 2>,
+    ref_logp: Tensor<B, 2>,
+    mask: Tensor<B, 2>,
+    mode: LossAggregation,
+) -> Tensor<B, 1> {
+    let x = ref_logp - logp;
+    let kl = x.clone().exp() - x - 1.0;
+    aggregate(kl.clamp(-10.0, 10.0), mask, mode)
+}

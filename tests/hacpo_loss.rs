@@ -1,0 +1,412 @@
+//! The RL core against ALGORITHMS.md §1–2: the worked example (§2.12), the guards, singleton
+//! groups, three agents, the reductions to GSPO and to naive sharing, `hacpo rl inspect`, and
+//! the tensor losses' autodiff gradients against the analytic gradient summary (§2.9).
+
+mod common;
+
+use std::process::Command;
+
+use burn::tensor::{Tensor, TensorData};
+use hacpo::backend::{Cpu, CpuAutodiff};
+use hacpo::rl::hacpo::{self as algo, HacpoConfig, MinibatchOrder, PoolSample};
+use hacpo::rl::objective::{self, LossAggregation};
+use hacpo::rl::tensor::{self as rlt, SequenceBatch};
+use hacpo::rl::{Capabilities, inspect::Input, stats};
+use rand::{Rng, SeedableRng};
+
+fn pool(rewards_by_agent: &[&[f64]]) -> Vec<PoolSample> {
+    rewards_by_agent
+        .iter()
+        .enumerate()
+        .flat_map(|(agent, rs)| rs.iter().map(move |&reward| PoolSample { agent, group: 0, reward }))
+        .collect()
+}
+
+fn close(a: f64, b: f64, tol: f64, what: &str) {
+    assert!((a - b).abs() <= tol, "{what}: {a} vs {b}");
+}
+
+#[test]
+fn worked_example_of_section_2_12() {
+    let samples = pool(&[&[1.0, 0.0, 1.0, 1.0], &[0.0, 0.0, 1.0, 0.0]]);
+    let caps = Capabilities::fixed(vec![0.6, 0.3]);
+    let cfg = HacpoConfig::default();
+    assert_eq!(caps.ratio(0, 1), 2.0); // ω(A,B): B's rewards weigh 2 in A's baseline
+    assert_eq!(cfg.coef(1, 0, &caps), 0.5); // ω(B,A) on B's samples
+    let adv = algo::advantages(&samples, 0, &caps, &cfg).unwrap();
+    close(stats::unbiased_std(&[1., 0., 1., 1., 0., 0., 1., 0.]), 0.534522, 1e-6, "std");
+    for (a, s) in adv.iter().zip(&samples) {
+        close(*a, if s.reward == 1.0 { 0.701559 } else { -1.169266 }, 1e-6, "advantage");
+    }
+    // Cross sample B#3 (r = 1): mean_tgt −1.2, mean_src −1.0.
+    let rows = [
+        (0.800, 0.818731, 0.235135, 0.235135),
+        (0.825, 0.825, 0.238749, 0.0),
+        (0.850, 0.850, 0.253438, 0.0),
+        (0.875, 0.875, 0.268566, 0.0),
+    ];
+    for (m, (lower, clamped, obj, grad)) in rows.into_iter().enumerate() {
+        close(cfg.cross_lower_bound(m), lower, 1e-12, "lower bound");
+        let t = algo::sample_terms(1, 0, adv[6], -1.2, -1.0, m, &caps, &cfg);
+        close(t.ratio, 0.818731, 1e-6, "s");
+        close(t.clipped_ratio, clamped, 1e-6, "clamp(s)");
+        close(t.objective, obj, 1e-6, &format!("objective at m={m}"));
+        close(t.grad_weight, grad, 1e-6, &format!("gradient at m={m}"));
+    }
+    // Self sample, A = +0.701559: log-ratio +0.0002 unclipped, +0.0005 clipped at 1.0004.
+    let t = algo::sample_terms(0, 0, adv[0], -1.0 + 0.0002, -1.0, 0, &caps, &cfg);
+    close(t.objective, 0.701700, 1e-6, "self objective");
+    close(t.grad_weight, t.ratio * adv[0], 1e-12, "self gradient");
+    let t = algo::sample_terms(0, 0, adv[0], -1.0 + 0.0005, -1.0, 0, &caps, &cfg);
+    close(t.objective, 0.701840, 1e-6, "clipped self objective");
+    assert_eq!(t.grad_weight, 0.0);
+}
+
+#[test]
+fn rl_inspect_prints_the_worked_example_table() {
+    let fixture = common::fixture("rl/worked_example.json");
+    let out = Command::new(common::hacpo_bin())
+        .args(["rl", "inspect", "--input", fixture.to_str().unwrap(), "--minibatch-index", "0,1,2,3"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8(out.stdout).unwrap();
+    let squeeze = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+    let flat = squeeze(&text);
+    // The §2.12 table, one row per mini-batch index: lower, clamp(s), objective, gradient.
+    for row in [
+        "cross lower bound 0.800000",
+        "0.818731   0.818731   0.235135   0.235135",
+        "cross lower bound 0.825000",
+        "0.818731   0.825000   0.238749   0.000000",
+        "0.818731   0.850000   0.253438   0.000000",
+        "0.818731   0.875000   0.268566   0.000000",
+        "1.000200   1.000200   0.701700   0.701700",
+        "1.000500   1.000400   0.701840   0.000000",
+    ] {
+        assert!(flat.contains(&squeeze(row)), "missing {row:?} in\n{text}");
+    }
+    // JSON output carries the same numbers.
+    let out = Command::new(common::hacpo_bin())
+        .args(["rl", "inspect", "--input", fixture.to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    close(v["samples"][6]["objective"].as_f64().unwrap(), 0.235135, 1e-6, "json objective");
+    close(v["samples"][6]["coef"].as_f64().unwrap(), 0.5, 0.0, "json coef");
+    assert!(v["loss"].is_number());
+}
+
+#[test]
+fn inspect_errors_name_the_field() {
+    let cases = [
+        (
+            r#"{"samples": [{"agent": 0, "prompt": "p", "reward": "one", "mean_logp_target": 0, "mean_logp_source": 0}]}"#,
+            "samples[0].reward",
+        ),
+        (r#"{"samples": [{"agent": 0, "prompt": "p", "reward": 1}]}"#, "samples[0].mean_logp_target"),
+        (r#"{"capabilities": [0.5, 0], "samples": []}"#, "capabilities[1]"),
+        (r#"{"alpha": -1, "samples": []}"#, "alpha"),
+        (r#"{"alhpa": 1, "samples": []}"#, "alhpa"),
+        (r#"{"learner": 0}"#, "samples"),
+        ("[1, 2", "not valid JSON"),
+    ];
+    for (text, needle) in cases {
+        let e = Input::parse(text).unwrap_err().to_string();
+        assert!(e.contains(needle), "{text}: {e}");
+    }
+    // And through the CLI: exit code 2, one paragraph.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.json");
+    std::fs::write(&path, cases[0].0).unwrap();
+    let out =
+        Command::new(common::hacpo_bin()).args(["rl", "inspect", "--input", path.to_str().unwrap()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("samples[0].reward"));
+}
+
+#[test]
+fn uniform_reward_guard() {
+    // All correct, the other agent weaker: without the guard the weighted baseline exceeds 1.
+    let samples = pool(&[&[1.0, 1.0], &[1.0, 1.0]]);
+    let caps = Capabilities::fixed(vec![0.8, 0.2]); // B's rewards weigh 4 in A's baseline
+    let cfg = HacpoConfig::default();
+    assert!(algo::advantages(&samples, 0, &caps, &cfg).unwrap().iter().all(|&a| a == 0.0));
+    let off = HacpoConfig { uniform_reward_guard: false, binary_baseline_guard: false, ..cfg.clone() };
+    let adv = algo::advantages(&samples, 0, &caps, &off).unwrap();
+    // Baseline (2 + 4·2)/4 = 2.5, std 0 → every correct answer pushed down.
+    assert!(adv.iter().all(|&a| (a - (1.0 - 2.5) / 1e-6).abs() < 1e-3), "{adv:?}");
+}
+
+#[test]
+fn binary_baseline_guard() {
+    let samples = pool(&[&[1.0, 0.0], &[1.0, 1.0]]);
+    let caps = Capabilities::fixed(vec![0.9, 0.1]); // ω(A,B) = 9: weighted baseline (1 + 18)/4 = 4.75 > 1
+    let cfg = HacpoConfig::default();
+    let adv = algo::advantages(&samples, 0, &caps, &cfg).unwrap();
+    let std = stats::unbiased_std(&[1.0, 0.0, 1.0, 1.0]) + 1e-6;
+    // Guarded: baseline = A's own mean reward 0.5.
+    for (a, s) in adv.iter().zip(&samples) {
+        close(*a, (s.reward - 0.5) / std, 1e-12, "guarded advantage");
+    }
+    let off = HacpoConfig { binary_baseline_guard: false, ..cfg };
+    let adv = algo::advantages(&samples, 0, &caps, &off).unwrap();
+    close(adv[0], (1.0 - 4.75) / std, 1e-12, "unguarded advantage");
+}
+
+#[test]
+fn singleton_groups() {
+    // One response in the group: HACPO divides by 1 (the baseline is the response itself).
+    let samples = vec![PoolSample { agent: 0, group: 3, reward: 1.0 }];
+    let adv = algo::advantages(&samples, 0, &Capabilities::fixed(vec![0.5]), &HacpoConfig::default()).unwrap();
+    assert_eq!(adv, vec![0.0]);
+    // GRPO (verl): mean 0, std 1, so the advantage is the reward.
+    assert_eq!(stats::grpo_advantages(&[0.7], &[3], 1e-6, true), vec![0.7]);
+}
+
+#[test]
+fn three_agents() {
+    let samples = pool(&[&[1.0, 0.0], &[1.0, 1.0], &[0.0, 0.0]]);
+    let caps = Capabilities::fixed(vec![0.5, 0.8, 0.25]);
+    let cfg = HacpoConfig::default();
+    // Learner 0: agent 1's rewards weigh 0.5/0.8, agent 2's weigh 2.
+    let mu = (1.0 + 0.625 * 2.0 + 2.0 * 0.0) / 6.0;
+    let std = stats::unbiased_std(&[1.0, 0.0, 1.0, 1.0, 0.0, 0.0]) + 1e-6;
+    let adv = algo::advantages(&samples, 0, &caps, &cfg).unwrap();
+    for (a, s) in adv.iter().zip(&samples) {
+        close(*a, (s.reward - mu) / std, 1e-12, "3-agent advantage");
+    }
+    assert_eq!(cfg.coef(1, 0, &caps), 1.6);
+    assert_eq!(cfg.coef(2, 0, &caps), 0.5);
+    assert_eq!(cfg.coef(0, 0, &caps), 1.0);
+    // Learner 2 sees both others as stronger.
+    let adv2 = algo::advantages(&samples, 2, &caps, &cfg).unwrap();
+    let mu2 = (0.5 * 1.0 + 0.3125 * 2.0) / 6.0;
+    close(adv2[2], (1.0 - mu2) / std, 1e-12, "learner 2");
+    // Mini-batches: own first, then agent 1, then agent 2 (self_first); or mixed.
+    let mb = algo::minibatches(&samples, 1, 3, MinibatchOrder::SelfFirst).unwrap();
+    assert_eq!(mb, vec![vec![2, 3], vec![0, 1], vec![4, 5]]);
+    let mb = algo::minibatches(&samples, 1, 2, MinibatchOrder::Interleaved).unwrap();
+    assert_eq!(mb, vec![vec![2, 0, 1], vec![3, 4, 5]]);
+    assert!(algo::minibatches(&samples, 1, 4, MinibatchOrder::SelfFirst).is_err());
+    // An unbalanced group is an error.
+    let mut bad = samples.clone();
+    bad.pop();
+    assert!(algo::advantages(&bad, 0, &caps, &cfg).unwrap_err().to_string().contains("same number"));
+}
+
+#[test]
+fn one_agent_is_gspo_exactly() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    let cfg = HacpoConfig::default();
+    let caps = Capabilities::fixed(vec![0.37]);
+    let samples: Vec<PoolSample> =
+        (0..24).map(|i| PoolSample { agent: 0, group: i / 8, reward: rng.random_range(0..2) as f64 }).collect();
+    let adv = algo::advantages(&samples, 0, &caps, &cfg).unwrap();
+    let groups: Vec<usize> = samples.iter().map(|s| s.group).collect();
+    let rewards: Vec<f64> = samples.iter().map(|s| s.reward).collect();
+    assert_eq!(adv, stats::grpo_advantages(&rewards, &groups, 1e-6, true));
+    for (i, a) in adv.iter().enumerate() {
+        let (tgt, src) = (-1.0 + rng.random_range(-8e-4..8e-4), -1.0);
+        let t = algo::sample_terms(0, 0, *a, tgt, src, i % 4, &caps, &cfg);
+        let g = objective::gspo_sequence(tgt, src, *a, 3e-4, 4e-4, 10.0);
+        assert_eq!((t.objective, t.grad_weight, t.cross), (g.value, g.grad, false));
+    }
+}
+
+#[test]
+fn naive_sharing_is_gspo_over_the_pool_as_own() {
+    let samples = pool(&[&[1.0, 0.0, 1.0, 1.0], &[0.0, 0.0, 1.0, 0.0]]);
+    let caps = Capabilities::fixed(vec![0.6, 0.3]);
+    let naive = HacpoConfig { naive: true, ..Default::default() };
+    let adv = algo::advantages(&samples, 0, &caps, &naive).unwrap();
+    let rewards: Vec<f64> = samples.iter().map(|s| s.reward).collect();
+    assert_eq!(adv, stats::grpo_advantages(&rewards, &[0; 8], 1e-6, true));
+    for (s, a) in samples.iter().zip(&adv) {
+        let t = algo::sample_terms(s.agent, 0, *a, -1.2, -1.0, 3, &caps, &naive);
+        let g = objective::gspo_sequence(-1.2, -1.0, *a, 3e-4, 4e-4, 10.0);
+        assert_eq!((t.objective, t.grad_weight, t.coef, t.cross), (g.value, g.grad, 1.0, false));
+    }
+    // Each switch alone.
+    let no_baseline = HacpoConfig { capability_baseline: false, ..Default::default() };
+    assert_eq!(algo::advantages(&samples, 0, &caps, &no_baseline).unwrap(), adv);
+    let no_coef = HacpoConfig { discrepancy_coef: false, ..Default::default() };
+    assert_eq!(algo::sample_terms(1, 0, 0.7, -1.1, -1.0, 0, &caps, &no_coef).coef, 1.0);
+    let no_is = HacpoConfig { exp_is: false, ..Default::default() };
+    let t = algo::sample_terms(1, 0, 0.7, -1.1, -1.0, 0, &caps, &no_is);
+    close(t.objective, (-0.1f64).exp() * 0.5 * 0.7, 1e-12, "α = 0");
+    let no_step = HacpoConfig { stepwise: false, ..Default::default() };
+    assert_eq!(no_step.cross_lower_bound(3), 0.8);
+}
+
+// ---- tensor losses vs the analytic gradients ----
+
+type Ad = CpuAutodiff;
+
+fn ad_vector(v: &[f64]) -> Tensor<Ad, 1> {
+    let data: Vec<f32> = v.iter().map(|&x| x as f32).collect();
+    Tensor::from_data(TensorData::new(data, [v.len()]), &Default::default())
+}
+
+fn ad_matrix(rows: &[Vec<f64>], len: usize) -> Tensor<Ad, 2> {
+    let mut data = vec![0f32; rows.len() * len];
+    for (i, r) in rows.iter().enumerate() {
+        for (j, &x) in r.iter().enumerate() {
+            data[i * len + j] = x as f32;
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [rows.len(), len]), &Default::default())
+}
+
+fn host(t: Tensor<Cpu, 1>) -> Vec<f64> {
+    t.into_data().into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+}
+
+fn host2(t: Tensor<Cpu, 2>) -> Vec<f64> {
+    t.into_data().into_vec::<f32>().unwrap().into_iter().map(f64::from).collect()
+}
+
+/// Relative error against the largest analytic magnitude (f32 tolerance 1e-3).
+fn grads_agree(autodiff: &[f64], analytic: &[f64], what: &str) {
+    assert_eq!(autodiff.len(), analytic.len());
+    let scale = analytic.iter().fold(1e-6f64, |m, x| m.max(x.abs()));
+    for (i, (a, b)) in autodiff.iter().zip(analytic).enumerate() {
+        assert!((a - b).abs() / scale < 1e-3, "{what}[{i}]: autodiff {a} vs analytic {b} (scale {scale})");
+    }
+}
+
+#[test]
+fn tensor_hacpo_loss_gradients_match_the_analytic_summary() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(11);
+    for trial in 0..40 {
+        let n = rng.random_range(2..24);
+        let cfg = HacpoConfig {
+            alpha: [0.0, 1.0, 2.5][trial % 3],
+            naive: trial % 7 == 6,
+            discrepancy_coef: trial % 5 != 4,
+            ..Default::default()
+        };
+        let caps = Capabilities::fixed(vec![rng.random_range(0.05..0.95), rng.random_range(0.05..0.95)]);
+        let m = rng.random_range(0..5);
+        let mut tgt = Vec::new();
+        let mut src = Vec::new();
+        let mut terms = Vec::new();
+        for _ in 0..n {
+            let source = rng.random_range(0..2usize);
+            let adv: f64 = rng.random_range(-2.0..2.0);
+            let s = -rng.random_range(0.5..3.0);
+            // Own ratios straddle the GSPO band; cross ratios straddle [lower_m, 1].
+            let d = if source == 0 || cfg.naive { rng.random_range(-1e-3..1e-3) } else { rng.random_range(-0.4..0.1) };
+            tgt.push(s + d);
+            src.push(s);
+            terms.push(algo::sample_terms(source, 0, adv, s + d, s, m, &caps, &cfg));
+        }
+        let x = ad_vector(&tgt).require_grad();
+        let batch = SequenceBatch::from_terms(&terms, &src);
+        let loss = rlt::hacpo_policy_loss(x.clone(), &batch, m, &cfg);
+        close(host(loss.clone().inner())[0], algo::policy_loss(&terms), 1e-5, "loss value");
+        let grads = loss.backward();
+        let got = host(x.grad(&grads).unwrap());
+        let want: Vec<f64> = terms.iter().map(|t| -t.grad_weight / n as f64).collect();
+        grads_agree(&got, &want, &format!("trial {trial}: d loss / d mean_logp_target"));
+    }
+}
+
+/// Random ragged token batch: new log-probs, old (or reference) log-probs, advantages and
+/// the padded length.
+type TokenBatch = (Vec<Vec<f64>>, Vec<Vec<f64>>, Vec<f64>, usize);
+
+fn token_batch(rng: &mut rand_chacha::ChaCha8Rng, spread: f64) -> TokenBatch {
+    let n = rng.random_range(2..7);
+    let max_len = 9;
+    let mut new = Vec::new();
+    let mut old = Vec::new();
+    for _ in 0..n {
+        let len = rng.random_range(1..=max_len);
+        let o: Vec<f64> = (0..len).map(|_| -rng.random_range(0.1..4.0)).collect();
+        new.push(o.iter().map(|x| x + rng.random_range(-spread..spread)).collect());
+        old.push(o);
+    }
+    let adv = (0..n).map(|_| rng.random_range(-2.0..2.0)).collect();
+    (new, old, adv, max_len)
+}
+
+fn mask_of(rows: &[Vec<f64>], len: usize) -> Tensor<Ad, 2> {
+    ad_matrix(&rows.iter().map(|r| vec![1.0; r.len()]).collect::<Vec<_>>(), len)
+}
+
+#[test]
+fn tensor_grpo_gspo_and_kl_gradients_match_the_scalar_core() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
+    for trial in 0..30 {
+        let mode = if trial % 2 == 0 { LossAggregation::TokenMean } else { LossAggregation::SeqMeanTokenMean };
+        let lengths = |rows: &[Vec<f64>]| rows.iter().map(Vec::len).collect::<Vec<_>>();
+
+        // GRPO per-token surrogate (ε 0.2 / 0.28).
+        let (new, old, adv, len) = token_batch(&mut rng, 0.4);
+        let x = ad_matrix(&new, len).require_grad();
+        let adv32: Vec<f32> = adv.iter().map(|&a| a as f32).collect();
+        let obj = rlt::grpo_objective(x.clone(), ad_matrix(&old, len), mask_of(&new, len), &adv32, 0.2, 0.28, mode);
+        let lens = lengths(&new);
+        let mut want_value = 0.0;
+        let mut want = vec![0.0; new.len() * len];
+        for (i, (n_row, o_row)) in new.iter().zip(&old).enumerate() {
+            for (j, (a, b)) in n_row.iter().zip(o_row).enumerate() {
+                let w = mode.token_weight(n_row.len(), &lens);
+                let o = objective::clipped_surrogate(a - b, adv[i], 0.2, 0.28);
+                want_value += w * o.value;
+                want[i * len + j] = w * o.grad;
+            }
+        }
+        close(host(obj.clone().inner())[0], want_value, 1e-4 * want_value.abs().max(1.0), "GRPO value");
+        let got = host2(x.grad(&obj.backward()).unwrap());
+        grads_agree(&got, &want, &format!("trial {trial}: GRPO"));
+
+        // GSPO-token form == sequence GSPO with mean_tgt = mean over tokens.
+        let (new, old, adv, len) = token_batch(&mut rng, 2e-3);
+        let x = ad_matrix(&new, len).require_grad();
+        let adv32: Vec<f32> = adv.iter().map(|&a| a as f32).collect();
+        let obj = rlt::gspo_token_objective(
+            x.clone(),
+            ad_matrix(&old, len),
+            mask_of(&new, len),
+            &adv32,
+            3e-4,
+            4e-4,
+            10.0,
+            LossAggregation::SeqMeanTokenMean,
+        );
+        let mut want_value = 0.0;
+        let mut want = vec![0.0; new.len() * len];
+        for (i, (n_row, o_row)) in new.iter().zip(&old).enumerate() {
+            let (mn, mo) = (stats::mean(n_row), stats::mean(o_row));
+            let g = objective::gspo_sequence(mn, mo, adv[i], 3e-4, 4e-4, 10.0);
+            want_value += g.value / new.len() as f64;
+            for j in 0..n_row.len() {
+                want[i * len + j] = g.grad / (new.len() * n_row.len()) as f64;
+            }
+        }
+        close(host(obj.clone().inner())[0], want_value, 1e-4 * want_value.abs().max(1.0), "GSPO value");
+        let got = host2(x.grad(&obj.backward()).unwrap());
+        grads_agree(&got, &want, &format!("trial {trial}: GSPO-token"));
+
+        // KL k3 to a reference.
+        let (new, reference, _, len) = token_batch(&mut rng, 0.5);
+        let x = ad_matrix(&new, len).require_grad();
+        let kl = rlt::kl_k3(x.clone(), ad_matrix(&reference, len), mask_of(&new, len), mode);
+        let lens = lengths(&new);
+        let mut want = vec![0.0; new.len() * len];
+        let mut want_value = 0.0;
+        for (i, (n_row, r_row)) in new.iter().zip(&reference).enumerate() {
+            for (j, (a, b)) in n_row.iter().zip(r_row).enumerate() {
+                let w = mode.token_weight(n_row.len(), &lens);
+                let k = objective::kl_k3(*a, *b);
+                want_value += w * k.value;
+                want[i * len + j] = w * k.grad;
+            }
+        }
+        close(host(kl.clone().inner())[0], want_value, 1e-4 * want_value.abs().max(1.0), "KL value");
+        let got = host2(x.grad(&kl.backward()).unwrap());
+        grads_agree(&got, &want, &format!("trial {trial}: KL"));
+    }
+}

@@ -106,14 +106,14 @@ impl Error {
         }
     }
 
-    pub(crate) fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
+    pub fn io(action: &'static str, path: &Path, source: std::io::Error) -> Self {
         if source.kind() == std::io::ErrorKind::NotFound {
             return Error::NotFound { what: "file".into(), path: path.to_path_buf(), hint: "Check the path.".into() };
         }
         Error::Io { action, path: path.to_path_buf(), source }
     }
 
-    pub(crate) fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
+    pub fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
         Error::InvalidConfig { file: file.into(), message: message.into() }
     }
 }

@@ -9,10 +9,13 @@
 pub mod alloc;
 pub mod backend;
 pub mod bench;
+pub mod data;
 pub mod error;
+pub mod eval;
 pub mod generate;
 pub mod math;
 pub mod model;
+pub mod reward;
 pub mod rl;
 pub mod tokenizer;
 

@@ -145,6 +145,27 @@ fn cli_score_matches_transformers() {
 }
 
 #[test]
+fn eval_runs_end_to_end_on_gsm8k() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("report.json");
+    let out = Command::new(hacpo_bin())
+        .args(["eval", "--model", gguf(), "--bench", "gsm8k", "--limit", "3", "--max-new-tokens", "24", "--out"])
+        .arg(&report)
+        .env("HACPO_SHARED", shared(""))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let table = String::from_utf8(out.stdout).unwrap();
+    assert!(table.contains("gsm8k") && table.contains("accuracy"), "{table}");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let b = &v["benchmarks"][0];
+    assert_eq!(b["problems"], 3);
+    assert_eq!(b["results"].as_array().unwrap().len(), 3);
+    assert_eq!(b["results"][0]["gold"], "18");
+    assert!(b["mean_response_tokens"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
 fn converted_hf_directory_reloads_with_identical_outputs() {
     let dir = tempfile::tempdir().unwrap();
     let status =

@@ -4,7 +4,9 @@
 
 mod bench;
 mod convert;
+mod eval;
 mod generate;
+mod grade;
 mod models;
 mod rl;
 mod score;
@@ -48,6 +50,10 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// RL algorithm tools (`hacpo rl inspect`).
     Rl(rl::RlArgs),
+    /// Grade a math answer (or a JSONL file of answers) against a gold answer.
+    Grade(grade::GradeArgs),
+    /// Evaluate a model on math benchmarks (GSM8K, MATH-500, AIME, AMC, Minerva, OlympiadBench).
+    Eval(eval::EvalArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -58,6 +64,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Convert(a) => convert::run(a),
         Command::Bench(a) => bench::run(a),
         Command::Rl(a) => rl::run(a),
+        Command::Grade(a) => grade::run(a),
+        Command::Eval(a) => eval::run(a),
     }
 }
 

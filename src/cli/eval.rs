@@ -1,0 +1,131 @@
+//! `hacpo eval`: math benchmarks end to end.
+
+use std::path::PathBuf;
+
+use clap::Args;
+use hacpo::backend::DeviceSpec;
+use hacpo::data::{Benchmark, load_benchmark};
+use hacpo::eval::{BenchReport, EvalOptions, evaluate};
+use hacpo::reward::{GradeConfig, GradeMode};
+use hacpo::{Error, Result, with_backend};
+
+use super::ModelArgs;
+
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:\n  \
+    hacpo eval --model qwen-1.5b --bench math500,gsm8k --limit 100 --out report.json\n  \
+    hacpo eval --model ./ckpt --bench aime25 --samples 8 --temperature 0.6 --top-p 0.95\n  \
+    hacpo eval --model smollm2-135m --bench gsm8k=/data/gsm8k_test.jsonl --limit 20\n\n\
+    Benchmarks: gsm8k, math500, math_train, aime24, aime25, amc23, minerva, olympiad. Data comes from\n\
+    NAME=PATH (or NAME=hf://datasets/<repo>/<file>), $HACPO_DATA_DIR, $HACPO_SHARED/data/math, or the hub.")]
+pub struct EvalArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Comma-separated benchmarks, each optionally `name=path`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub bench: Vec<String>,
+    /// Evaluate only the first N problems of each benchmark.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// Samples per problem (K): accuracy is avg@K, and pass@K is reported.
+    #[arg(long, default_value_t = 1)]
+    pub samples: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 2048)]
+    pub max_new_tokens: usize,
+    /// Problems generated together.
+    #[arg(long, default_value_t = 16)]
+    pub batch_size: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Grading: full or boxed-exact.
+    #[arg(long, default_value = "full")]
+    pub mode: String,
+    /// Write the full report (per-problem results) as JSON here.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+pub fn run(args: EvalArgs) -> Result<()> {
+    let device = DeviceSpec::parse(&args.model.device)?;
+    let mode = GradeMode::parse(&args.mode)?;
+    if args.samples > 1 && args.temperature == 0.0 {
+        return Err(Error::InvalidArgument(
+            "--samples > 1 needs --temperature > 0 (greedy samples are identical)".into(),
+        ));
+    }
+    // Resolve every benchmark before loading the model: a typo should fail in a second.
+    let mut benches = Vec::new();
+    for spec in &args.bench {
+        let (name, source) = match spec.split_once('=') {
+            Some((n, s)) => (n, Some(s)),
+            None => (spec.as_str(), None),
+        };
+        let bench = Benchmark::parse(name)?;
+        benches.push((bench, load_benchmark(bench, source, args.limit)?));
+    }
+    with_backend!(device, |B, dev| run_on::<B>(&args, mode, &benches, &dev))
+}
+
+fn run_on<B: burn::tensor::backend::Backend>(
+    args: &EvalArgs,
+    mode: GradeMode,
+    benches: &[(Benchmark, Vec<hacpo::data::MathProblem>)],
+    device: &B::Device,
+) -> Result<()> {
+    let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
+    let mut reports: Vec<BenchReport> = Vec::new();
+    for (bench, problems) in benches {
+        let opts = EvalOptions {
+            samples: args.samples,
+            temperature: args.temperature,
+            top_p: args.top_p,
+            max_new_tokens: args.max_new_tokens,
+            batch_prompts: args.batch_size,
+            seed: args.seed,
+            grader: GradeConfig { mode, gold_precision: bench.approximate_answers(), ..Default::default() },
+        };
+        let bar = indicatif::ProgressBar::new(problems.len() as u64).with_style(
+            indicatif::ProgressStyle::with_template("{msg:>10} {bar:30} {pos}/{len} [{elapsed} < {eta}]")
+                .expect("template"),
+        );
+        bar.set_message(bench.name());
+        let report = evaluate(&pretrained, bench.name(), problems, &opts, &mut |done| bar.set_position(done as u64))?;
+        bar.finish_and_clear();
+        reports.push(report);
+    }
+    let k = args.samples;
+    println!(
+        "{:<12} {:>6} {:>10} {:>10} {:>10} {:>9}",
+        "benchmark",
+        "n",
+        if k == 1 { "accuracy".to_string() } else { format!("avg@{k}") },
+        format!("pass@{k}"),
+        "mean len",
+        "time s"
+    );
+    for r in &reports {
+        println!(
+            "{:<12} {:>6} {:>9.1}% {:>9.1}% {:>10.1} {:>9.1}",
+            r.bench,
+            r.problems,
+            100.0 * r.accuracy,
+            100.0 * r.pass_at_k,
+            r.mean_response_tokens,
+            r.seconds
+        );
+    }
+    if let Some(path) = &args.out {
+        let json = serde_json::json!({
+            "model": args.model.model, "mode": args.mode, "samples": k, "temperature": args.temperature,
+            "top_p": args.top_p, "max_new_tokens": args.max_new_tokens, "benchmarks": reports,
+        });
+        hacpo::error::write_atomic(path, serde_json::to_string_pretty(&json).expect("json").as_bytes())?;
+        eprintln!("report written to {}", path.display());
+    }
+    Ok(())
+}

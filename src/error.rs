@@ -92,6 +92,14 @@ pub enum Error {
     #[error("cannot import GGUF {path}: {message}")]
     Gguf { path: PathBuf, message: String },
 
+    /// Training diverged: a loss or gradient norm is NaN or infinite.
+    #[error(
+        "the {what} of agent {agent} is {value} at step {step}; training stopped without saving \
+         this step, so the last checkpoint is the last good state. Lower algo.optimizer.lr or \
+         algo.grad_clip, or check the data of this step."
+    )]
+    NonFinite { agent: String, step: u64, what: &'static str, value: f64 },
+
     /// Anything else: a bug or an unexpected condition.
     #[error("internal error: {0}")]
     Internal(String),
@@ -101,7 +109,7 @@ impl Error {
     /// Exit code for the CLI: 2 for errors the user can fix, 1 for internal failures.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Io { .. } | Error::Internal(_) => 1,
+            Error::Io { .. } | Error::Internal(_) | Error::NonFinite { .. } => 1,
             _ => 2,
         }
     }

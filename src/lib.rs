@@ -9,6 +9,8 @@
 pub mod alloc;
 pub mod backend;
 pub mod bench;
+pub mod collab;
+pub mod config;
 pub mod data;
 pub mod error;
 pub mod eval;
@@ -17,6 +19,8 @@ pub mod math;
 pub mod model;
 pub mod reward;
 pub mod rl;
+pub mod task;
 pub mod tokenizer;
+pub mod train;
 
 pub use error::{Error, Result};

@@ -10,6 +10,7 @@ mod grade;
 mod models;
 mod rl;
 mod score;
+mod train;
 
 use clap::{Parser, Subcommand};
 use hacpo::Result;
@@ -54,6 +55,8 @@ pub enum Command {
     Grade(grade::GradeArgs),
     /// Evaluate a model on math benchmarks (GSM8K, MATH-500, AIME, AMC, Minerva, OlympiadBench).
     Eval(eval::EvalArgs),
+    /// Train agents with HACPO (or a baseline) on a verifiable task.
+    Train(train::TrainArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -66,6 +69,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Rl(a) => rl::run(a),
         Command::Grade(a) => grade::run(a),
         Command::Eval(a) => eval::run(a),
+        Command::Train(a) => train::run(a),
     }
 }
 

@@ -14,8 +14,7 @@ use crate::model::Pretrained;
 use crate::reward::{GradeConfig, Grader};
 use crate::tokenizer::Message;
 
-/// The instruction appended to every question (Qwen2.5-Math's evaluation prompt).
-pub const MATH_PROMPT: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
+pub use crate::task::MATH_PROMPT;
 
 /// How to evaluate.
 #[derive(Clone, Debug)]
@@ -74,7 +73,7 @@ pub struct BenchReport {
 
 /// The user message for a problem.
 pub fn prompt_text(question: &str) -> String {
-    format!("{}\n{MATH_PROMPT}", question.trim())
+    crate::task::math_prompt_text(question)
 }
 
 /// Generates and grades `problems`; `on_progress(done)` is called after each batch.

@@ -180,44 +180,81 @@ fn expected_shape(config: &ModelConfig, name: &str) -> Vec<usize> {
     expected_weights(config).into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_default()
 }
 
-/// All weights of `model` by HF name, in checkpoint order.
+/// Visits (and may replace) every parameter of a model, by its HF name.
+pub trait ParamVisitor<B: Backend> {
+    fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>>;
+    /// `stored_transposed`: linear weights are kept as `[in, out]`, the transpose of the
+    /// `[out, in]` tensor the name refers to in a checkpoint.
+    fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, stored_transposed: bool) -> Param<Tensor<B, 2>>;
+}
+
+/// Passes every parameter of `model` through `v`, in checkpoint order, and reassembles the
+/// model. The single traversal that export, optimizers and gradient clipping share, so they
+/// agree on names by construction.
+pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V) -> CausalLm<B> {
+    let CausalLm { embed_tokens, layers, norm, lm_head, config } = model;
+    let embed_tokens = v.matrix("model.embed_tokens.weight", embed_tokens, false);
+    let linear = |v: &mut V, p: &str, l: Linear<B>| Linear {
+        weight: v.matrix(&format!("{p}.weight"), l.weight, true),
+        bias: l.bias.map(|b| v.vector(&format!("{p}.bias"), b)),
+    };
+    let norm_of = |v: &mut V, name: String, n: RmsNorm<B>| RmsNorm { weight: v.vector(&name, n.weight), eps: n.eps };
+    let layers = layers
+        .into_iter()
+        .enumerate()
+        .map(|(i, layer)| {
+            let p = format!("model.layers.{i}");
+            let DecoderLayer { input_layernorm, self_attn, post_attention_layernorm, mlp } = layer;
+            let input_layernorm = norm_of(v, format!("{p}.input_layernorm.weight"), input_layernorm);
+            let a = self_attn;
+            let self_attn = Attention {
+                q_proj: linear(v, &format!("{p}.self_attn.q_proj"), a.q_proj),
+                k_proj: linear(v, &format!("{p}.self_attn.k_proj"), a.k_proj),
+                v_proj: linear(v, &format!("{p}.self_attn.v_proj"), a.v_proj),
+                o_proj: linear(v, &format!("{p}.self_attn.o_proj"), a.o_proj),
+                q_norm: a.q_norm.map(|n| norm_of(v, format!("{p}.self_attn.q_norm.weight"), n)),
+                k_norm: a.k_norm.map(|n| norm_of(v, format!("{p}.self_attn.k_norm.weight"), n)),
+                num_heads: a.num_heads,
+                num_kv_heads: a.num_kv_heads,
+                head_dim: a.head_dim,
+            };
+            let post_attention_layernorm =
+                norm_of(v, format!("{p}.post_attention_layernorm.weight"), post_attention_layernorm);
+            let mlp = Mlp {
+                gate_proj: linear(v, &format!("{p}.mlp.gate_proj"), mlp.gate_proj),
+                up_proj: linear(v, &format!("{p}.mlp.up_proj"), mlp.up_proj),
+                down_proj: linear(v, &format!("{p}.mlp.down_proj"), mlp.down_proj),
+            };
+            DecoderLayer { input_layernorm, self_attn, post_attention_layernorm, mlp }
+        })
+        .collect();
+    let norm = norm_of(v, "model.norm.weight".into(), norm);
+    let lm_head = lm_head.map(|w| v.matrix("lm_head.weight", w, false));
+    CausalLm { embed_tokens, layers, norm, lm_head, config }
+}
+
+/// All weights of `model` by HF name and in HF layout, in checkpoint order.
 pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
+    struct Collect(Vec<(String, HostTensor)>);
     fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> HostTensor {
         let shape = t.dims().to_vec();
         let data = t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 weights");
         HostTensor { shape, data }
     }
-    let mut out = Vec::new();
-    let mut push = |name: String, t: HostTensor| out.push((name, t));
-    push("model.embed_tokens.weight".into(), host(model.embed_tokens.val()));
-    for (i, layer) in model.layers.iter().enumerate() {
-        let p = format!("model.layers.{i}");
-        let mut linear = |name: &str, l: &Linear<B>| {
-            push(format!("{p}.{name}.weight"), host(l.weight.val().transpose()));
-            if let Some(b) = &l.bias {
-                push(format!("{p}.{name}.bias"), host(b.val()));
-            }
-        };
-        let a = &layer.self_attn;
-        linear("self_attn.q_proj", &a.q_proj);
-        linear("self_attn.k_proj", &a.k_proj);
-        linear("self_attn.v_proj", &a.v_proj);
-        linear("self_attn.o_proj", &a.o_proj);
-        linear("mlp.gate_proj", &layer.mlp.gate_proj);
-        linear("mlp.up_proj", &layer.mlp.up_proj);
-        linear("mlp.down_proj", &layer.mlp.down_proj);
-        push(format!("{p}.input_layernorm.weight"), host(layer.input_layernorm.weight.val()));
-        push(format!("{p}.post_attention_layernorm.weight"), host(layer.post_attention_layernorm.weight.val()));
-        if let (Some(qn), Some(kn)) = (&a.q_norm, &a.k_norm) {
-            push(format!("{p}.self_attn.q_norm.weight"), host(qn.weight.val()));
-            push(format!("{p}.self_attn.k_norm.weight"), host(kn.weight.val()));
+    impl<B: Backend> ParamVisitor<B> for Collect {
+        fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+            self.0.push((name.to_string(), host(p.val())));
+            p
+        }
+        fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, stored_transposed: bool) -> Param<Tensor<B, 2>> {
+            let t = if stored_transposed { p.val().transpose() } else { p.val() };
+            self.0.push((name.to_string(), host(t)));
+            p
         }
     }
-    push("model.norm.weight".into(), host(model.norm.weight.val()));
-    if let Some(w) = &model.lm_head {
-        push("lm_head.weight".into(), host(w.val()));
-    }
-    out
+    let mut c = Collect(Vec::new());
+    walk_params(model.clone(), &mut c);
+    c.0
 }
 
 /// Random weights like transformers' `_init_weights`: normal(0, `std`) matrices, zero biases,

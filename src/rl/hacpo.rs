@@ -215,7 +215,7 @@ fn check_group_balance(samples: &[PoolSample], members: &[usize], num_agents: us
 }
 
 /// What HACPO does to one response in the learner's mini-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SampleTerms {
     /// Advantage before ω.
     pub advantage: f64,

@@ -110,3 +110,27 @@ pub fn tiny_model_dir(name: &str) -> tempfile::TempDir {
     write_byte_tokenizer(dir.path());
     dir
 }
+
+/// A tiny random model around a real tokenizer (`qwen3`, `llama3.1` or `gpt2` from the shared
+/// assets), saved in HF layout in a temporary directory.
+pub fn tiny_agent(tokenizer: &str, family: &str, hidden: usize, seed: u64) -> tempfile::TempDir {
+    use hacpo::model::weights::{RandomWeights, build};
+    use hacpo::model::{ModelConfig, SaveDtype, save_pretrained};
+    let dir = tempfile::tempdir().unwrap();
+    let tok = hacpo::tokenizer::Tokenizer::from_dir(&shared(&format!("assets/tokenizers/{tokenizer}"))).unwrap();
+    let eos = match tokenizer {
+        "qwen3" => vec![151645, 151643],
+        "llama3.1" => vec![128009, 128001],
+        _ => vec![50256],
+    };
+    let cfg = serde_json::json!({
+        "model_type": family, "vocab_size": tok.vocab_size(), "hidden_size": hidden,
+        "intermediate_size": hidden * 2, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": true, "eos_token_id": eos,
+    });
+    let config = ModelConfig::from_json(&cfg, "tiny agent").unwrap();
+    let model = build::<Cpu>(&config, &mut RandomWeights::new(&config, seed, 0.2), &device()).unwrap();
+    save_pretrained(&model, &tok, &eos, dir.path(), SaveDtype::F32).unwrap();
+    dir
+}

@@ -1,0 +1,102 @@
+//! Verifiable tasks: prompts with a gold answer and a reward function.
+//!
+//! The trainer sees only the [`Task`] trait, so any task whose reward a program can check
+//! plugs in; [`MathTask`] (math word problems graded by [`crate::reward`]) is the built-in one.
+//! (A module of its own rather than part of `data`: a task joins a dataset to a reward.)
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::TaskConfig;
+use crate::data::{Benchmark, MathProblem, load_benchmark};
+use crate::error::Result;
+use crate::reward::{GradeConfig, GradeMode, Grader};
+use crate::tokenizer::Message;
+
+/// The instruction appended to every math question (Qwen2.5-Math's prompt).
+pub const MATH_PROMPT: &str = "Please reason step by step, and put your final answer within \\boxed{}.";
+
+/// The user message for a math question.
+pub fn math_prompt_text(question: &str) -> String {
+    format!("{}\n{MATH_PROMPT}", question.trim())
+}
+
+/// One prompt: the chat messages every agent renders with its own template, and the gold
+/// answer the reward compares against.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskPrompt {
+    pub id: String,
+    pub messages: Vec<Message>,
+    pub gold: String,
+}
+
+/// A task with a verifiable reward.
+pub trait Task: Send + Sync {
+    fn name(&self) -> &str;
+    /// Training prompts.
+    fn train(&self) -> &[TaskPrompt];
+    /// Held-out prompts for validation (may be empty).
+    fn validation(&self) -> &[TaskPrompt];
+    /// The reward of `response` (the decoded text, special tokens removed).
+    fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64;
+}
+
+/// Math problems graded by the answer grader: reward 1 for a correct final answer, else 0.
+pub struct MathTask {
+    train: Vec<TaskPrompt>,
+    validation: Vec<TaskPrompt>,
+    grader: Grader,
+}
+
+fn to_prompts(problems: Vec<MathProblem>) -> Vec<TaskPrompt> {
+    problems
+        .into_iter()
+        .map(|p| TaskPrompt { id: p.id, messages: vec![Message::user(math_prompt_text(&p.question))], gold: p.answer })
+        .collect()
+}
+
+fn load(spec: &str, limit: Option<usize>) -> Result<(Benchmark, Vec<MathProblem>)> {
+    let (name, source) = match spec.split_once('=') {
+        Some((n, s)) => (n, Some(s)),
+        None => (spec, None),
+    };
+    let bench = Benchmark::parse(name)?;
+    Ok((bench, load_benchmark(bench, source, limit)?))
+}
+
+impl MathTask {
+    pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
+        let (bench, train) = load(&cfg.train, None)?;
+        let validation = if cfg.validation.is_empty() { vec![] } else { load(&cfg.validation, cfg.val_limit)?.1 };
+        let grader = Grader {
+            config: GradeConfig {
+                mode: GradeMode::parse(&cfg.grade_mode)?,
+                gold_precision: bench.approximate_answers(),
+                ..Default::default()
+            },
+        };
+        Ok(MathTask { train: to_prompts(train), validation: to_prompts(validation), grader })
+    }
+
+    /// A task over given problems (tests, synthetic data).
+    pub fn new(train: Vec<MathProblem>, validation: Vec<MathProblem>, grader: Grader) -> Self {
+        MathTask { train: to_prompts(train), validation: to_prompts(validation), grader }
+    }
+}
+
+impl Task for MathTask {
+    fn name(&self) -> &str {
+        "math"
+    }
+
+    fn train(&self) -> &[TaskPrompt] {
+        &self.train
+    }
+
+    fn validation(&self) -> &[TaskPrompt] {
+        &self.validation
+    }
+
+    fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64 {
+        if self.grader.grade(&prompt.gold, response) { 1.0 } else { 0.0 }
+    }
+}

@@ -1,0 +1,8 @@
+//! Training machinery shared by every algorithm: the optimizer and schedule
+//! ([`optim`]), checkpoints and resume ([`checkpoint`]), metrics sinks ([`metrics`],
+//! [`tensorboard`]). It knows nothing about which algorithm computes the loss.
+
+pub mod checkpoint;
+pub mod metrics;
+pub mod optim;
+pub mod tensorboard;

@@ -1,0 +1,350 @@
+//! AdamW exactly as PyTorch's `torch.optim.AdamW`, global-norm gradient clipping, and the
+//! learning-rate schedule.
+//!
+//! Why not burn's optimizer: its state is keyed by `ParamId`, which is regenerated every time
+//! a model is rebuilt from a checkpoint, so a resumed run would silently restart Adam's
+//! moments; and its clipping is per tensor. Here state is keyed by the parameter's HF name
+//! (the same [`walk_params`] traversal as saving), saved next to the weights, and clipping
+//! uses the global norm over all gradients like `clip_grad_norm_`.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use burn::module::Param;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+use burn::tensor::{Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::model::CausalLm;
+use crate::model::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors};
+use crate::model::weights::{HostTensor, ParamVisitor, WeightSource, walk_params};
+
+/// AdamW settings with PyTorch's defaults spelled out (burn's differ: eps 1e-5, wd 1e-4).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdamWConfig {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+}
+
+impl Default for AdamWConfig {
+    fn default() -> Self {
+        AdamWConfig { lr: 1e-6, beta1: 0.9, beta2: 0.999, eps: 1e-8, weight_decay: 0.01 }
+    }
+}
+
+/// The learning-rate schedule over optimizer updates.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LrSchedule {
+    /// `constant` or `cosine`.
+    pub kind: String,
+    /// Linear warm-up over this many updates.
+    pub warmup_updates: u64,
+    /// Cosine decays to `min_ratio · lr`.
+    pub min_ratio: f64,
+}
+
+impl Default for LrSchedule {
+    fn default() -> Self {
+        LrSchedule { kind: "constant".into(), warmup_updates: 0, min_ratio: 0.0 }
+    }
+}
+
+impl LrSchedule {
+    pub fn validate(&self) -> Result<()> {
+        match self.kind.as_str() {
+            "constant" | "cosine" => Ok(()),
+            other => Err(Error::InvalidArgument(format!("unknown lr schedule {other:?}; use constant or cosine"))),
+        }
+    }
+
+    /// The learning rate of update `update` (0-based) out of `total`.
+    pub fn lr(&self, base: f64, update: u64, total: u64) -> f64 {
+        if update < self.warmup_updates {
+            return base * (update + 1) as f64 / self.warmup_updates as f64;
+        }
+        match self.kind.as_str() {
+            "cosine" => {
+                let span = total.saturating_sub(self.warmup_updates).max(1) as f64;
+                let progress = ((update - self.warmup_updates) as f64 / span).min(1.0);
+                let min = base * self.min_ratio;
+                min + 0.5 * (base - min) * (1.0 + (std::f64::consts::PI * progress).cos())
+            }
+            _ => base,
+        }
+    }
+}
+
+/// A gradient (inner backend) of one parameter.
+#[derive(Clone, Debug)]
+pub enum Grad<B: Backend> {
+    Vector(Tensor<B, 1>),
+    Matrix(Tensor<B, 2>),
+}
+
+impl<B: Backend> Grad<B> {
+    fn add(self, other: Grad<B>) -> Grad<B> {
+        match (self, other) {
+            (Grad::Vector(a), Grad::Vector(b)) => Grad::Vector(a + b),
+            (Grad::Matrix(a), Grad::Matrix(b)) => Grad::Matrix(a + b),
+            _ => unreachable!("a parameter keeps its rank"),
+        }
+    }
+
+    fn scale(self, s: f64) -> Grad<B> {
+        match self {
+            Grad::Vector(a) => Grad::Vector(a.mul_scalar(s)),
+            Grad::Matrix(a) => Grad::Matrix(a.mul_scalar(s)),
+        }
+    }
+
+    fn squared_norm(&self) -> f64 {
+        use burn::tensor::ElementConversion;
+        match self {
+            Grad::Vector(a) => a.clone().powi_scalar(2).sum().into_scalar().elem::<f64>(),
+            Grad::Matrix(a) => a.clone().powi_scalar(2).sum().into_scalar().elem::<f64>(),
+        }
+    }
+}
+
+/// Gradients accumulated over micro-batches, by parameter name.
+#[derive(Debug)]
+pub struct GradStore<B: Backend> {
+    grads: HashMap<String, Grad<B>>,
+}
+
+impl<B: Backend> Default for GradStore<B> {
+    fn default() -> Self {
+        GradStore { grads: HashMap::new() }
+    }
+}
+
+impl<B: Backend> GradStore<B> {
+    /// Adds the gradients of `model`'s parameters from one backward pass.
+    pub fn accumulate<AB: AutodiffBackend<InnerBackend = B>>(&mut self, model: &CausalLm<AB>, grads: &AB::Gradients) {
+        struct Take<'a, AB: AutodiffBackend> {
+            grads: &'a AB::Gradients,
+            store: &'a mut HashMap<String, Grad<AB::InnerBackend>>,
+        }
+        impl<AB: AutodiffBackend> ParamVisitor<AB> for Take<'_, AB> {
+            fn vector(&mut self, name: &str, p: Param<Tensor<AB, 1>>) -> Param<Tensor<AB, 1>> {
+                if let Some(g) = p.val().grad(self.grads) {
+                    add_into(self.store, name, Grad::Vector(g));
+                }
+                p
+            }
+            fn matrix(&mut self, name: &str, p: Param<Tensor<AB, 2>>, _: bool) -> Param<Tensor<AB, 2>> {
+                if let Some(g) = p.val().grad(self.grads) {
+                    add_into(self.store, name, Grad::Matrix(g));
+                }
+                p
+            }
+        }
+        walk_params(model.clone(), &mut Take::<AB> { grads, store: &mut self.grads });
+    }
+
+    /// Global L2 norm of all gradients.
+    pub fn global_norm(&self) -> f64 {
+        self.grads.values().map(Grad::squared_norm).sum::<f64>().sqrt()
+    }
+
+    /// `clip_grad_norm_(max_norm)`: scales all gradients by `max_norm / (norm + 1e-6)` when
+    /// that is below 1. Returns the norm before clipping.
+    pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
+        let norm = self.global_norm();
+        let coef = max_norm / (norm + 1e-6);
+        if max_norm > 0.0 && coef < 1.0 {
+            for g in self.grads.values_mut() {
+                *g = g.clone().scale(coef);
+            }
+        }
+        norm
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.grads.is_empty()
+    }
+}
+
+fn add_into<B: Backend>(store: &mut HashMap<String, Grad<B>>, name: &str, g: Grad<B>) {
+    let merged = match store.remove(name) {
+        Some(prev) => prev.add(g),
+        None => g,
+    };
+    store.insert(name.to_string(), merged);
+}
+
+/// Adam's moments of one parameter.
+#[derive(Clone, Debug)]
+enum Moments<B: Backend> {
+    Vector(Tensor<B, 1>, Tensor<B, 1>),
+    Matrix(Tensor<B, 2>, Tensor<B, 2>),
+}
+
+/// PyTorch AdamW with state by parameter name.
+#[derive(Debug)]
+pub struct AdamW<B: Backend> {
+    pub config: AdamWConfig,
+    /// Updates done so far (bias correction uses it).
+    pub updates: u64,
+    state: HashMap<String, Moments<B>>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct OptimMeta {
+    updates: u64,
+    config: AdamWConfig,
+}
+
+impl<B: Backend> AdamW<B> {
+    pub fn new(config: AdamWConfig) -> Self {
+        AdamW { config, updates: 0, state: HashMap::new() }
+    }
+
+    /// One update of `model` with `grads` at learning rate `lr`.
+    pub fn step<AB: AutodiffBackend<InnerBackend = B>>(
+        &mut self,
+        model: CausalLm<AB>,
+        grads: GradStore<B>,
+        lr: f64,
+    ) -> CausalLm<AB> {
+        self.updates += 1;
+        let t = self.updates as i32;
+        let c = self.config.clone();
+        let bc1 = 1.0 - c.beta1.powi(t);
+        let bc2 = 1.0 - c.beta2.powi(t);
+
+        struct Update<'a, B: Backend> {
+            grads: HashMap<String, Grad<B>>,
+            state: &'a mut HashMap<String, Moments<B>>,
+            c: AdamWConfig,
+            lr: f64,
+            bc1: f64,
+            bc2: f64,
+        }
+        impl<B: Backend> Update<'_, B> {
+            fn apply<const D: usize>(
+                &self,
+                p: Tensor<B, D>,
+                g: Tensor<B, D>,
+                m: Tensor<B, D>,
+                v: Tensor<B, D>,
+            ) -> [Tensor<B, D>; 3] {
+                let c = &self.c;
+                // Decoupled weight decay first, as torch.optim.AdamW does.
+                let p = p.mul_scalar(1.0 - self.lr * c.weight_decay);
+                let m = m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1);
+                let v = v.mul_scalar(c.beta2) + (g.clone() * g).mul_scalar(1.0 - c.beta2);
+                let denom = v.clone().sqrt().div_scalar(self.bc2.sqrt()).add_scalar(c.eps);
+                let p = p - (m.clone() / denom).mul_scalar(self.lr / self.bc1);
+                [p, m, v]
+            }
+        }
+        impl<AB: AutodiffBackend> ParamVisitor<AB> for Update<'_, AB::InnerBackend> {
+            fn vector(&mut self, name: &str, p: Param<Tensor<AB, 1>>) -> Param<Tensor<AB, 1>> {
+                let Some(Grad::Vector(g)) = self.grads.remove(name) else { return p };
+                let (m, v) = match self.state.remove(name) {
+                    Some(Moments::Vector(m, v)) => (m, v),
+                    _ => (g.zeros_like(), g.zeros_like()),
+                };
+                p.map(|t| {
+                    let [np, m, v] = self.apply(t.inner(), g, m, v);
+                    self.state.insert(name.to_string(), Moments::Vector(m, v));
+                    Tensor::from_inner(np).require_grad()
+                })
+            }
+            fn matrix(&mut self, name: &str, p: Param<Tensor<AB, 2>>, _: bool) -> Param<Tensor<AB, 2>> {
+                let Some(Grad::Matrix(g)) = self.grads.remove(name) else { return p };
+                let (m, v) = match self.state.remove(name) {
+                    Some(Moments::Matrix(m, v)) => (m, v),
+                    _ => (g.zeros_like(), g.zeros_like()),
+                };
+                p.map(|t| {
+                    let [np, m, v] = self.apply(t.inner(), g, m, v);
+                    self.state.insert(name.to_string(), Moments::Matrix(m, v));
+                    Tensor::from_inner(np).require_grad()
+                })
+            }
+        }
+        let mut u = Update { grads: grads.grads, state: &mut self.state, c, lr, bc1, bc2 };
+        walk_params(model, &mut u)
+    }
+
+    /// Writes the moments (`exp_avg.<name>`, `exp_avg_sq.<name>`, in the model's internal
+    /// layout) and the update count to `path` (safetensors, written atomically).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let host = |t: TensorData| HostTensor {
+            shape: t.shape.to_vec(),
+            data: t.convert::<f32>().into_vec::<f32>().expect("f32 moments"),
+        };
+        let mut tensors = Vec::new();
+        let mut names: Vec<&String> = self.state.keys().collect();
+        names.sort();
+        for name in names {
+            let (m, v) = match &self.state[name] {
+                Moments::Vector(m, v) => (host(m.to_data()), host(v.to_data())),
+                Moments::Matrix(m, v) => (host(m.to_data()), host(v.to_data())),
+            };
+            tensors.push((format!("exp_avg.{name}"), m));
+            tensors.push((format!("exp_avg_sq.{name}"), v));
+        }
+        let dir = path.parent().ok_or_else(|| Error::Internal("optimizer path has no directory".into()))?;
+        let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("optim")));
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+        write_safetensors(&tmp, tensors, SaveDtype::F32, usize::MAX)?;
+        std::fs::rename(tmp.join("model.safetensors"), path).map_err(|e| Error::io("rename into place", path, e))?;
+        let _ = std::fs::remove_dir_all(&tmp);
+        let meta =
+            serde_json::to_string(&OptimMeta { updates: self.updates, config: self.config.clone() }).expect("json");
+        crate::error::write_atomic(&path.with_extension("json"), meta.as_bytes())
+    }
+
+    /// Restores what [`AdamW::save`] wrote.
+    pub fn load(path: &Path, device: &B::Device) -> Result<Self> {
+        let meta_path = path.with_extension("json");
+        let meta: OptimMeta = serde_json::from_str(&crate::error::read_to_string(&meta_path)?)
+            .map_err(|e| Error::config(meta_path.display().to_string(), e.to_string()))?;
+        let mut src = SafetensorsSource::open_file(path)?;
+        let mut state = HashMap::new();
+        for key in src.names() {
+            let Some(name) = key.strip_prefix("exp_avg.") else { continue };
+            let m = src.take(&key)?.expect("listed tensor");
+            let v = src.take(&format!("exp_avg_sq.{name}"))?.ok_or_else(|| Error::WeightFile {
+                path: path.to_path_buf(),
+                message: format!("exp_avg_sq.{name} is missing"),
+            })?;
+            let moments = match m.shape.len() {
+                1 => Moments::Vector(
+                    Tensor::from_data(TensorData::new(m.data, [m.shape[0]]), device),
+                    Tensor::from_data(TensorData::new(v.data, [v.shape[0]]), device),
+                ),
+                _ => Moments::Matrix(
+                    Tensor::from_data(TensorData::new(m.data, [m.shape[0], m.shape[1]]), device),
+                    Tensor::from_data(TensorData::new(v.data, [v.shape[0], v.shape[1]]), device),
+                ),
+            };
+            state.insert(name.to_string(), moments);
+        }
+        Ok(AdamW { config: meta.config, updates: meta.updates, state })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schedules() {
+        let s = LrSchedule { kind: "cosine".into(), warmup_updates: 2, min_ratio: 0.1 };
+        assert_eq!(s.lr(1.0, 0, 10), 0.5);
+        assert_eq!(s.lr(1.0, 1, 10), 1.0);
+        assert!((s.lr(1.0, 2, 10) - 1.0).abs() < 1e-12);
+        assert!((s.lr(1.0, 10, 10) - 0.1).abs() < 1e-12);
+        assert_eq!(LrSchedule::default().lr(3e-6, 7, 10), 3e-6);
+    }
+}

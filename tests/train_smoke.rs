@@ -1,0 +1,203 @@
+//! The collaborative trainer end to end on CPU: tiny random models around the *real* Qwen3,
+//! Llama-3.1 (and GPT-2) tokenizers, so rollouts cross tokenizer families.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use hacpo::backend::Cpu;
+use hacpo::collab::Trainer;
+use hacpo::config::{AgentConfig, Algo, TrainConfig};
+use hacpo::model::weights::export;
+use hacpo::rl::Capabilities;
+use hacpo::rl::hacpo::{self as algo, HacpoConfig, PoolSample, SampleTerms};
+use hacpo::task::{Task, TaskPrompt};
+use hacpo::tokenizer::Message;
+
+/// A verifiable task random models can sometimes solve: reward 1 if the response contains
+/// a digit. (The Task trait is the plug-in point for any checkable reward.)
+struct ContainsDigit {
+    prompts: Vec<TaskPrompt>,
+}
+
+impl ContainsDigit {
+    fn new(n: usize) -> Self {
+        let text = std::fs::read_to_string(common::shared("data/math/gsm8k_test.jsonl")).unwrap();
+        let prompts = text
+            .lines()
+            .take(n)
+            .enumerate()
+            .map(|(i, l)| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                TaskPrompt {
+                    id: i.to_string(),
+                    messages: vec![Message::user(v["question"].as_str().unwrap())],
+                    gold: String::new(),
+                }
+            })
+            .collect();
+        ContainsDigit { prompts }
+    }
+}
+
+impl Task for ContainsDigit {
+    fn name(&self) -> &str {
+        "contains-digit"
+    }
+    fn train(&self) -> &[TaskPrompt] {
+        &self.prompts
+    }
+    fn validation(&self) -> &[TaskPrompt] {
+        &[]
+    }
+    fn reward(&self, _: &TaskPrompt, response: &str) -> f64 {
+        if response.chars().any(|c| c.is_ascii_digit()) { 1.0 } else { 0.0 }
+    }
+}
+
+fn config(run: &Path, agents: &[&Path], algo_name: Algo) -> TrainConfig {
+    let mut cfg = TrainConfig::default();
+    cfg.run.out_dir = run.to_path_buf();
+    cfg.run.seed = 3;
+    cfg.run.steps = 2;
+    cfg.run.checkpoint_every = 1;
+    cfg.run.dump_batches = true;
+    cfg.algo.name = algo_name;
+    cfg.algo.group_size = 4;
+    cfg.algo.prompts_per_step = 2;
+    cfg.algo.minibatch_prompts = 1;
+    cfg.algo.micro_batch_sequences = 4;
+    cfg.algo.optimizer.lr = 1e-3;
+    cfg.rollout.max_new_tokens = 12;
+    cfg.rollout.batch_prompts = 2;
+    cfg.agents = agents
+        .iter()
+        .map(|p| AgentConfig {
+            model: p.to_str().unwrap().into(),
+            name: None,
+            device: "cpu".into(),
+            chat_template_kwargs: Default::default(),
+        })
+        .collect();
+    cfg
+}
+
+/// Checks every dumped mini-batch against the RL core: advantages recomputed from the pool,
+/// each response's terms from its log-probs, and the loss as their negative mean.
+fn check_dumps_against_rl_core(run: &Path, agents: usize) -> usize {
+    let mut checked = 0;
+    let mut crossed = vec![false; agents];
+    for entry in std::fs::read_dir(run.join("batches")).unwrap() {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap()).unwrap();
+        let learner = v["learner"].as_u64().unwrap() as usize;
+        let cfg: HacpoConfig = serde_json::from_value(v["config"].clone()).unwrap();
+        let caps = Capabilities::fixed(serde_json::from_value(v["capabilities"].clone()).unwrap());
+        let m = v["minibatch_index"].as_u64().unwrap() as usize;
+        let pool: Vec<PoolSample> = v["pool"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| PoolSample {
+                agent: p["agent"].as_u64().unwrap() as usize,
+                group: p["prompt"].as_u64().unwrap() as usize,
+                reward: p["reward"].as_f64().unwrap(),
+            })
+            .collect();
+        let advantages = algo::advantages(&pool, learner, &caps, &cfg).unwrap();
+        let mut objectives = Vec::new();
+        for s in v["minibatch"].as_array().unwrap() {
+            let i = s["pool_index"].as_u64().unwrap() as usize;
+            let dumped: SampleTerms = serde_json::from_value(s["terms"].clone()).unwrap();
+            let (tgt, src) = (s["mean_logp_target"].as_f64().unwrap(), s["mean_logp_source"].as_f64().unwrap());
+            let core = algo::sample_terms(pool[i].agent, learner, advantages[i], tgt, src, m, &caps, &cfg);
+            assert_eq!(dumped, core, "learner {learner}, mini-batch {m}, sample {i}");
+            assert_eq!(core.cross, pool[i].agent != learner);
+            if core.cross {
+                crossed[learner] = true;
+            }
+            objectives.push(core.objective);
+        }
+        let want = -objectives.iter().sum::<f64>() / objectives.len() as f64;
+        let got = v["pg_loss"].as_f64().unwrap();
+        assert!((got - want).abs() <= 1e-5 * want.abs().max(1.0), "pg_loss {got} vs RL core {want}");
+        checked += 1;
+    }
+    assert!(crossed.iter().all(|&c| c), "every learner trained on other agents' rollouts: {crossed:?}");
+    checked
+}
+
+fn run_and_check(agents: &[&Path], expected_dumps: usize) {
+    let run = tempfile::tempdir().unwrap();
+    let cfg = config(run.path(), agents, Algo::Hacpo);
+    let before: Vec<_> = agents
+        .iter()
+        .map(|p| hacpo::model::load_model_dir::<Cpu>(p, &common::device()).unwrap())
+        .map(|m| export(&m))
+        .collect();
+    let mut trainer =
+        Trainer::<Cpu>::start(cfg, Arc::new(ContainsDigit::new(8)), vec![common::device(); agents.len()]).unwrap();
+    let summary = trainer.run().unwrap();
+    assert_eq!(summary.steps, 2);
+
+    // Both (all) models' weights changed.
+    for (k, agent) in trainer.agents.iter().enumerate() {
+        let after = export(&agent.inference_model());
+        let changed = before[k].iter().zip(&after).filter(|((_, a), (_, b))| a.data != b.data).count();
+        assert!(changed > after.len() / 2, "agent {k}: only {changed} of {} tensors changed", after.len());
+    }
+    // Metrics: one line per step and agent, with verl-style and HACPO names.
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2 * agents.len());
+    for key in [
+        "critic/score/mean",
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/grad_norm",
+        "response_length/mean",
+        "timing_s/gen",
+        "timing_s/update",
+        "perf/throughput",
+        "hacpo/capability",
+        "hacpo/omega_mean",
+        "hacpo/cross_clip_frac",
+        "hacpo/cross_ratio_mean",
+    ] {
+        assert!(lines.iter().all(|l| l["data"][key].is_number()), "metric {key} missing: {}", lines[0]);
+    }
+    // Checkpoints: HF layout per agent, optimizer state, trainer state; `latest` → step 2.
+    let latest = std::fs::read_to_string(run.path().join("checkpoints/latest")).unwrap();
+    assert_eq!(latest.trim(), "step-000002");
+    let ckpt = run.path().join("checkpoints/step-000002");
+    for k in 0..agents.len() {
+        for f in ["config.json", "model.safetensors", "tokenizer.json", "generation_config.json"] {
+            assert!(ckpt.join(format!("agent-{k}/{f}")).exists(), "agent-{k}/{f}");
+        }
+        assert!(ckpt.join(format!("agent-{k}.optim.safetensors")).exists());
+    }
+    assert!(ckpt.join("trainer_state.json").exists());
+    assert!(run.path().join("config.toml").exists());
+    // Advantages and losses are the RL core's.
+    assert_eq!(check_dumps_against_rl_core(run.path(), agents.len()), expected_dumps);
+}
+
+#[test]
+fn two_agents_qwen3_and_llama31_tokenizers() {
+    let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
+    // 2 steps × 2 learners × 4 mini-batches (2 prompts × 4 × 2 agents / (1 prompt × 4)).
+    run_and_check(&[qwen.path(), llama.path()], 2 * 2 * 4);
+}
+
+#[test]
+fn three_agents_three_tokenizer_families() {
+    let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
+    let gpt2 = common::tiny_agent("gpt2", "qwen2", 48, 3);
+    run_and_check(&[qwen.path(), llama.path(), gpt2.path()], 2 * 3 * 6);
+}

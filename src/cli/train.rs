@@ -103,6 +103,17 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
     Ok(cfg)
 }
 
+/// One line on what is about to run, so a log says which run and where it resumed.
+fn announce<B: burn::tensor::backend::Backend>(t: &Trainer<B>) {
+    let names: Vec<&str> = t.agents.iter().map(|a| a.name.as_str()).collect();
+    let what = format!("{} with {}", format!("{:?}", t.config.algo.name).to_lowercase(), names.join(", "));
+    if t.step > 0 {
+        eprintln!("resuming {} at step {} of {} ({what})", t.run_dir.display(), t.step, t.total_steps);
+    } else {
+        eprintln!("training {what} for {} steps in {}", t.total_steps, t.run_dir.display());
+    }
+}
+
 pub fn run(args: TrainArgs) -> Result<()> {
     if args.resume.is_none() && !args.given() {
         return Err(Error::InvalidArgument(
@@ -124,6 +135,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
     };
     cfg.validate()?;
     let specs: Vec<DeviceSpec> = cfg.agents.iter().map(|a| DeviceSpec::parse(&a.device)).collect::<Result<_>>()?;
+    hacpo::collab::trainer::check_agent_specs(&cfg)?;
     let task = Arc::new(MathTask::from_config(&cfg.task)?);
     let summary = match specs[0] {
         DeviceSpec::Cpu => {
@@ -135,6 +147,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 Some(dir) => Trainer::<hacpo::backend::Cpu>::resume(dir, requested, task, devices)?,
                 None => Trainer::<hacpo::backend::Cpu>::start(cfg, task, devices)?,
             };
+            announce(&trainer);
             trainer.run()?
         }
         #[cfg(feature = "cuda")]
@@ -152,6 +165,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 Some(dir) => Trainer::<hacpo::backend::Cuda>::resume(dir, requested, task, devices)?,
                 None => Trainer::<hacpo::backend::Cuda>::start(cfg, task, devices)?,
             };
+            announce(&trainer);
             trainer.run()?
         }
         #[cfg(not(feature = "cuda"))]

@@ -11,7 +11,7 @@ use burn::tensor::backend::Backend;
 use serde::Serialize;
 
 use super::agent::Agent;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::generate::score::score;
 use crate::generate::{FinishReason, GenerateRequest, SamplingParams, generate};
 use crate::task::{Task, TaskPrompt};
@@ -72,6 +72,8 @@ pub fn mix_seed(parts: &[u64]) -> u64 {
 /// Settings of one rollout phase.
 #[derive(Clone, Debug)]
 pub struct RolloutSettings {
+    /// The training step (1-based), for error messages.
+    pub step: u64,
     pub group_size: usize,
     pub sampling: SamplingParams,
     pub max_prompt_tokens: usize,
@@ -144,6 +146,15 @@ pub fn rollout<B: Backend>(
             batch.iter().map(|r| (r.prompt_ids.clone(), r.response_ids.clone())).collect();
         let logps = score(&model, &requests, settings.sampling.temperature.max(1e-6))?;
         for (r, lp) in batch.iter_mut().zip(logps) {
+            // A diverged model (NaN/inf weights or activations) shows here first.
+            if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
+                return Err(Error::NonFinite {
+                    agent: agent.name.clone(),
+                    step: settings.step,
+                    what: "log-probability of its own rollout",
+                    value: bad as f64,
+                });
+            }
             r.token_logps = lp;
         }
     }

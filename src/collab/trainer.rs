@@ -70,8 +70,8 @@ fn kwargs(table: &toml::Table) -> Map<String, Value> {
     }
 }
 
-/// Fails fast on an unknown agent id, before any model is loaded.
-fn check_agent_specs(cfg: &TrainConfig) -> Result<()> {
+/// Fails fast on an unknown agent id, before any model or dataset is loaded.
+pub fn check_agent_specs(cfg: &TrainConfig) -> Result<()> {
     for a in &cfg.agents {
         if !Path::new(&a.model).exists() && zoo::find(&a.model).is_none() {
             let known = zoo::entries().iter().map(|e| e.id.clone()).collect::<Vec<_>>().join(", ");
@@ -295,6 +295,7 @@ impl<B: Backend> Trainer<B> {
                 .map(|agent| {
                     let mut endpoint = pool_channels.endpoint(agent.index);
                     let settings = RolloutSettings {
+                        step,
                         group_size: g,
                         sampling: SamplingParams {
                             temperature: cfg.rollout.temperature,

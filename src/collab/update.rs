@@ -70,6 +70,13 @@ fn averaging<B: Backend>(lens: &[usize], device: &B::Device) -> Tensor<B, 2> {
     Tensor::from_data(TensorData::new(data, [lens.len(), total]), device)
 }
 
+/// Sum of a token vector as a one-row reduction: one thread adds it in order, so the loss is
+/// the same to the last bit in every run (a whole-tensor `sum` of a long vector is split
+/// across threads on the CPU backend).
+fn ordered_sum<B: Backend>(t: Tensor<B, 1>) -> Tensor<B, 1> {
+    t.unsqueeze::<2>().sum_dim(1).reshape([1])
+}
+
 fn vector<B: Backend>(v: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
     let n = v.len();
     Tensor::from_data(TensorData::new(v, [n]), device)
@@ -179,7 +186,7 @@ pub fn update_learner<B: Backend>(
                 let ratio = (logp.clone() - old).exp();
                 let (lo, hi) = (1.0 - cfg.algo.grpo_eps_low, 1.0 + cfg.algo.grpo_eps_high);
                 let obj = (ratio.clone() * adv.clone()).min_pair(ratio.clamp(lo, hi) * adv);
-                (obj * w).sum().neg()
+                ordered_sum(obj * w).neg()
             } else {
                 let terms: Vec<SampleTerms> = micro
                     .iter()
@@ -227,7 +234,7 @@ pub fn update_learner<B: Backend>(
                 }
                 let x = vector(reference, &device) - logp;
                 let kl = (x.clone().exp() - x - 1.0).clamp(-10.0, 10.0);
-                let kl = (kl * vector(w, &device)).sum();
+                let kl = ordered_sum(kl * vector(w, &device));
                 kl_value = kl.clone().into_scalar().elem::<f64>();
                 loss = loss + kl.mul_scalar(kl_coef);
             }
@@ -318,7 +325,7 @@ fn write_dump(
     pg_loss: f64,
 ) -> Result<()> {
     let pool: Vec<serde_json::Value> =
-        rollouts.iter().map(|r| json!({"agent": r.agent, "prompt": r.prompt_index, "reward": r.reward})).collect();
+        rollouts.iter().map(|r| json!({"agent": r.agent, "prompt": r.prompt_index, "reward": r.reward, "text": r.text})).collect();
     let minibatch: Vec<serde_json::Value> = samples
         .iter()
         .map(|(i, tgt, t)| {

@@ -230,9 +230,12 @@ impl TrainConfig {
         for o in overrides {
             apply_override(&mut value, o)?;
         }
-        let config: TrainConfig = toml::Value::Table(value)
-            .try_into()
-            .map_err(|e: toml::de::Error| Error::config(source, e.message().to_string()))?;
+        // serde_path_to_error names the offending key (`algo.nokey: unknown field …`).
+        let config: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(value)).map_err(|e| {
+            let path = e.path().to_string();
+            let message = e.into_inner().message().to_string();
+            Error::config(source, if path == "." { message } else { format!("{path}: {message}") })
+        })?;
         Ok(config)
     }
 

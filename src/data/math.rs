@@ -205,10 +205,11 @@ fn default_source(bench: Benchmark) -> Result<Source> {
         what: format!("{} benchmark data", bench.name()),
         path: PathBuf::from(bench.file_name()),
         hint: format!(
-            "Put {} in a directory named by HACPO_DATA_DIR, or pass --bench {}=/path/to/file.jsonl \
+            "Put {} in a directory named by HACPO_DATA_DIR, or name the file: `hacpo eval --bench \
+             {name}=/path/to/file.jsonl`, `hacpo train --set task.train={name}=/path/to/file.jsonl` \
              (or =hf://datasets/<repo>/<file> for a JSONL file on the hub).",
             bench.file_name(),
-            bench.name()
+            name = bench.name()
         ),
     })
 }

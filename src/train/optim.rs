@@ -7,7 +7,9 @@
 //! (the same [`walk_params`] traversal as saving), saved next to the weights, and clipping
 //! uses the global norm over all gradients like `clip_grad_norm_`.
 
-use std::collections::HashMap;
+// BTreeMap, not HashMap: sums over parameters (the global norm) must run in the same order in
+// every process, or a resumed run drifts from an uninterrupted one in the last bits.
+use std::collections::BTreeMap;
 use std::path::Path;
 
 use burn::module::Param;
@@ -103,24 +105,28 @@ impl<B: Backend> Grad<B> {
         }
     }
 
+    /// Sum of squares, the same to the last bit in every run: rows are reduced on the device
+    /// (one thread per row) and the row sums added on the host in order. A whole-tensor `sum`
+    /// on the CPU backend splits large tensors across threads in a timing-dependent order.
     fn squared_norm(&self) -> f64 {
-        use burn::tensor::ElementConversion;
-        match self {
-            Grad::Vector(a) => a.clone().powi_scalar(2).sum().into_scalar().elem::<f64>(),
-            Grad::Matrix(a) => a.clone().powi_scalar(2).sum().into_scalar().elem::<f64>(),
-        }
+        let rows = match self {
+            Grad::Vector(a) => a.clone().powi_scalar(2).unsqueeze::<2>().sum_dim(1),
+            Grad::Matrix(a) => a.clone().powi_scalar(2).sum_dim(1),
+        };
+        let rows: Vec<f64> = rows.into_data().convert::<f64>().into_vec::<f64>().expect("f64 data");
+        rows.iter().sum()
     }
 }
 
 /// Gradients accumulated over micro-batches, by parameter name.
 #[derive(Debug)]
 pub struct GradStore<B: Backend> {
-    grads: HashMap<String, Grad<B>>,
+    grads: BTreeMap<String, Grad<B>>,
 }
 
 impl<B: Backend> Default for GradStore<B> {
     fn default() -> Self {
-        GradStore { grads: HashMap::new() }
+        GradStore { grads: BTreeMap::new() }
     }
 }
 
@@ -129,7 +135,7 @@ impl<B: Backend> GradStore<B> {
     pub fn accumulate<AB: AutodiffBackend<InnerBackend = B>>(&mut self, model: &CausalLm<AB>, grads: &AB::Gradients) {
         struct Take<'a, AB: AutodiffBackend> {
             grads: &'a AB::Gradients,
-            store: &'a mut HashMap<String, Grad<AB::InnerBackend>>,
+            store: &'a mut BTreeMap<String, Grad<AB::InnerBackend>>,
         }
         impl<AB: AutodiffBackend> ParamVisitor<AB> for Take<'_, AB> {
             fn vector(&mut self, name: &str, p: Param<Tensor<AB, 1>>) -> Param<Tensor<AB, 1>> {
@@ -171,7 +177,7 @@ impl<B: Backend> GradStore<B> {
     }
 }
 
-fn add_into<B: Backend>(store: &mut HashMap<String, Grad<B>>, name: &str, g: Grad<B>) {
+fn add_into<B: Backend>(store: &mut BTreeMap<String, Grad<B>>, name: &str, g: Grad<B>) {
     let merged = match store.remove(name) {
         Some(prev) => prev.add(g),
         None => g,
@@ -192,7 +198,7 @@ pub struct AdamW<B: Backend> {
     pub config: AdamWConfig,
     /// Updates done so far (bias correction uses it).
     pub updates: u64,
-    state: HashMap<String, Moments<B>>,
+    state: BTreeMap<String, Moments<B>>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -203,7 +209,7 @@ struct OptimMeta {
 
 impl<B: Backend> AdamW<B> {
     pub fn new(config: AdamWConfig) -> Self {
-        AdamW { config, updates: 0, state: HashMap::new() }
+        AdamW { config, updates: 0, state: BTreeMap::new() }
     }
 
     /// One update of `model` with `grads` at learning rate `lr`.
@@ -220,8 +226,8 @@ impl<B: Backend> AdamW<B> {
         let bc2 = 1.0 - c.beta2.powi(t);
 
         struct Update<'a, B: Backend> {
-            grads: HashMap<String, Grad<B>>,
-            state: &'a mut HashMap<String, Moments<B>>,
+            grads: BTreeMap<String, Grad<B>>,
+            state: &'a mut BTreeMap<String, Moments<B>>,
             c: AdamWConfig,
             lr: f64,
             bc1: f64,
@@ -310,7 +316,7 @@ impl<B: Backend> AdamW<B> {
         let meta: OptimMeta = serde_json::from_str(&crate::error::read_to_string(&meta_path)?)
             .map_err(|e| Error::config(meta_path.display().to_string(), e.to_string()))?;
         let mut src = SafetensorsSource::open_file(path)?;
-        let mut state = HashMap::new();
+        let mut state = BTreeMap::new();
         for key in src.names() {
             let Some(name) = key.strip_prefix("exp_avg.") else { continue };
             let m = src.take(&key)?.expect("listed tensor");

@@ -114,6 +114,12 @@ pub fn tiny_model_dir(name: &str) -> tempfile::TempDir {
 /// A tiny random model around a real tokenizer (`qwen3`, `llama3.1` or `gpt2` from the shared
 /// assets), saved in HF layout in a temporary directory.
 pub fn tiny_agent(tokenizer: &str, family: &str, hidden: usize, seed: u64) -> tempfile::TempDir {
+    tiny_agent_favouring(tokenizer, family, hidden, seed, &[])
+}
+
+/// [`tiny_agent`] whose sampling favours the tokens of `texts` and EOS, so that a random model
+/// writes short answers like "12" and a math reward varies between its responses.
+pub fn tiny_agent_favouring(tokenizer: &str, family: &str, hidden: usize, seed: u64, texts: &[&str]) -> tempfile::TempDir {
     use hacpo::model::weights::{RandomWeights, build};
     use hacpo::model::{ModelConfig, SaveDtype, save_pretrained};
     let dir = tempfile::tempdir().unwrap();
@@ -130,7 +136,41 @@ pub fn tiny_agent(tokenizer: &str, family: &str, hidden: usize, seed: u64) -> te
         "max_position_embeddings": 4096, "tie_word_embeddings": true, "eos_token_id": eos,
     });
     let config = ModelConfig::from_json(&cfg, "tiny agent").unwrap();
-    let model = build::<Cpu>(&config, &mut RandomWeights::new(&config, seed, 0.2), &device()).unwrap();
+    let mut favoured: Vec<u32> = texts.iter().flat_map(|t| tok.encode(t, false).unwrap()).collect();
+    if !texts.is_empty() {
+        favoured.push(eos[0]);
+    }
+    let mut weights = Favouring { inner: RandomWeights::new(&config, seed, 0.2), hidden, favoured };
+    let model = build::<Cpu>(&config, &mut weights, &device()).unwrap();
     save_pretrained(&model, &tok, &eos, dir.path(), SaveDtype::F32).unwrap();
     dir
+}
+
+/// Random weights with a shared offset on embedding dimension 0, so the final hidden state
+/// points along it, and a larger offset for favoured tokens, whose tied output rows then get
+/// the highest logits.
+struct Favouring {
+    inner: hacpo::model::weights::RandomWeights,
+    hidden: usize,
+    favoured: Vec<u32>,
+}
+
+impl hacpo::model::weights::WeightSource for Favouring {
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    fn take(&mut self, name: &str) -> hacpo::Result<Option<hacpo::model::weights::HostTensor>> {
+        let mut t = self.inner.take(name)?;
+        if name == "model.embed_tokens.weight" && !self.favoured.is_empty() {
+            let w = t.as_mut().expect("random weights");
+            for row in w.data.chunks_mut(self.hidden) {
+                row[0] += 20.0;
+            }
+            for &id in &self.favoured {
+                w.data[id as usize * self.hidden] += 2.5;
+            }
+        }
+        Ok(t)
+    }
 }

@@ -1,0 +1,243 @@
+//! `hacpo train` as a user runs it: a math task from a GSM8K-format file, two tiny agents
+//! around the real Qwen3 and Llama-3.1 tokenizers, checkpoints, SIGKILL and `--resume`, a NaN
+//! loss, and the errors (exit code 2) for bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Two tiny agents that favour the tokens of short answers, and a small GSM8K-format train set
+/// whose answers they can write.
+struct Setup {
+    _agents: [tempfile::TempDir; 2],
+    data: tempfile::TempDir,
+    config: PathBuf,
+}
+
+fn setup(steps: usize) -> Setup {
+    let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
+    let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
+    let data = tempfile::tempdir().unwrap();
+    let problems = [
+        ("Tom has 3 apples and eats 2. How many are left?", "3 - 2 = 1.\n#### 1"),
+        ("Ann has 1 pen and buys 1 more. How many pens does she have?", "1 + 1 = 2.\n#### 2"),
+        ("What is 6 times 2?", "6 * 2 = 12.\n#### 12"),
+        ("What is 20 plus 1?", "20 + 1 = 21.\n#### 21"),
+        ("What is 4 minus 2?", "4 - 2 = 2.\n#### 2"),
+        ("What is 11 plus 1?", "11 + 1 = 12.\n#### 12"),
+    ];
+    let rows: Vec<String> =
+        problems.iter().map(|(q, a)| serde_json::json!({"question": q, "answer": a}).to_string()).collect();
+    let train = data.path().join("train.jsonl");
+    std::fs::write(&train, rows.join("\n")).unwrap();
+    let config = data.path().join("tiny.toml");
+    let toml = format!(
+        r#"
+[run]
+seed = 5
+steps = {steps}
+checkpoint_every = 1
+
+[algo]
+name = "hacpo"
+group_size = 4
+prompts_per_step = 2
+minibatch_prompts = 1
+micro_batch_sequences = 4
+
+[algo.optimizer]
+lr = 1e-4
+
+[algo.hacpo]
+kl_coef = 0.01
+
+[rollout]
+max_new_tokens = 6
+batch_prompts = 2
+max_prompt_tokens = 128
+cross_max_prompt_tokens = 160
+max_response_tokens = 8
+
+[task]
+train = "gsm8k={train}"
+grade_mode = "full"
+
+[[agents]]
+model = "{qwen}"
+chat_template_kwargs = {{ enable_thinking = false }}
+
+[[agents]]
+model = "{llama}"
+"#,
+        train = train.display(),
+        qwen = qwen.path().display(),
+        llama = llama.path().display(),
+    );
+    std::fs::write(&config, toml).unwrap();
+    Setup { _agents: [qwen, llama], data, config }
+}
+
+fn hacpo(args: &[&str]) -> Command {
+    let mut c = Command::new(common::hacpo_bin());
+    c.args(args).env("HF_HUB_OFFLINE", "1").env("RAYON_NUM_THREADS", "2");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    hacpo(args).output().unwrap()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// metrics.jsonl without wall-clock figures, which differ between runs.
+fn deterministic_metrics(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["data"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
+            v
+        })
+        .collect()
+}
+
+fn latest(run_dir: &Path) -> Option<String> {
+    std::fs::read_to_string(run_dir.join("checkpoints/latest")).ok().map(|s| s.trim().to_string())
+}
+
+#[test]
+fn sigkill_and_resume_equals_an_uninterrupted_run() {
+    let s = setup(5);
+    let cfg = s.config.to_str().unwrap();
+
+    let whole = s.data.path().join("whole");
+    let out = run(&["train", "--config", cfg, "--out", whole.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+    let steps: Vec<u64> = reference.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, [1, 1, 2, 2, 3, 3, 4, 4, 5, 5]);
+    let scores: Vec<f64> = reference.iter().map(|l| l["data"]["critic/score/mean"].as_f64().unwrap()).collect();
+    assert!(scores.iter().any(|&x| x > 0.0), "the tiny agents never solved a problem: {scores:?}");
+
+    // The same run, killed right after its second checkpoint, then resumed.
+    let killed = s.data.path().join("killed");
+    let mut child = hacpo(&["train", "--config", cfg, "--out", killed.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while latest(&killed).as_deref() != Some("step-000002") {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its second checkpoint");
+        assert!(started.elapsed() < Duration::from_secs(300), "no second checkpoint after 300 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    child.kill().unwrap(); // SIGKILL
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the run finished before it was killed");
+    let interrupted = deterministic_metrics(&killed);
+    assert!(interrupted.len() >= 4, "metrics of steps 1 and 2 were written before the checkpoint");
+
+    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("step 2"), "says where it resumes: {}", stderr(&out));
+    // No step lost or repeated, and the numbers are those of the uninterrupted run.
+    assert_eq!(deterministic_metrics(&killed), reference);
+    assert_eq!(latest(&killed).as_deref(), Some("step-000005"));
+
+    // A finished run resumed again has nothing left to do.
+    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&killed), reference);
+}
+
+#[test]
+fn a_diverging_run_stops_naming_agent_and_step_and_keeps_the_last_checkpoint() {
+    // GSPO with one update per step: the huge learning rate blows the weights up in step 1's
+    // update, and step 2 is the first to see non-finite numbers.
+    let s = setup(3);
+    let dir = s.data.path().join("diverged");
+    let out = run(&[
+        "train",
+        "--config",
+        s.config.to_str().unwrap(),
+        "--out",
+        dir.to_str().unwrap(),
+        "--algo",
+        "gspo",
+        "--set",
+        "algo.minibatch_prompts=2",
+        "--set",
+        "algo.optimizer.lr=1e30",
+    ]);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("at step 2") && (err.contains("agent agent0-") || err.contains("agent agent1-")), "{err}");
+    assert!(err.contains("algo.optimizer.lr"), "says how to fix it: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(latest(&dir).as_deref(), Some("step-000001"));
+    assert!(!dir.join("checkpoints/step-000002").exists());
+    // The kept checkpoint is complete: it resumes (and diverges again at step 2).
+    let out = run(&["train", "--resume", dir.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("resuming") && stderr(&out).contains("at step 2"), "{}", stderr(&out));
+}
+
+/// Runs `hacpo train` expecting exit code 2 and an error that contains every one of `needles`.
+fn rejects(args: &[&str], needles: &[&str]) {
+    let out = run(args);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: expected {n:?} in: {err}");
+    }
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_exit_code_2() {
+    let s = setup(1);
+    let cfg = s.config.to_str().unwrap();
+    let out = s.data.path().join("runs");
+    let o = |name: &str| out.join(name).to_str().unwrap().to_string();
+
+    rejects(&["train", "--agents", "qwen3-1.7b-base,no-such-model", "--out", &o("a")], &["no-such-model", "qwen3-4b-base"]);
+    rejects(&["train", "--config", cfg, "--algo", "ppo", "--out", &o("b")], &["unknown algorithm", "ppo", "gspo2x"]);
+    rejects(&["train", "--config", cfg, "--set", "algo.group_size=1", "--out", &o("c")], &["algo.group_size", "at least 2"]);
+    rejects(
+        &["train", "--config", cfg, "--set", "algo.minibatch_prompts=3", "--out", &o("d")],
+        &["algo.minibatch_prompts", "cannot be split"],
+    );
+    rejects(
+        &["train", "--config", cfg, "--set", "task.train=gsm8k=/no/such/train.jsonl", "--out", &o("e")],
+        &["/no/such/train.jsonl"],
+    );
+    rejects(&["train", "--config", cfg, "--set", "algo.no_such_key=1"], &["no_such_key"]);
+    rejects(&["train", "--config", "/no/such/config.toml"], &["/no/such/config.toml"]);
+    rejects(&["train"], &["--config"]);
+
+    // An output directory that cannot be created: a path under a regular file.
+    let file = s.data.path().join("a-file");
+    std::fs::write(&file, "").unwrap();
+    let under_file = file.join("run");
+    rejects(&["train", "--config", cfg, "--out", under_file.to_str().unwrap()], &["cannot write", "--out"]);
+
+    // Resuming: a directory that is not a run, and a run with a different configuration.
+    rejects(&["train", "--resume", s.data.path().to_str().unwrap()], &["config.toml"]);
+    let done = o("done");
+    let ok = run(&["train", "--config", cfg, "--out", &done]);
+    assert!(ok.status.success(), "{}", stderr(&ok));
+    rejects(
+        &["train", "--resume", &done, "--config", cfg, "--set", "algo.hacpo.alpha=2", "--set", "algo.group_size=8"],
+        &["different configuration", "algo.hacpo.alpha: 1.0 → 2.0", "algo.group_size: 4 → 8"],
+    );
+    // Starting a new run over an existing one would mix their checkpoints.
+    rejects(&["train", "--config", cfg, "--out", &done], &["--resume"]);
+}

@@ -208,9 +208,15 @@ fn bad_input_gets_a_clear_error_and_exit_code_2() {
     let out = s.data.path().join("runs");
     let o = |name: &str| out.join(name).to_str().unwrap().to_string();
 
-    rejects(&["train", "--agents", "qwen3-1.7b-base,no-such-model", "--out", &o("a")], &["no-such-model", "qwen3-4b-base"]);
+    rejects(
+        &["train", "--agents", "qwen3-1.7b-base,no-such-model", "--out", &o("a")],
+        &["no-such-model", "qwen3-4b-base"],
+    );
     rejects(&["train", "--config", cfg, "--algo", "ppo", "--out", &o("b")], &["unknown algorithm", "ppo", "gspo2x"]);
-    rejects(&["train", "--config", cfg, "--set", "algo.group_size=1", "--out", &o("c")], &["algo.group_size", "at least 2"]);
+    rejects(
+        &["train", "--config", cfg, "--set", "algo.group_size=1", "--out", &o("c")],
+        &["algo.group_size", "at least 2"],
+    );
     rejects(
         &["train", "--config", cfg, "--set", "algo.minibatch_prompts=3", "--out", &o("d")],
         &["algo.minibatch_prompts", "cannot be split"],

@@ -3,6 +3,7 @@
 
 use clap::Args;
 use hacpo::backend::DeviceSpec;
+use hacpo::bench::trainer::TrainerBenchOptions;
 use hacpo::bench::{self, Measurement};
 use hacpo::model::{CausalLm, weights};
 use hacpo::{Result, with_backend};
@@ -12,7 +13,8 @@ use super::Format;
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     hacpo bench                      # ~5M-parameter Llama config, random weights\n  \
-    hacpo bench --model \"$(../shared/scripts/fetch-smollm2.sh)\" --format json")]
+    hacpo bench --model \"$(../shared/scripts/fetch-smollm2.sh)\" --format json\n  \
+    hacpo bench --trainer            # where a two-agent HACPO step spends its time")]
 pub struct BenchArgs {
     /// Model to measure (directory, .gguf or zoo id); default: the built-in tiny-5m config.
     #[arg(short, long)]
@@ -49,10 +51,37 @@ pub struct BenchArgs {
     pub no_train: bool,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// Measure a collaborative HACPO step instead: two random ~5M agents (Qwen3 and Llama-3.1
+    /// with their real tokenizers) on GSM8K prompts; reports each phase's share of a step.
+    #[arg(long)]
+    pub trainer: bool,
+    /// --trainer: measured steps (after one warm-up step).
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    /// --trainer: prompts per step.
+    #[arg(long, default_value_t = 4)]
+    pub prompts: usize,
+    /// --trainer: responses per prompt per agent (G).
+    #[arg(long, default_value_t = 8)]
+    pub group_size: usize,
+    /// --trainer: response length (random models rarely stop early).
+    #[arg(long, default_value_t = 64)]
+    pub max_new_tokens: usize,
+    /// --trainer: hidden size and layers of both agents.
+    #[arg(long, default_value_t = 256)]
+    pub hidden: usize,
+    #[arg(long, default_value_t = 6)]
+    pub layers: usize,
+    /// --trainer: the shared assets directory (tokenizers and GSM8K); default $HACPO_SHARED or ../shared.
+    #[arg(long)]
+    pub shared: Option<std::path::PathBuf>,
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let device = DeviceSpec::parse(&args.device)?;
+    if args.trainer {
+        return with_backend!(device, |B, dev| run_trainer::<B>(&args, &dev));
+    }
     with_backend!(device, |B, dev| run_on::<B>(&args, &dev))
 }
 
@@ -101,6 +130,59 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
                     r.name, r.batch, r.tokens, r.seconds, r.tokens_per_second
                 );
             }
+        }
+    }
+    Ok(())
+}
+
+fn run_trainer<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<()> {
+    let shared = args
+        .shared
+        .clone()
+        .unwrap_or_else(|| std::env::var_os("HACPO_SHARED").map(Into::into).unwrap_or_else(|| "../shared".into()));
+    let opts = TrainerBenchOptions {
+        tokenizers: shared.join("assets/tokenizers"),
+        prompts: shared.join("data/math/gsm8k_train.jsonl"),
+        steps: args.steps.max(1),
+        prompts_per_step: args.prompts,
+        group_size: args.group_size,
+        max_new_tokens: args.max_new_tokens,
+        hidden: args.hidden,
+        layers: args.layers,
+    };
+    eprintln!(
+        "benchmarking a HACPO step: 2 agents, {} prompts × G={} × {} new tokens, {} threads",
+        opts.prompts_per_step,
+        opts.group_size,
+        opts.max_new_tokens,
+        rayon::current_num_threads()
+    );
+    let r = bench::trainer::run::<B>(&opts, device)?;
+    match args.format {
+        Format::Json => {
+            let out = serde_json::json!({"device": args.device, "threads": rayon::current_num_threads(),
+                "tokens_per_second": r.tokens_per_second(), "breakdown": r});
+            println!("{}", serde_json::to_string_pretty(&out).expect("json"));
+        }
+        Format::Text => {
+            for a in &r.agents {
+                println!(
+                    "agent {:<16} {:>6.1}M parameters ({:.1}M without embeddings)",
+                    a.name,
+                    a.parameters as f64 / 1e6,
+                    a.non_embedding_parameters as f64 / 1e6
+                );
+            }
+            println!("step {:.2} s (mean of {} steps after a warm-up)", r.step_s, r.steps);
+            for (name, share) in r.shares() {
+                println!("{name:<40} {:>6.1}%", share * 100.0);
+            }
+            println!(
+                "tokens/s overall {:.0} ({:.0} generated + {:.0} trained per step)",
+                r.tokens_per_second(),
+                r.generated_tokens,
+                r.update_tokens
+            );
         }
     }
     Ok(())

@@ -53,7 +53,8 @@ pub struct Trainer<B: Backend> {
     pub step: u64,
     pub total_steps: u64,
     metrics: MetricsSink,
-    last_metrics: Vec<(String, Metrics)>,
+    /// The last step's metrics per agent.
+    pub last_metrics: Vec<(String, Metrics)>,
 }
 
 fn agent_name(cfg: &TrainConfig, k: usize) -> String {
@@ -203,7 +204,8 @@ impl<B: Backend> Trainer<B> {
             None => crate::model::load::<Autodiff<B>>(spec, &device)?,
         };
         // The reference is always the starting model, also on resume.
-        let reference = if config.algo.hacpo.kl_coef > 0.0 { Some(crate::model::load::<B>(spec, &device)?.model) } else { None };
+        let reference =
+            if config.algo.hacpo.kl_coef > 0.0 { Some(crate::model::load::<B>(spec, &device)?.model) } else { None };
         let mut agent = Agent::new(
             k,
             agent_name(config, k),
@@ -352,6 +354,7 @@ impl<B: Backend> Trainer<B> {
         let caps = self.tracker.capabilities();
 
         // Update phase.
+        let rollout_phase_s = step_started.elapsed().as_secs_f64();
         let ctx = UpdateContext {
             config: &cfg,
             group_size: g,
@@ -379,6 +382,9 @@ impl<B: Backend> Trainer<B> {
 
         // Metrics.
         let step_s = step_started.elapsed().as_secs_f64();
+        // Per-agent phase times overlap (agents run concurrently); these two are wall clock and
+        // add up to the step.
+        let update_phase_s = step_s - rollout_phase_s;
         let mut summary = String::new();
         self.last_metrics.clear();
         for (k, (mut report, t)) in reports.into_iter().zip(timings).enumerate() {
@@ -390,6 +396,10 @@ impl<B: Backend> Trainer<B> {
             m.insert("timing_s/ref".into(), report.reference_s);
             m.insert("timing_s/update".into(), report.update_s);
             m.insert("timing_s/step".into(), step_s);
+            m.insert("timing_s/rollout_phase".into(), rollout_phase_s);
+            m.insert("timing_s/update_phase".into(), update_phase_s);
+            m.insert("perf/generated_tokens".into(), t.generated_tokens as f64);
+            m.insert("perf/update_tokens".into(), report.tokens as f64);
             m.insert("perf/throughput".into(), (t.generated_tokens + report.tokens) as f64 / step_s.max(1e-9));
             if k == 0 {
                 summary = format!(

@@ -324,8 +324,10 @@ fn write_dump(
     mean_src: &[f64],
     pg_loss: f64,
 ) -> Result<()> {
-    let pool: Vec<serde_json::Value> =
-        rollouts.iter().map(|r| json!({"agent": r.agent, "prompt": r.prompt_index, "reward": r.reward, "text": r.text})).collect();
+    let pool: Vec<serde_json::Value> = rollouts
+        .iter()
+        .map(|r| json!({"agent": r.agent, "prompt": r.prompt_index, "reward": r.reward, "text": r.text}))
+        .collect();
     let minibatch: Vec<serde_json::Value> = samples
         .iter()
         .map(|(i, tgt, t)| {

@@ -119,7 +119,13 @@ pub fn tiny_agent(tokenizer: &str, family: &str, hidden: usize, seed: u64) -> te
 
 /// [`tiny_agent`] whose sampling favours the tokens of `texts` and EOS, so that a random model
 /// writes short answers like "12" and a math reward varies between its responses.
-pub fn tiny_agent_favouring(tokenizer: &str, family: &str, hidden: usize, seed: u64, texts: &[&str]) -> tempfile::TempDir {
+pub fn tiny_agent_favouring(
+    tokenizer: &str,
+    family: &str,
+    hidden: usize,
+    seed: u64,
+    texts: &[&str],
+) -> tempfile::TempDir {
     use hacpo::model::weights::{RandomWeights, build};
     use hacpo::model::{ModelConfig, SaveDtype, save_pretrained};
     let dir = tempfile::tempdir().unwrap();

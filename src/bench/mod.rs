@@ -17,6 +17,8 @@ use rand::{Rng, SeedableRng};
 use crate::generate::{GenerateRequest, GenerationStats, SamplingParams, generate, score};
 use crate::model::{CausalLm, Layout, ModelConfig};
 
+pub mod trainer;
+
 /// A ~5M-parameter Llama-architecture config (vocab 8192, hidden 256, 4 layers, GQA 4/2).
 pub fn tiny_5m_config() -> ModelConfig {
     let v = serde_json::json!({

@@ -1,0 +1,229 @@
+//! Where a collaborative training step spends its time: `hacpo bench --trainer`.
+//!
+//! Two random agents of ~5M non-embedding parameters, one Qwen3 with the real Qwen3 tokenizer
+//! and one Llama-3.1 with the real Llama-3.1 tokenizer, train a few HACPO steps on GSM8K
+//! prompts. Random weights rarely stop early, so every response runs to `max_new_tokens`: the
+//! worst case for rollout cost and the realistic one for retokenisation (long foreign texts).
+//! The first step warms up allocators and caches and is left out of the figures.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+
+use crate::collab::Trainer;
+use crate::config::TrainConfig;
+use crate::model::weights::{RandomWeights, build};
+use crate::model::{ModelConfig, SaveDtype, save_pretrained};
+use crate::task::MathTask;
+use crate::tokenizer::Tokenizer;
+use crate::{Error, Result};
+
+/// What to measure.
+#[derive(Clone, Debug)]
+pub struct TrainerBenchOptions {
+    /// Directory holding `qwen3/` and `llama3.1/` tokenizer folders.
+    pub tokenizers: PathBuf,
+    /// GSM8K training problems (JSONL).
+    pub prompts: PathBuf,
+    /// Measured steps (one warm-up step runs before them).
+    pub steps: usize,
+    pub prompts_per_step: usize,
+    pub group_size: usize,
+    pub max_new_tokens: usize,
+    pub hidden: usize,
+    pub layers: usize,
+}
+
+/// Mean seconds per measured step, and token counts, over both agents.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct TrainerBreakdown {
+    pub agents: Vec<AgentShape>,
+    pub steps: usize,
+    /// Wall seconds of a step and of its two phases (rollout, then update).
+    pub step_s: f64,
+    pub rollout_phase_s: f64,
+    pub update_phase_s: f64,
+    /// Summed over agents (agents run concurrently, so these may exceed the phase's wall time).
+    pub generate_s: f64,
+    pub old_logp_s: f64,
+    pub reward_s: f64,
+    pub retokenize_s: f64,
+    pub reference_s: f64,
+    pub update_s: f64,
+    pub generated_tokens: f64,
+    pub update_tokens: f64,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AgentShape {
+    pub name: String,
+    pub parameters: usize,
+    pub non_embedding_parameters: usize,
+}
+
+impl TrainerBreakdown {
+    /// Generated plus trained tokens per wall second.
+    pub fn tokens_per_second(&self) -> f64 {
+        (self.generated_tokens + self.update_tokens) / self.step_s
+    }
+
+    /// Phase shares of a step, for the report.
+    pub fn shares(&self) -> Vec<(&'static str, f64)> {
+        let s = self.step_s;
+        vec![
+            ("rollout phase (wall)", self.rollout_phase_s / s),
+            ("  generation (agent-sum)", self.generate_s / s),
+            ("  old log-prob scoring (agent-sum)", self.old_logp_s / s),
+            ("  reward / grading (agent-sum)", self.reward_s / s),
+            ("update phase (wall)", self.update_phase_s / s),
+            ("  retokenisation (agent-sum)", self.retokenize_s / s),
+            ("  reference log-probs (agent-sum)", self.reference_s / s),
+            ("  forward/backward/AdamW (agent-sum)", self.update_s / s),
+        ]
+    }
+}
+
+/// The two agents' model configs: Qwen3 (q/k norm) and Llama, same body size.
+fn agent_config(family: &str, vocab: usize, hidden: usize, layers: usize, eos: &[u32]) -> Result<ModelConfig> {
+    let v = serde_json::json!({
+        "model_type": family, "vocab_size": vocab, "hidden_size": hidden,
+        "intermediate_size": hidden * 3, "num_hidden_layers": layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 4096, "tie_word_embeddings": true, "eos_token_id": eos,
+    });
+    ModelConfig::from_json(&v, &format!("bench {family}"))
+}
+
+/// Writes one random agent in Hugging Face layout under `dir`.
+fn write_agent(
+    dir: &Path,
+    tokenizers: &Path,
+    (tokenizer, family, eos_tokens): (&str, &str, [&str; 2]),
+    opts: &TrainerBenchOptions,
+) -> Result<AgentShape> {
+    let tok = Tokenizer::from_dir(&tokenizers.join(tokenizer))?;
+    let eos: Vec<u32> = eos_tokens.iter().filter_map(|t| tok.token_to_id(t)).collect();
+    let config = agent_config(family, tok.vocab_size(), opts.hidden, opts.layers, &eos)?;
+    let device = Default::default();
+    let model = build::<crate::backend::Cpu>(&config, &mut RandomWeights::new(&config, 7, 0.02), &device)?;
+    save_pretrained(&model, &tok, &eos, dir, SaveDtype::F32)?;
+    let parameters = config.num_parameters();
+    Ok(AgentShape {
+        name: format!("{family}+{tokenizer}"),
+        parameters,
+        non_embedding_parameters: parameters - config.vocab_size * config.hidden_size,
+    })
+}
+
+/// Runs the benchmark on backend `B` (all agents on `device`).
+pub fn run<B: Backend>(opts: &TrainerBenchOptions, device: &B::Device) -> Result<TrainerBreakdown> {
+    for (what, p) in [("tokenizer directory", &opts.tokenizers), ("GSM8K training file", &opts.prompts)] {
+        if !p.exists() {
+            return Err(Error::NotFound {
+                what: what.into(),
+                path: p.clone(),
+                hint: "the trainer benchmark uses the shared assets: set HACPO_SHARED or pass --tokenizers / --prompts"
+                    .into(),
+            });
+        }
+    }
+    let work = tempfile::tempdir().map_err(|e| Error::io("create", &std::env::temp_dir(), e))?;
+    let qwen = work.path().join("qwen3");
+    let llama = work.path().join("llama");
+    let shapes = vec![
+        write_agent(&qwen, &opts.tokenizers, ("qwen3", "qwen3", ["<|im_end|>", "<|endoftext|>"]), opts)?,
+        write_agent(&llama, &opts.tokenizers, ("llama3.1", "llama", ["<|eot_id|>", "<|end_of_text|>"]), opts)?,
+    ];
+    let toml = format!(
+        r#"
+[run]
+out_dir = "{out}"
+seed = 1
+steps = {steps}
+checkpoint_every = 0
+
+[algo]
+name = "hacpo"
+group_size = {g}
+prompts_per_step = {p}
+minibatch_prompts = {p}
+micro_batch_sequences = 8
+
+[algo.optimizer]
+lr = 1e-5
+
+[rollout]
+max_new_tokens = {n}
+max_response_tokens = {n}
+batch_prompts = {p}
+
+[task]
+train = "gsm8k={prompts}"
+grade_mode = "full"
+
+[[agents]]
+model = "{qwen}"
+chat_template_kwargs = {{ enable_thinking = false }}
+
+[[agents]]
+model = "{llama}"
+"#,
+        out = work.path().join("run").display(),
+        steps = opts.steps + 1,
+        g = opts.group_size,
+        p = opts.prompts_per_step,
+        n = opts.max_new_tokens,
+        prompts = opts.prompts.display(),
+        qwen = qwen.display(),
+        llama = llama.display(),
+    );
+    let cfg = TrainConfig::from_toml(&toml, "trainer benchmark", &[])?;
+    let task = Arc::new(MathTask::from_config(&cfg.task)?);
+    let mut trainer = Trainer::<B>::start(cfg, task, vec![device.clone(); 2])?;
+    let bar = indicatif::ProgressBar::new(opts.steps as u64 + 1).with_style(
+        indicatif::ProgressStyle::with_template("step {pos}/{len} {bar:25} [{elapsed} < {eta}] {msg}")
+            .expect("template"),
+    );
+    let mut out = TrainerBreakdown {
+        agents: shapes,
+        steps: opts.steps,
+        step_s: 0.0,
+        rollout_phase_s: 0.0,
+        update_phase_s: 0.0,
+        generate_s: 0.0,
+        old_logp_s: 0.0,
+        reward_s: 0.0,
+        retokenize_s: 0.0,
+        reference_s: 0.0,
+        update_s: 0.0,
+        generated_tokens: 0.0,
+        update_tokens: 0.0,
+    };
+    for step in 0..=opts.steps {
+        let phases = trainer.train_step()?;
+        bar.inc(1);
+        bar.set_message(phases);
+        if step == 0 {
+            continue; // warm-up
+        }
+        let per_step = 1.0 / opts.steps as f64;
+        let wall = &trainer.last_metrics[0].1;
+        let get = |m: &crate::train::metrics::Metrics, k: &str| m.get(k).copied().unwrap_or(0.0) * per_step;
+        out.step_s += get(wall, "timing_s/step");
+        out.rollout_phase_s += get(wall, "timing_s/rollout_phase");
+        out.update_phase_s += get(wall, "timing_s/update_phase");
+        for (_, m) in &trainer.last_metrics {
+            out.generate_s += get(m, "timing_s/gen");
+            out.old_logp_s += get(m, "timing_s/old_logp");
+            out.reward_s += get(m, "timing_s/reward");
+            out.retokenize_s += get(m, "timing_s/retokenize");
+            out.reference_s += get(m, "timing_s/ref");
+            out.update_s += get(m, "timing_s/update");
+            out.generated_tokens += get(m, "perf/generated_tokens");
+            out.update_tokens += get(m, "perf/update_tokens");
+        }
+    }
+    bar.finish_and_clear();
+    Ok(out)
+}

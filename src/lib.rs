@@ -20,6 +20,7 @@ pub mod model;
 pub mod reward;
 pub mod rl;
 pub mod task;
+pub mod tiny;
 pub mod tokenizer;
 pub mod train;
 

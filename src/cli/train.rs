@@ -1,13 +1,11 @@
 //! `hacpo train`: collaborative RL (HACPO) and its baselines.
 
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use clap::Args;
 use hacpo::backend::DeviceSpec;
 use hacpo::collab::Trainer;
 use hacpo::config::{AgentConfig, Algo, TrainConfig};
-use hacpo::task::MathTask;
 use hacpo::{Error, Result};
 
 #[derive(Args, Debug)]
@@ -60,7 +58,9 @@ impl TrainArgs {
 fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
     let mut cfg = match &args.config {
         Some(path) => TrainConfig::load(path, &args.overrides)?,
-        None => TrainConfig::from_toml("", "command line", &args.overrides)?,
+        // Agents without a config: the library defaults (math). Nothing at all: the embedded default.
+        None if !args.agents.is_empty() => TrainConfig::from_toml("", "command line", &args.overrides)?,
+        None => TrainConfig::from_toml(DEFAULT_CONFIG, "configs/tiny-duo.toml (embedded default)", &args.overrides)?,
     };
     if !args.agents.is_empty() {
         cfg.agents = args
@@ -114,13 +114,15 @@ fn announce<B: burn::tensor::backend::Backend>(t: &Trainer<B>) {
     }
 }
 
+/// `hacpo train` with no arguments: two tiny heterogeneous agents on generated arithmetic.
+const DEFAULT_CONFIG: &str = include_str!("../../configs/tiny-duo.toml");
+
 pub fn run(args: TrainArgs) -> Result<()> {
-    if args.resume.is_none() && !args.given() {
-        return Err(Error::InvalidArgument(
-            "nothing to train: pass --config FILE (e.g. configs/hacpo-math.toml) or --agents A,B; see `hacpo train --help`".into(),
-        ));
-    }
-    let requested = if args.given() || args.steps.is_some() { Some(build_config(&args)?) } else { None };
+    let requested = if args.resume.is_none() || args.given() || args.steps.is_some() {
+        Some(build_config(&args)?)
+    } else {
+        None
+    };
     let cfg = match (&args.resume, &requested) {
         (Some(dir), None) => TrainConfig::load(&dir.join("config.toml"), &[]).map_err(|e| match e {
             Error::NotFound { path, .. } => Error::NotFound {
@@ -131,24 +133,18 @@ pub fn run(args: TrainArgs) -> Result<()> {
             other => other,
         })?,
         (_, Some(c)) => c.clone(),
-        (None, None) => unreachable!("checked above"),
+        (None, None) => unreachable!("a config is built unless resuming"),
     };
     cfg.validate()?;
     let specs: Vec<DeviceSpec> = cfg.agents.iter().map(|a| DeviceSpec::parse(&a.device)).collect::<Result<_>>()?;
     hacpo::collab::trainer::check_agent_specs(&cfg)?;
-    let task = Arc::new(MathTask::from_config(&cfg.task)?);
-    let summary = match specs[0] {
+    match specs[0] {
         DeviceSpec::Cpu => {
             if specs.iter().any(|s| *s != DeviceSpec::Cpu) {
                 return Err(Error::InvalidArgument("all agents must use the same kind of device (cpu or cuda)".into()));
             }
             let devices = vec![Default::default(); cfg.agents.len()];
-            let mut trainer = match &args.resume {
-                Some(dir) => Trainer::<hacpo::backend::Cpu>::resume(dir, requested, task, devices)?,
-                None => Trainer::<hacpo::backend::Cpu>::start(cfg, task, devices)?,
-            };
-            announce(&trainer);
-            trainer.run()?
+            train_on::<hacpo::backend::Cpu>(&args, cfg, requested, devices)
         }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(_) => {
@@ -161,16 +157,47 @@ pub fn run(args: TrainArgs) -> Result<()> {
                     }
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let mut trainer = match &args.resume {
-                Some(dir) => Trainer::<hacpo::backend::Cuda>::resume(dir, requested, task, devices)?,
-                None => Trainer::<hacpo::backend::Cuda>::start(cfg, task, devices)?,
-            };
-            announce(&trainer);
-            trainer.run()?
+            train_on::<hacpo::backend::Cuda>(&args, cfg, requested, devices)
         }
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => unreachable!("DeviceSpec::parse rejects cuda without the feature"),
+    }
+}
+
+/// Held-out accuracy of every agent, by name.
+type Accuracies = std::collections::BTreeMap<String, f64>;
+
+fn train_on<B: burn::tensor::backend::Backend>(
+    args: &TrainArgs,
+    cfg: TrainConfig,
+    requested: Option<TrainConfig>,
+    devices: Vec<B::Device>,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    hacpo::tiny::prepare_agents::<B>(&cfg, &devices[0])?;
+    let task = hacpo::task::from_config(&cfg.task)?;
+    let validating = !task.validation().is_empty();
+    let mut trainer = match &args.resume {
+        Some(dir) => Trainer::<B>::resume(dir, requested, task, devices)?,
+        None => Trainer::<B>::start(cfg, task, devices)?,
     };
+    announce(&trainer);
+    // Accuracy before training, kept in the run directory so a resumed run still reports it.
+    let before_path = trainer.run_dir.join("before.json");
+    let before: Option<Accuracies> = if trainer.step == 0 && validating {
+        let acc = accuracies(&trainer)?;
+        for (name, a) in &acc {
+            eprintln!("  {name}: held-out accuracy before training {:.1}%", a * 100.0);
+        }
+        hacpo::error::write_atomic(
+            &before_path,
+            serde_json::to_string_pretty(&acc).expect("json").as_bytes(),
+        )?;
+        Some(acc)
+    } else {
+        std::fs::read_to_string(&before_path).ok().and_then(|t| serde_json::from_str(&t).ok())
+    };
+    let summary = trainer.run()?;
     println!("trained {} steps in {:.1} s; run directory {}", summary.steps, summary.wall_s, summary.run_dir.display());
     for (name, m) in &summary.last {
         let get = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
@@ -182,5 +209,40 @@ pub fn run(args: TrainArgs) -> Result<()> {
             get("hacpo/capability")
         );
     }
+    if validating {
+        // The last step validates when validation is on; otherwise measure now.
+        let after: Accuracies = if summary.last.iter().all(|(_, m)| m.contains_key("val/accuracy")) {
+            summary.last.iter().map(|(n, m)| (n.clone(), m["val/accuracy"])).collect()
+        } else {
+            accuracies(&trainer)?
+        };
+        let mut agents = serde_json::Map::new();
+        for (name, a) in &after {
+            let b = before.as_ref().and_then(|b| b.get(name)).copied();
+            match b {
+                Some(b) => println!(
+                    "  {name}: held-out accuracy {:.1}% → {:.1}% ({:+.1} points)",
+                    b * 100.0,
+                    a * 100.0,
+                    (a - b) * 100.0
+                ),
+                None => println!("  {name}: held-out accuracy {:.1}%", a * 100.0),
+            }
+            agents.insert(name.clone(), serde_json::json!({"before": b, "after": a}));
+        }
+        let out = serde_json::json!({
+            "agents": agents,
+            "steps": summary.steps,
+            "wall_s": started.elapsed().as_secs_f64(),
+            "train_wall_s": summary.wall_s,
+        });
+        let path = summary.run_dir.join("summary.json");
+        hacpo::error::write_atomic(&path, serde_json::to_string_pretty(&out).expect("json").as_bytes())?;
+        println!("summary: {}", path.display());
+    }
     Ok(())
+}
+
+fn accuracies<B: burn::tensor::backend::Backend>(trainer: &Trainer<B>) -> Result<Accuracies> {
+    (0..trainer.agents.len()).map(|k| Ok((trainer.agents[k].name.clone(), trainer.validate(k)?))).collect()
 }

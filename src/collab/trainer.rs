@@ -74,8 +74,10 @@ fn kwargs(table: &toml::Table) -> Map<String, Value> {
 /// Fails fast on an unknown agent id, before any model or dataset is loaded.
 pub fn check_agent_specs(cfg: &TrainConfig) -> Result<()> {
     for a in &cfg.agents {
-        if !Path::new(&a.model).exists() && zoo::find(&a.model).is_none() {
-            let known = zoo::entries().iter().map(|e| e.id.clone()).collect::<Vec<_>>().join(", ");
+        if !Path::new(&a.model).exists() && zoo::find(&a.model).is_none() && crate::tiny::find(&a.model).is_none() {
+            let mut known: Vec<String> = zoo::entries().iter().map(|e| e.id.clone()).collect();
+            known.extend(crate::tiny::ids().into_iter().map(String::from));
+            let known = known.join(", ");
             return Err(Error::UnknownModel { id: a.model.clone(), known });
         }
     }
@@ -199,6 +201,8 @@ impl<B: Backend> Trainer<B> {
         device: B::Device,
         checkpoint: Option<&Path>,
     ) -> Result<Agent<B>> {
+        let source = crate::tiny::resolve(spec, config)?;
+        let spec = source.as_str();
         let pretrained = match checkpoint {
             Some(c) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
             None => crate::model::load::<Autodiff<B>>(spec, &device)?,

@@ -154,7 +154,7 @@ impl Default for RolloutConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TaskConfig {
-    /// `math`.
+    /// `math` (benchmark files) or `arith` (generated word problems, `[task.arith]`).
     pub kind: String,
     /// Training problems: a benchmark name (`math_train`, `gsm8k`, …), optionally `name=path`.
     pub train: String,
@@ -165,6 +165,8 @@ pub struct TaskConfig {
     pub val_every: usize,
     pub val_limit: Option<usize>,
     pub val_max_new_tokens: usize,
+    /// The generator of the `arith` task.
+    pub arith: crate::data::arith::ArithConfig,
 }
 
 impl Default for TaskConfig {
@@ -177,6 +179,7 @@ impl Default for TaskConfig {
             val_every: 3,
             val_limit: None,
             val_max_new_tokens: 4096,
+            arith: Default::default(),
         }
     }
 }
@@ -213,7 +216,18 @@ pub struct TrainConfig {
     #[serde(default)]
     pub task: TaskConfig,
     #[serde(default)]
+    pub pretrain: PretrainConfig,
+    #[serde(default)]
     pub agents: Vec<AgentConfig>,
+}
+
+/// Overrides of the tiny agents' pre-training budgets (`models/tiny/*.toml`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PretrainConfig {
+    /// Pre-training steps; 0 keeps each tiny agent's own budget. Weights pre-trained with a
+    /// different budget are cached separately.
+    pub max_steps: usize,
 }
 
 impl TrainConfig {
@@ -296,8 +310,14 @@ impl TrainConfig {
                 "must be > 0: a group of greedy rollouts is one rollout repeated".into(),
             );
         }
-        if self.task.kind != "math" {
-            return bad("task.kind", format!("unknown task {:?}; available: math", self.task.kind));
+        if !crate::task::KINDS.contains(&self.task.kind.as_str()) {
+            return bad(
+                "task.kind",
+                format!("unknown task {:?}; available: {}", self.task.kind, crate::task::KINDS.join(", ")),
+            );
+        }
+        if self.task.kind == "arith" {
+            self.task.arith.validate()?;
         }
         crate::reward::GradeMode::parse(&self.task.grade_mode)?;
         for (i, ag) in self.agents.iter().enumerate() {

@@ -4,6 +4,7 @@
 //! turn every row into a [`MathProblem`] `{id, question, answer}` and name the file, line and
 //! field when a row does not have the expected shape.
 
+pub mod arith;
 pub mod math;
 
 pub use math::{Benchmark, MathProblem, load_benchmark};

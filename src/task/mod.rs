@@ -4,9 +4,12 @@
 //! plugs in; [`MathTask`] (math word problems graded by [`crate::reward`]) is the built-in one.
 //! (A module of its own rather than part of `data`: a task joins a dataset to a reward.)
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::config::TaskConfig;
+use crate::data::arith::{self, ArithProblem};
 use crate::data::{Benchmark, MathProblem, load_benchmark};
 use crate::error::Result;
 use crate::reward::{GradeConfig, GradeMode, Grader};
@@ -18,6 +21,17 @@ pub const MATH_PROMPT: &str = "Please reason step by step, and put your final an
 /// The user message for a math question.
 pub fn math_prompt_text(question: &str) -> String {
     format!("{}\n{MATH_PROMPT}", question.trim())
+}
+
+/// The task kinds `task.kind` accepts.
+pub const KINDS: &[&str] = &["math", "arith"];
+
+/// The task a config describes.
+pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
+    Ok(match cfg.kind.as_str() {
+        "arith" => Arc::new(ArithTask::from_config(cfg)?),
+        _ => Arc::new(MathTask::from_config(cfg)?),
+    })
 }
 
 /// One prompt: the chat messages every agent renders with its own template, and the gold
@@ -86,6 +100,59 @@ impl MathTask {
 impl Task for MathTask {
     fn name(&self) -> &str {
         "math"
+    }
+
+    fn train(&self) -> &[TaskPrompt] {
+        &self.train
+    }
+
+    fn validation(&self) -> &[TaskPrompt] {
+        &self.validation
+    }
+
+    fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64 {
+        if self.grader.grade(&prompt.gold, response) { 1.0 } else { 0.0 }
+    }
+}
+
+/// Generated arithmetic word problems (`crate::data::arith`) graded by the math grader. The
+/// prompt is the bare question: tiny models have no use for an instruction they cannot read.
+pub struct ArithTask {
+    train: Vec<TaskPrompt>,
+    validation: Vec<TaskPrompt>,
+    /// Worked solutions of the training problems, for supervised pre-training.
+    pub train_problems: Vec<ArithProblem>,
+    pub heldout_problems: Vec<ArithProblem>,
+    grader: Grader,
+}
+
+fn arith_prompts(problems: &[ArithProblem]) -> Vec<TaskPrompt> {
+    problems
+        .iter()
+        .map(|p| TaskPrompt { id: p.id.clone(), messages: vec![Message::user(p.question.clone())], gold: p.answer.clone() })
+        .collect()
+}
+
+impl ArithTask {
+    pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
+        let (train, heldout) = arith::generate(&cfg.arith)?;
+        let mut validation = arith_prompts(&heldout);
+        if let Some(limit) = cfg.val_limit {
+            validation.truncate(limit);
+        }
+        Ok(ArithTask {
+            train: arith_prompts(&train),
+            validation,
+            train_problems: train,
+            heldout_problems: heldout,
+            grader: Grader { config: GradeConfig { mode: GradeMode::parse(&cfg.grade_mode)?, ..Default::default() } },
+        })
+    }
+}
+
+impl Task for ArithTask {
+    fn name(&self) -> &str {
+        "arith"
     }
 
     fn train(&self) -> &[TaskPrompt] {

@@ -8,6 +8,7 @@
 
 mod chat;
 pub mod gguf_vocab;
+pub mod train;
 
 use std::path::Path;
 

@@ -5,4 +5,5 @@
 pub mod checkpoint;
 pub mod metrics;
 pub mod optim;
+pub mod sft;
 pub mod tensorboard;

@@ -1,0 +1,273 @@
+//! The embedded default's tiny agents: model specs in `models/tiny/`, tokenizers trained on
+//! the arithmetic task's text, supervised pre-training on worked solutions, and a cache.
+//!
+//! A tiny agent id (`tiny-qwen`, `tiny-llama`) names an architecture, a tokenizer recipe and a
+//! pre-training budget. Pre-trained weights live in
+//! `$HACPO_CACHE/tiny/<id>-<hash>/` (default `~/.cache/hacpo`), in Hugging Face layout; the
+//! hash covers the spec and the task generator's settings, so changing either pre-trains again
+//! instead of reusing weights trained for something else. The directory appears only complete
+//! (written beside, then renamed).
+
+use std::path::{Path, PathBuf};
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
+
+use crate::data::arith::{ArithConfig, ArithProblem};
+use crate::error::{Error, Result};
+use crate::generate::{GenerateRequest, SamplingParams, generate};
+use crate::model::weights::{RandomWeights, build};
+use crate::model::{CausalLm, ModelConfig, SaveDtype, save_pretrained};
+use crate::reward::Grader;
+use crate::tokenizer::train::{ChatFormat, TokenizerKind, train};
+use crate::tokenizer::{Message, Tokenizer};
+use crate::train::sft::{SftConfig, SftReport, fine_tune};
+
+const SPECS: &[(&str, &str)] = &[
+    ("tiny-qwen", include_str!("../../models/tiny/tiny-qwen.toml")),
+    ("tiny-llama", include_str!("../../models/tiny/tiny-llama.toml")),
+];
+
+/// Bump when pre-training changes in a way that makes cached weights stale.
+const RECIPE_VERSION: u32 = 1;
+
+/// Problems used to train the tokenizers (more adds nothing: the text is very regular).
+const TOKENIZER_TEXTS: usize = 4000;
+/// Held-out problems scored during pre-training.
+const EVAL_PROBLEMS: usize = 100;
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TinySpec {
+    pub id: String,
+    /// `qwen3` or `llama`.
+    pub family: String,
+    pub tokenizer: TokenizerKind,
+    /// BPE vocabulary size (the char tokenizer has 256 + its special tokens).
+    pub vocab_size: usize,
+    pub chat_format: ChatFormat,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub pretrain: SftConfig,
+}
+
+/// The spec of a tiny agent id, if it is one.
+pub fn find(id: &str) -> Option<TinySpec> {
+    SPECS.iter().find(|(k, _)| *k == id).map(|(_, text)| toml::from_str(text).expect("valid built-in tiny spec"))
+}
+
+/// [`find`] with the config's pre-training overrides applied.
+pub fn find_for(id: &str, overrides: &crate::config::PretrainConfig) -> Option<TinySpec> {
+    let mut spec = find(id)?;
+    if overrides.max_steps > 0 {
+        spec.pretrain.max_steps = overrides.max_steps;
+    }
+    Some(spec)
+}
+
+pub fn ids() -> Vec<&'static str> {
+    SPECS.iter().map(|(k, _)| *k).collect()
+}
+
+/// `$HACPO_CACHE`, else `~/.cache/hacpo`.
+pub fn cache_root() -> PathBuf {
+    if let Some(d) = std::env::var_os("HACPO_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache/hacpo")
+}
+
+/// Where `spec` pre-trained on `task` is cached.
+pub fn cache_dir(spec: &TinySpec, task: &ArithConfig) -> PathBuf {
+    let key = serde_json::to_string(&(RECIPE_VERSION, spec, task)).expect("json");
+    // FNV-1a: stable across builds and platforms (std's hasher is not).
+    let mut h: u64 = 0xcbf29ce484222325;
+    for b in key.bytes() {
+        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
+    }
+    cache_root().join("tiny").join(format!("{}-{h:016x}", spec.id))
+}
+
+/// Whether `dir` holds a complete pre-trained agent.
+pub fn is_cached(dir: &Path) -> bool {
+    dir.join("pretrain.json").exists()
+}
+
+/// The chat messages of a problem and its worked solution.
+fn messages(p: &ArithProblem) -> Vec<Message> {
+    vec![Message::user(p.question.clone())]
+}
+
+/// Greedy accuracy of `model` on `problems`.
+pub fn accuracy<B: Backend>(
+    model: &CausalLm<B>,
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    problems: &[ArithProblem],
+    max_new_tokens: usize,
+) -> Result<f64> {
+    let grader = Grader::default();
+    let ids: Vec<Vec<u32>> = problems.iter().map(|p| tokenizer.encode_chat(&messages(p), true)).collect::<Result<_>>()?;
+    let mut correct = 0usize;
+    for (chunk, probs) in ids.chunks(64).zip(problems.chunks(64)) {
+        let mut req = GenerateRequest::new(chunk, SamplingParams::greedy(max_new_tokens));
+        req.stop_token_ids = eos.to_vec();
+        let (out, _) = generate(model, &req)?;
+        for c in out {
+            let text = tokenizer.decode(&c.token_ids, true)?;
+            correct += grader.grade(&probs[c.prompt_index].answer, &text) as usize;
+        }
+    }
+    Ok(correct as f64 / problems.len().max(1) as f64)
+}
+
+/// Response tokens needed for the longest worked solution, with room to spare.
+pub fn max_solution_tokens(tokenizer: &Tokenizer, problems: &[ArithProblem]) -> Result<usize> {
+    let mut longest = 0;
+    for p in problems.iter().take(2000) {
+        longest = longest.max(tokenizer.encode(&p.solution, false)?.len());
+    }
+    Ok(longest + longest / 2 + 8)
+}
+
+/// Pre-trains `spec` on the task's worked solutions unless cached; returns the directory.
+pub fn ensure_pretrained<B: Backend>(
+    spec: &TinySpec,
+    task: &ArithConfig,
+    train: &[ArithProblem],
+    heldout: &[ArithProblem],
+    device: &B::Device,
+) -> Result<PathBuf> {
+    let dir = cache_dir(spec, task);
+    if is_cached(&dir) {
+        return Ok(dir);
+    }
+    eprintln!("pre-training {} (first run only; cached in {})", spec.id, dir.display());
+    let texts: Vec<String> =
+        train.iter().take(TOKENIZER_TEXTS).map(|p| format!("{}\n{}", p.question, p.solution)).collect();
+    let tokenizer = train_tokenizer(spec, &texts)?;
+    let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
+    let config = model_config(spec, tokenizer.vocab_size(), &eos)?;
+    let model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
+
+    let mut examples = Vec::with_capacity(train.len());
+    for p in train {
+        let prompt = tokenizer.encode_chat(&messages(p), true)?;
+        let mut response = tokenizer.encode(&p.solution, false)?;
+        response.push(eos[0]);
+        examples.push((prompt, response));
+    }
+    let eval = &heldout[..heldout.len().min(EVAL_PROBLEMS)];
+    let max_new = max_solution_tokens(&tokenizer, train)?;
+    let (model, report) = fine_tune::<B>(model, &examples, &spec.pretrain, &spec.id, |m| {
+        accuracy(m, &tokenizer, &eos, eval, max_new)
+    })?;
+    save(spec, &model, &tokenizer, &eos, &report, &dir)?;
+    eprintln!(
+        "pre-trained {} in {:.0} s: {} steps, held-out accuracy {:.1}%",
+        spec.id,
+        report.wall_s,
+        report.steps,
+        report.accuracy * 100.0
+    );
+    Ok(dir)
+}
+
+fn train_tokenizer(spec: &TinySpec, texts: &[String]) -> Result<Tokenizer> {
+    train(spec.tokenizer, spec.vocab_size, spec.chat_format, texts)
+}
+
+fn model_config(spec: &TinySpec, vocab: usize, eos: &[u32]) -> Result<ModelConfig> {
+    let v = serde_json::json!({
+        "model_type": spec.family, "vocab_size": vocab, "hidden_size": spec.hidden_size,
+        "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_hidden_layers,
+        "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
+        "head_dim": spec.head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "max_position_embeddings": 1024, "tie_word_embeddings": true, "eos_token_id": eos,
+    });
+    ModelConfig::from_json(&v, &spec.id)
+}
+
+/// Writes the agent beside `dir`, then renames it into place.
+fn save<B: Backend>(
+    spec: &TinySpec,
+    model: &CausalLm<Autodiff<B>>,
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    report: &SftReport,
+    dir: &Path,
+) -> Result<()> {
+    let parent = dir.parent().expect("cache dir has a parent");
+    std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
+    let tmp = parent.join(format!(".{}.tmp-{}", spec.id, std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    save_pretrained(model, tokenizer, eos, &tmp, SaveDtype::F32)?;
+    let record = serde_json::json!({"spec": spec, "report": report});
+    std::fs::write(tmp.join("pretrain.json"), serde_json::to_string_pretty(&record).expect("json"))
+        .map_err(|e| Error::io("write", &tmp, e))?;
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::rename(&tmp, dir).map_err(|e| Error::io("rename", &tmp, e))
+}
+
+/// Pre-trains every tiny agent of `cfg` that is not cached yet (on `device`).
+pub fn prepare_agents<B: Backend>(cfg: &crate::config::TrainConfig, device: &B::Device) -> Result<()> {
+    let tiny: Vec<TinySpec> = cfg.agents.iter().filter_map(|a| find_for(&a.model, &cfg.pretrain)).collect();
+    if tiny.is_empty() {
+        return Ok(());
+    }
+    if cfg.task.kind != "arith" {
+        return Err(Error::config(
+            "training config",
+            format!(
+                "the tiny agents ({}) are pre-trained on the arith task; set task.kind = \"arith\" or use other agents",
+                ids().join(", ")
+            ),
+        ));
+    }
+    if tiny.iter().all(|s| is_cached(&cache_dir(s, &cfg.task.arith))) {
+        return Ok(());
+    }
+    let (train, heldout) = crate::data::arith::generate(&cfg.task.arith)?;
+    for spec in &tiny {
+        ensure_pretrained::<B>(spec, &cfg.task.arith, &train, &heldout, device)?;
+    }
+    Ok(())
+}
+
+/// What the trainer loads for an agent spec: a tiny id's cached directory, else the spec.
+pub fn resolve(spec: &str, cfg: &crate::config::TrainConfig) -> Result<String> {
+    let Some(t) = find_for(spec, &cfg.pretrain) else { return Ok(spec.to_string()) };
+    let dir = cache_dir(&t, &cfg.task.arith);
+    if !is_cached(&dir) {
+        return Err(Error::NotFound {
+            what: format!("pre-trained {spec}"),
+            path: dir,
+            hint: "`hacpo train` pre-trains tiny agents before training; run it with this config.".into(),
+        });
+    }
+    Ok(dir.display().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_specs_parse_and_are_about_4x_apart() {
+        let q = find("tiny-qwen").unwrap();
+        let l = find("tiny-llama").unwrap();
+        let pq = model_config(&q, q.vocab_size, &[0]).unwrap().num_parameters() as f64;
+        let pl = model_config(&l, l.vocab_size, &[0]).unwrap().num_parameters() as f64;
+        assert!((3.0..6.0).contains(&(pq / pl)), "{pq} vs {pl}");
+        assert!(find("tiny-gpt").is_none());
+        let a = ArithConfig::default();
+        assert_ne!(cache_dir(&q, &a), cache_dir(&q, &ArithConfig { max_ops: 3, ..a.clone() }));
+        assert_eq!(cache_dir(&q, &a), cache_dir(&q, &a));
+    }
+}

@@ -1,0 +1,139 @@
+//! Supervised fine-tuning on (prompt, response) token pairs: the pre-training that gives the
+//! embedded tiny agents a starting policy RL can improve.
+//!
+//! Loss: mean negative log-likelihood of the response tokens (prompt tokens are context only).
+//! Evaluation runs every `eval_every` steps; training stops as soon as the evaluation reaches
+//! `target_accuracy`, so a policy is handed to RL with room left to improve.
+
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::tensor::ElementConversion;
+use burn::tensor::backend::Backend;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::generate::score::{response_hidden, token_logprobs_autodiff};
+use crate::model::CausalLm;
+use crate::train::optim::{AdamW, AdamWConfig, GradStore};
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SftConfig {
+    pub lr: f64,
+    /// Sequences per update.
+    pub batch: usize,
+    pub max_steps: usize,
+    pub eval_every: usize,
+    /// Stop once the evaluation reaches this accuracy.
+    pub target_accuracy: f64,
+    pub grad_clip: f64,
+    pub seed: u64,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        SftConfig {
+            lr: 3e-3,
+            batch: 32,
+            max_steps: 3000,
+            eval_every: 100,
+            target_accuracy: 0.25,
+            grad_clip: 1.0,
+            seed: 0,
+        }
+    }
+}
+
+/// What happened.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SftReport {
+    pub steps: usize,
+    pub final_loss: f64,
+    pub accuracy: f64,
+    /// (step, accuracy) at each evaluation.
+    pub evaluations: Vec<(usize, f64)>,
+    pub wall_s: f64,
+    pub reached_target: bool,
+}
+
+/// Trains `model` on `examples`; `evaluate` scores the current policy (accuracy in 0..=1).
+pub fn fine_tune<B: Backend>(
+    mut model: CausalLm<Autodiff<B>>,
+    examples: &[(Vec<u32>, Vec<u32>)],
+    cfg: &SftConfig,
+    label: &str,
+    mut evaluate: impl FnMut(&CausalLm<B>) -> Result<f64>,
+) -> Result<(CausalLm<Autodiff<B>>, SftReport)> {
+    if examples.is_empty() {
+        return Err(Error::InvalidArgument("no examples to fine-tune on".into()));
+    }
+    let started = Instant::now();
+    let mut optimizer = AdamW::<B>::new(AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() });
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let mut order: Vec<usize> = (0..examples.len()).collect();
+    order.shuffle(&mut rng);
+    let mut cursor = 0;
+    let bar = indicatif::ProgressBar::new(cfg.max_steps as u64).with_style(
+        indicatif::ProgressStyle::with_template("{prefix} {pos}/{len} {bar:25} [{elapsed} < {eta}] {msg}")
+            .expect("template"),
+    );
+    bar.set_prefix(format!("pre-training {label}"));
+    let mut report = SftReport {
+        steps: 0,
+        final_loss: f64::NAN,
+        accuracy: 0.0,
+        evaluations: vec![],
+        wall_s: 0.0,
+        reached_target: false,
+    };
+    for step in 1..=cfg.max_steps {
+        let mut batch = Vec::with_capacity(cfg.batch);
+        for _ in 0..cfg.batch {
+            if cursor == order.len() {
+                order.shuffle(&mut rng);
+                cursor = 0;
+            }
+            batch.push(examples[order[cursor]].clone());
+            cursor += 1;
+        }
+        let (hidden, targets, _) = response_hidden(&model, &batch)?;
+        let n = targets.len();
+        let logp = token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
+        let loss = logp.unsqueeze::<2>().sum_dim(1).reshape([1]).div_scalar(n as f64).neg();
+        let loss_value = loss.clone().into_scalar().elem::<f64>();
+        if !loss_value.is_finite() {
+            return Err(Error::NonFinite { agent: label.into(), step: step as u64, what: "pre-training loss", value: loss_value });
+        }
+        let grads = loss.backward();
+        let mut store = GradStore::<B>::default();
+        store.accumulate(&model, &grads);
+        store.clip_global_norm(cfg.grad_clip);
+        // Linear decay to 10%: a fixed budget with a stable end.
+        let lr = cfg.lr * (1.0 - 0.9 * (step - 1) as f64 / cfg.max_steps as f64);
+        model = optimizer.step(model, store, lr);
+        report.steps = step;
+        report.final_loss = loss_value;
+        bar.set_position(step as u64);
+        if step % cfg.eval_every.max(1) == 0 || step == cfg.max_steps {
+            let acc = evaluate(&model.valid())?;
+            report.evaluations.push((step, acc));
+            report.accuracy = acc;
+            bar.set_message(format!("loss {loss_value:.3} held-out accuracy {:.1}%", acc * 100.0));
+            tracing::info!(label, step, loss = loss_value, accuracy = acc, "pre-training evaluation");
+            if acc >= cfg.target_accuracy {
+                report.reached_target = true;
+                break;
+            }
+        } else if step % 10 == 0 {
+            bar.set_message(format!("loss {loss_value:.3}"));
+        }
+    }
+    bar.finish_and_clear();
+    report.wall_s = started.elapsed().as_secs_f64();
+    Ok((model, report))
+}

@@ -1,0 +1,90 @@
+//! `hacpo train` with no arguments, shortened: generated arithmetic problems, two tiny agents
+//! with tokenizers trained by the project (BPE and character level), pre-training cached in
+//! `HACPO_CACHE`, HACPO steps, before/after held-out accuracy in `summary.json`.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn train(cache: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        "train",
+        "--steps",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+        // Shortened: a short pre-training, a small held-out set, small steps.
+        "--set",
+        "pretrain.max_steps=30",
+        "--set",
+        "task.arith.train_size=2000",
+        "--set",
+        "task.arith.heldout_size=24",
+        "--set",
+        "algo.prompts_per_step=4",
+        "--set",
+        "algo.minibatch_prompts=2",
+        "--set",
+        "run.checkpoint_every=1",
+    ];
+    args.extend_from_slice(extra);
+    Command::new(common::hacpo_bin()).args(&args).env("HACPO_CACHE", cache).output().unwrap()
+}
+
+#[test]
+fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let out = train(&cache, &dir.path().join("run"), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("pre-training tiny-qwen") && stderr.contains("pre-training tiny-llama"), "{stderr}");
+
+    // Both agents pre-trained and cached in Hugging Face layout, with their own tokenizers.
+    let cached: Vec<_> = std::fs::read_dir(cache.join("tiny")).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(cached.len(), 2, "{cached:?}");
+    let mut vocabs = vec![];
+    for d in &cached {
+        for f in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "pretrain.json"] {
+            assert!(d.join(f).exists(), "{} lacks {f}", d.display());
+        }
+        let tok = hacpo::tokenizer::Tokenizer::from_dir(d).unwrap();
+        vocabs.push(tok.vocab_size());
+    }
+    vocabs.sort();
+    assert_eq!(vocabs[0], 260, "the character-level tokenizer: 256 bytes + 4 special tokens");
+    assert!(vocabs[1] > 300, "the BPE tokenizer has merges: {vocabs:?}");
+
+    // The run: metrics for both agents and both steps, a summary with before and after.
+    let run = dir.path().join("run");
+    let summary: Value = serde_json::from_str(&std::fs::read_to_string(run.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(summary["steps"], 2);
+    let agents = summary["agents"].as_object().unwrap();
+    assert_eq!(agents.len(), 2, "{summary}");
+    for (name, a) in agents {
+        for k in ["before", "after"] {
+            let v = a[k].as_f64().unwrap_or_else(|| panic!("{name}.{k} in {summary}"));
+            assert!((0.0..=1.0).contains(&v));
+        }
+    }
+    let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap();
+    let lines: Vec<Value> = metrics.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 4, "2 steps × 2 agents");
+    // Cross-agent samples went through retokenisation: HACPO reports their ratios.
+    assert!(lines.iter().all(|l| l["data"]["hacpo/cross_ratio_mean"].as_f64().is_some_and(f64::is_finite)));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("held-out accuracy") && stdout.contains("points"), "{stdout}");
+
+    // A second run reuses the cache.
+    let again = train(&cache, &dir.path().join("run2"), &[]);
+    let stderr = String::from_utf8_lossy(&again.stderr);
+    assert!(again.status.success(), "{stderr}");
+    assert!(!stderr.contains("pre-training tiny"), "{stderr}");
+
+    // Tiny agents need the task they were pre-trained on.
+    let wrong = train(&cache, &dir.path().join("run3"), &["--set", "task.kind=math"]);
+    assert_eq!(wrong.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&wrong.stderr).contains("arith"));
+}

@@ -118,11 +118,8 @@ fn announce<B: burn::tensor::backend::Backend>(t: &Trainer<B>) {
 const DEFAULT_CONFIG: &str = include_str!("../../configs/tiny-duo.toml");
 
 pub fn run(args: TrainArgs) -> Result<()> {
-    let requested = if args.resume.is_none() || args.given() || args.steps.is_some() {
-        Some(build_config(&args)?)
-    } else {
-        None
-    };
+    let requested =
+        if args.resume.is_none() || args.given() || args.steps.is_some() { Some(build_config(&args)?) } else { None };
     let cfg = match (&args.resume, &requested) {
         (Some(dir), None) => TrainConfig::load(&dir.join("config.toml"), &[]).map_err(|e| match e {
             Error::NotFound { path, .. } => Error::NotFound {
@@ -189,10 +186,7 @@ fn train_on<B: burn::tensor::backend::Backend>(
         for (name, a) in &acc {
             eprintln!("  {name}: held-out accuracy before training {:.1}%", a * 100.0);
         }
-        hacpo::error::write_atomic(
-            &before_path,
-            serde_json::to_string_pretty(&acc).expect("json").as_bytes(),
-        )?;
+        hacpo::error::write_atomic(&before_path, serde_json::to_string_pretty(&acc).expect("json").as_bytes())?;
         Some(acc)
     } else {
         std::fs::read_to_string(&before_path).ok().and_then(|t| serde_json::from_str(&t).ok())

@@ -182,7 +182,8 @@ mod tests {
 
     #[test]
     fn too_small_a_problem_space_is_a_clear_error() {
-        let cfg = ArithConfig { train_size: 5000, heldout_size: 200, max_ops: 1, max_operand: 2, max_multiplier: 0, seed: 0 };
+        let cfg =
+            ArithConfig { train_size: 5000, heldout_size: 200, max_ops: 1, max_operand: 2, max_multiplier: 0, seed: 0 };
         let e = generate(&cfg).unwrap_err().to_string();
         assert!(e.contains("held-out") && e.contains("max_operand"), "{e}");
     }

@@ -129,7 +129,11 @@ pub struct ArithTask {
 fn arith_prompts(problems: &[ArithProblem]) -> Vec<TaskPrompt> {
     problems
         .iter()
-        .map(|p| TaskPrompt { id: p.id.clone(), messages: vec![Message::user(p.question.clone())], gold: p.answer.clone() })
+        .map(|p| TaskPrompt {
+            id: p.id.clone(),
+            messages: vec![Message::user(p.question.clone())],
+            gold: p.answer.clone(),
+        })
         .collect()
 }
 

@@ -113,7 +113,8 @@ pub fn accuracy<B: Backend>(
     max_new_tokens: usize,
 ) -> Result<f64> {
     let grader = Grader::default();
-    let ids: Vec<Vec<u32>> = problems.iter().map(|p| tokenizer.encode_chat(&messages(p), true)).collect::<Result<_>>()?;
+    let ids: Vec<Vec<u32>> =
+        problems.iter().map(|p| tokenizer.encode_chat(&messages(p), true)).collect::<Result<_>>()?;
     let mut correct = 0usize;
     for (chunk, probs) in ids.chunks(64).zip(problems.chunks(64)) {
         let mut req = GenerateRequest::new(chunk, SamplingParams::greedy(max_new_tokens));
@@ -165,9 +166,8 @@ pub fn ensure_pretrained<B: Backend>(
     }
     let eval = &heldout[..heldout.len().min(EVAL_PROBLEMS)];
     let max_new = max_solution_tokens(&tokenizer, train)?;
-    let (model, report) = fine_tune::<B>(model, &examples, &spec.pretrain, &spec.id, |m| {
-        accuracy(m, &tokenizer, &eos, eval, max_new)
-    })?;
+    let (model, report) =
+        fine_tune::<B>(model, &examples, &spec.pretrain, &spec.id, |m| accuracy(m, &tokenizer, &eos, eval, max_new))?;
     save(spec, &model, &tokenizer, &eos, &report, &dir)?;
     eprintln!(
         "pre-trained {} in {:.0} s: {} steps, held-out accuracy {:.1}%",

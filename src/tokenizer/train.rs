@@ -9,8 +9,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::models::{ModelWrapper, TrainerWrapper};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::{
     AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper, TokenizerBuilder,
 };
@@ -90,8 +90,8 @@ pub fn train(kind: TokenizerKind, vocab_size: usize, format: ChatFormat, texts: 
     .with_model(BPE::default().into())
     .with_pre_tokenizer(Some(ByteLevel::new(false, true, true).into()))
     .with_decoder(Some(ByteLevel::default().into()))
-        .build()
-        .map_err(fail)?;
+    .build()
+    .map_err(fail)?;
     pipeline.train(&mut trainer, texts.iter()).map_err(fail)?;
     let inner: tokenizers::Tokenizer = pipeline.into();
     let mut special = Map::new();
@@ -106,7 +106,9 @@ mod tests {
     use crate::tokenizer::Message;
 
     fn corpus() -> Vec<String> {
-        (0..300).map(|i| format!("Ann has {i} apples. {i} + 12 = {}. The answer is \\boxed{{{}}}.", i + 12, i + 12)).collect()
+        (0..300)
+            .map(|i| format!("Ann has {i} apples. {i} + 12 = {}. The answer is \\boxed{{{}}}.", i + 12, i + 12))
+            .collect()
     }
 
     #[test]
@@ -129,6 +131,8 @@ mod tests {
         let ids = bpe.encode_chat(&msgs, true).unwrap();
         assert_eq!(ids.iter().filter(|&&i| Some(i) == bpe.token_to_id("<|im_start|>")).count(), 2);
         let llama = char_tok.apply_chat_template(&msgs, true, &Default::default()).unwrap();
-        assert!(llama.starts_with("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|>"));
+        assert!(
+            llama.starts_with("<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2 + 2?<|eot_id|>")
+        );
     }
 }

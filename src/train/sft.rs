@@ -107,7 +107,12 @@ pub fn fine_tune<B: Backend>(
         let loss = logp.unsqueeze::<2>().sum_dim(1).reshape([1]).div_scalar(n as f64).neg();
         let loss_value = loss.clone().into_scalar().elem::<f64>();
         if !loss_value.is_finite() {
-            return Err(Error::NonFinite { agent: label.into(), step: step as u64, what: "pre-training loss", value: loss_value });
+            return Err(Error::NonFinite {
+                agent: label.into(),
+                step: step as u64,
+                what: "pre-training loss",
+                value: loss_value,
+            });
         }
         let grads = loss.backward();
         let mut store = GradStore::<B>::default();

@@ -10,6 +10,7 @@ use hacpo::{Error, Result};
 
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
+    hacpo train                                  # the embedded default: configs/tiny-duo.toml on the CPU\n  \
     hacpo train --config configs/hacpo-math.toml\n  \
     hacpo train --agents qwen3-1.7b-base,qwen3-4b-base --algo hacpo --task math --out runs/size-pair\n  \
     hacpo train --config configs/hacpo-math.toml --set algo.hacpo.alpha=3 --set algo.hacpo.delta_step=0.01\n  \
@@ -17,7 +18,8 @@ use hacpo::{Error, Result};
     Algorithms: hacpo, gspo, grpo, gspo2x, naive. Ablations: --set algo.hacpo.capability_baseline=false\n\
     (also discrepancy_coef, exp_is, stepwise).")]
 pub struct TrainArgs {
-    /// A TOML config (see configs/).
+    /// A TOML config (see configs/); without --config and --agents, the embedded default
+    /// (configs/tiny-duo.toml).
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// Agents (zoo ids or paths), comma-separated; replaces the config's [[agents]].

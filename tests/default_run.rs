@@ -77,6 +77,19 @@ fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("held-out accuracy") && stdout.contains("points"), "{stdout}");
 
+    // `hacpo report` reads the run back: the table, results and per-step curves.
+    let report = Command::new(common::hacpo_bin()).args(["report", run.to_str().unwrap()]).output().unwrap();
+    assert!(report.status.success(), "{}", String::from_utf8_lossy(&report.stderr));
+    let table = String::from_utf8_lossy(&report.stdout);
+    for name in agents.keys() {
+        assert!(table.contains(name.as_str()), "{table}");
+    }
+    let curves = std::fs::read_to_string(run.join("curves.csv")).unwrap();
+    assert_eq!(curves.lines().count(), 1 + 4, "{curves}");
+    let results = std::fs::read_to_string(run.join("results.csv")).unwrap();
+    // 2 steps × 4 prompts × G=8 own rollouts per agent.
+    assert!(results.lines().skip(1).all(|l| l.ends_with(",64")), "{results}");
+
     // A second run reuses the cache.
     let again = train(&cache, &dir.path().join("run2"), &[]);
     let stderr = String::from_utf8_lossy(&again.stderr);

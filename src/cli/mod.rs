@@ -8,6 +8,7 @@ mod eval;
 mod generate;
 mod grade;
 mod models;
+mod report;
 mod rl;
 mod score;
 mod train;
@@ -57,6 +58,8 @@ pub enum Command {
     Eval(eval::EvalArgs),
     /// Train agents with HACPO (or a baseline) on a verifiable task.
     Train(train::TrainArgs),
+    /// Summarise a training run: held-out accuracy before/after, rollouts, per-step curves.
+    Report(report::ReportArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -70,6 +73,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Grade(a) => grade::run(a),
         Command::Eval(a) => eval::run(a),
         Command::Train(a) => train::run(a),
+        Command::Report(a) => report::run(a),
     }
 }
 

@@ -8,27 +8,21 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// Shortened: a short pre-training, a small held-out set, small steps.
+const SHORT: &[(&str, &str)] = &[
+    ("--set", "pretrain.max_steps=30"),
+    ("--set", "task.arith.train_size=2000"),
+    ("--set", "task.arith.heldout_size=24"),
+    ("--set", "algo.prompts_per_step=4"),
+    ("--set", "algo.minibatch_prompts=2"),
+    ("--set", "run.checkpoint_every=1"),
+];
+
 fn train(cache: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Output {
-    let mut args = vec![
-        "train",
-        "--steps",
-        "2",
-        "--out",
-        out.to_str().unwrap(),
-        // Shortened: a short pre-training, a small held-out set, small steps.
-        "--set",
-        "pretrain.max_steps=30",
-        "--set",
-        "task.arith.train_size=2000",
-        "--set",
-        "task.arith.heldout_size=24",
-        "--set",
-        "algo.prompts_per_step=4",
-        "--set",
-        "algo.minibatch_prompts=2",
-        "--set",
-        "run.checkpoint_every=1",
-    ];
+    let mut args = vec!["train", "--steps", "2", "--out", out.to_str().unwrap()];
+    for (k, v) in SHORT {
+        args.extend([*k, *v]);
+    }
     args.extend_from_slice(extra);
     Command::new(common::hacpo_bin()).args(&args).env("HACPO_CACHE", cache).output().unwrap()
 }
@@ -95,6 +89,43 @@ fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
     let stderr = String::from_utf8_lossy(&again.stderr);
     assert!(again.status.success(), "{stderr}");
     assert!(!stderr.contains("pre-training tiny"), "{stderr}");
+
+    // `hacpo study`: a matrix of variants × seeds, then one table; re-running skips finished runs.
+    let study_dir = dir.path().join("study");
+    let study = |extra: &[&str]| {
+        let mut args = vec![
+            "study",
+            "--algos",
+            "hacpo,gspo",
+            "--ablate",
+            "exp_is",
+            "--seeds",
+            "1",
+            "--steps",
+            "1",
+            "--out",
+            study_dir.to_str().unwrap(),
+        ];
+        for (k, v) in SHORT {
+            args.extend([*k, *v]);
+        }
+        args.extend_from_slice(extra);
+        Command::new(common::hacpo_bin()).args(&args).env("HACPO_CACHE", &cache).output().unwrap()
+    };
+    let first = study(&[]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let table = std::fs::read_to_string(study_dir.join("results.md")).unwrap();
+    for variant in ["| hacpo |", "| gspo |", "| hacpo-no-exp_is |"] {
+        assert!(table.contains(variant), "{table}");
+    }
+    let csv = std::fs::read_to_string(study_dir.join("results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3 * 2, "3 variants × 2 agents: {csv}");
+    let again = study(&[]);
+    assert!(again.status.success());
+    assert_eq!(String::from_utf8_lossy(&again.stderr).matches("done, skipping").count(), 3);
+    let bad = study(&["--ablate", "no_such_mechanism"]);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("stepwise"));
 
     // Tiny agents need the task they were pre-trained on.
     let wrong = train(&cache, &dir.path().join("run3"), &["--set", "task.kind=math"]);

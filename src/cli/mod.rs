@@ -11,6 +11,7 @@ mod models;
 mod report;
 mod rl;
 mod score;
+mod study;
 mod train;
 
 use clap::{Parser, Subcommand};
@@ -60,6 +61,8 @@ pub enum Command {
     Train(train::TrainArgs),
     /// Summarise a training run: held-out accuracy before/after, rollouts, per-step curves.
     Report(report::ReportArgs),
+    /// Compare algorithms (and HACPO ablations) over seeds: runs the matrix, then one table.
+    Study(study::StudyArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -74,6 +77,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Eval(a) => eval::run(a),
         Command::Train(a) => train::run(a),
         Command::Report(a) => report::run(a),
+        Command::Study(a) => study::run(a),
     }
 }
 

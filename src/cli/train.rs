@@ -117,7 +117,7 @@ fn announce<B: burn::tensor::backend::Backend>(t: &Trainer<B>) {
 }
 
 /// `hacpo train` with no arguments: two tiny heterogeneous agents on generated arithmetic.
-const DEFAULT_CONFIG: &str = include_str!("../../configs/tiny-duo.toml");
+pub(crate) const DEFAULT_CONFIG: &str = include_str!("../../configs/tiny-duo.toml");
 
 pub fn run(args: TrainArgs) -> Result<()> {
     let requested =
@@ -134,6 +134,16 @@ pub fn run(args: TrainArgs) -> Result<()> {
         (_, Some(c)) => c.clone(),
         (None, None) => unreachable!("a config is built unless resuming"),
     };
+    run_config(cfg, requested, args.resume.as_deref())
+}
+
+/// Trains `cfg` (a new run, or `resume` continuing a run whose config `requested` must match),
+/// on the devices its agents name.
+pub(crate) fn run_config(
+    cfg: TrainConfig,
+    requested: Option<TrainConfig>,
+    resume: Option<&std::path::Path>,
+) -> Result<()> {
     cfg.validate()?;
     let specs: Vec<DeviceSpec> = cfg.agents.iter().map(|a| DeviceSpec::parse(&a.device)).collect::<Result<_>>()?;
     hacpo::collab::trainer::check_agent_specs(&cfg)?;
@@ -143,7 +153,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                 return Err(Error::InvalidArgument("all agents must use the same kind of device (cpu or cuda)".into()));
             }
             let devices = vec![Default::default(); cfg.agents.len()];
-            train_on::<hacpo::backend::Cpu>(&args, cfg, requested, devices)
+            train_on::<hacpo::backend::Cpu>(resume, cfg, requested, devices)
         }
         #[cfg(feature = "cuda")]
         DeviceSpec::Cuda(_) => {
@@ -156,7 +166,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
                     }
                 })
                 .collect::<Result<Vec<_>>>()?;
-            train_on::<hacpo::backend::Cuda>(&args, cfg, requested, devices)
+            train_on::<hacpo::backend::Cuda>(resume, cfg, requested, devices)
         }
         #[cfg(not(feature = "cuda"))]
         DeviceSpec::Cuda(_) => unreachable!("DeviceSpec::parse rejects cuda without the feature"),
@@ -167,7 +177,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
 type Accuracies = std::collections::BTreeMap<String, f64>;
 
 fn train_on<B: burn::tensor::backend::Backend>(
-    args: &TrainArgs,
+    resume: Option<&std::path::Path>,
     cfg: TrainConfig,
     requested: Option<TrainConfig>,
     devices: Vec<B::Device>,
@@ -176,7 +186,7 @@ fn train_on<B: burn::tensor::backend::Backend>(
     hacpo::tiny::prepare_agents::<B>(&cfg, &devices[0])?;
     let task = hacpo::task::from_config(&cfg.task)?;
     let validating = !task.validation().is_empty();
-    let mut trainer = match &args.resume {
+    let mut trainer = match resume {
         Some(dir) => Trainer::<B>::resume(dir, requested, task, devices)?,
         None => Trainer::<B>::start(cfg, task, devices)?,
     };

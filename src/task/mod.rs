@@ -29,7 +29,7 @@ pub const KINDS: &[&str] = &["math", "arith"];
 /// The task a config describes.
 pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
     Ok(match cfg.kind.as_str() {
-        "arith" => Arc::new(ArithTask::from_config(cfg)?),
+        "arith" => Arc::new(MathTask::arith(cfg)?),
         _ => Arc::new(MathTask::from_config(cfg)?),
     })
 }
@@ -55,7 +55,10 @@ pub trait Task: Send + Sync {
 }
 
 /// Math problems graded by the answer grader: reward 1 for a correct final answer, else 0.
+/// Benchmark files (`math`) and generated arithmetic (`arith`) differ only in where the
+/// prompts come from.
 pub struct MathTask {
+    name: &'static str,
     train: Vec<TaskPrompt>,
     validation: Vec<TaskPrompt>,
     grader: Grader,
@@ -88,18 +91,34 @@ impl MathTask {
                 ..Default::default()
             },
         };
-        Ok(MathTask { train: to_prompts(train), validation: to_prompts(validation), grader })
+        Ok(MathTask { name: "math", train: to_prompts(train), validation: to_prompts(validation), grader })
+    }
+
+    /// Generated arithmetic word problems (`crate::data::arith`). The prompt is the bare
+    /// question: tiny models have no use for an instruction they cannot read.
+    pub fn arith(cfg: &TaskConfig) -> Result<Self> {
+        let (train, heldout) = arith::generate(&cfg.arith)?;
+        let mut validation = arith_prompts(&heldout);
+        if let Some(limit) = cfg.val_limit {
+            validation.truncate(limit);
+        }
+        Ok(MathTask {
+            name: "arith",
+            train: arith_prompts(&train),
+            validation,
+            grader: Grader { config: GradeConfig { mode: GradeMode::parse(&cfg.grade_mode)?, ..Default::default() } },
+        })
     }
 
     /// A task over given problems (tests, synthetic data).
     pub fn new(train: Vec<MathProblem>, validation: Vec<MathProblem>, grader: Grader) -> Self {
-        MathTask { train: to_prompts(train), validation: to_prompts(validation), grader }
+        MathTask { name: "math", train: to_prompts(train), validation: to_prompts(validation), grader }
     }
 }
 
 impl Task for MathTask {
     fn name(&self) -> &str {
-        "math"
+        self.name
     }
 
     fn train(&self) -> &[TaskPrompt] {
@@ -113,17 +132,6 @@ impl Task for MathTask {
     fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64 {
         if self.grader.grade(&prompt.gold, response) { 1.0 } else { 0.0 }
     }
-}
-
-/// Generated arithmetic word problems (`crate::data::arith`) graded by the math grader. The
-/// prompt is the bare question: tiny models have no use for an instruction they cannot read.
-pub struct ArithTask {
-    train: Vec<TaskPrompt>,
-    validation: Vec<TaskPrompt>,
-    /// Worked solutions of the training problems, for supervised pre-training.
-    pub train_problems: Vec<ArithProblem>,
-    pub heldout_problems: Vec<ArithProblem>,
-    grader: Grader,
 }
 
 fn arith_prompts(problems: &[ArithProblem]) -> Vec<TaskPrompt> {
@@ -135,39 +143,4 @@ fn arith_prompts(problems: &[ArithProblem]) -> Vec<TaskPrompt> {
             gold: p.answer.clone(),
         })
         .collect()
-}
-
-impl ArithTask {
-    pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
-        let (train, heldout) = arith::generate(&cfg.arith)?;
-        let mut validation = arith_prompts(&heldout);
-        if let Some(limit) = cfg.val_limit {
-            validation.truncate(limit);
-        }
-        Ok(ArithTask {
-            train: arith_prompts(&train),
-            validation,
-            train_problems: train,
-            heldout_problems: heldout,
-            grader: Grader { config: GradeConfig { mode: GradeMode::parse(&cfg.grade_mode)?, ..Default::default() } },
-        })
-    }
-}
-
-impl Task for ArithTask {
-    fn name(&self) -> &str {
-        "arith"
-    }
-
-    fn train(&self) -> &[TaskPrompt] {
-        &self.train
-    }
-
-    fn validation(&self) -> &[TaskPrompt] {
-        &self.validation
-    }
-
-    fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64 {
-        if self.grader.grade(&prompt.gold, response) { 1.0 } else { 0.0 }
-    }
 }

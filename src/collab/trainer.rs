@@ -24,7 +24,7 @@ use super::rollout::{Rollout, RolloutSettings, RolloutTimings, mix_seed, rollout
 use super::update::{UpdateContext, update_learner};
 use crate::config::{Algo, TrainConfig};
 use crate::error::{Error, Result, write_atomic};
-use crate::generate::{GenerateRequest, SamplingParams, generate};
+use crate::generate::SamplingParams;
 use crate::model::zoo;
 use crate::rl::CapabilityTracker;
 use crate::task::{Task, TaskPrompt};
@@ -432,20 +432,19 @@ impl<B: Backend> Trainer<B> {
         let agent = &self.agents[k];
         let prompts = self.task.validation();
         let model = agent.inference_model();
-        let mut correct = 0.0;
-        for chunk in prompts.chunks(self.config.rollout.batch_prompts.max(1)) {
-            let ids: Vec<Vec<u32>> = chunk
-                .iter()
-                .map(|p| agent.encode_prompt(&p.messages, self.config.rollout.max_prompt_tokens))
-                .collect::<Result<_>>()?;
-            let mut req = GenerateRequest::new(&ids, SamplingParams::greedy(self.config.task.val_max_new_tokens));
-            req.stop_token_ids = agent.eos_token_ids.clone();
-            let (out, _) = generate(&model, &req)?;
-            for c in out {
-                let text = agent.tokenizer.decode(&c.token_ids, true)?;
-                correct += self.task.reward(&chunk[c.prompt_index], &text);
-            }
-        }
+        let ids: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| agent.encode_prompt(&p.messages, self.config.rollout.max_prompt_tokens))
+            .collect::<Result<_>>()?;
+        let texts = crate::generate::greedy_responses(
+            &model,
+            &agent.tokenizer,
+            &agent.eos_token_ids,
+            &ids,
+            self.config.task.val_max_new_tokens,
+            self.config.rollout.batch_prompts,
+        )?;
+        let correct: f64 = prompts.iter().zip(&texts).map(|(p, t)| self.task.reward(p, t)).sum();
         Ok(correct / prompts.len().max(1) as f64)
     }
 

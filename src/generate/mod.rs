@@ -103,6 +103,28 @@ struct Sequence {
     stop_string: Option<String>,
 }
 
+/// Greedy responses to `prompts`, decoded without special tokens, in prompt order; `batch`
+/// prompts at a time. What validation and held-out evaluation score.
+pub fn greedy_responses<B: Backend>(
+    model: &CausalLm<B>,
+    tokenizer: &Tokenizer,
+    stop_token_ids: &[u32],
+    prompts: &[Vec<u32>],
+    max_new_tokens: usize,
+    batch: usize,
+) -> Result<Vec<String>> {
+    let mut texts = vec![String::new(); prompts.len()];
+    for (c, chunk) in prompts.chunks(batch.max(1)).enumerate() {
+        let mut req = GenerateRequest::new(chunk, SamplingParams::greedy(max_new_tokens));
+        req.stop_token_ids = stop_token_ids.to_vec();
+        let (out, _) = generate(model, &req)?;
+        for done in out {
+            texts[c * batch.max(1) + done.prompt_index] = tokenizer.decode(&done.token_ids, true)?;
+        }
+    }
+    Ok(texts)
+}
+
 /// Generates `num_samples` completions for each prompt; results are ordered by prompt, then
 /// sample.
 pub fn generate<B: Backend>(

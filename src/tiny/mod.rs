@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::arith::{ArithConfig, ArithProblem};
 use crate::error::{Error, Result};
-use crate::generate::{GenerateRequest, SamplingParams, generate};
+use crate::generate::greedy_responses;
 use crate::model::weights::{RandomWeights, build};
 use crate::model::{CausalLm, ModelConfig, SaveDtype, save_pretrained};
 use crate::reward::Grader;
@@ -115,16 +115,8 @@ pub fn accuracy<B: Backend>(
     let grader = Grader::default();
     let ids: Vec<Vec<u32>> =
         problems.iter().map(|p| tokenizer.encode_chat(&messages(p), true)).collect::<Result<_>>()?;
-    let mut correct = 0usize;
-    for (chunk, probs) in ids.chunks(64).zip(problems.chunks(64)) {
-        let mut req = GenerateRequest::new(chunk, SamplingParams::greedy(max_new_tokens));
-        req.stop_token_ids = eos.to_vec();
-        let (out, _) = generate(model, &req)?;
-        for c in out {
-            let text = tokenizer.decode(&c.token_ids, true)?;
-            correct += grader.grade(&probs[c.prompt_index].answer, &text) as usize;
-        }
-    }
+    let texts = greedy_responses(model, tokenizer, eos, &ids, max_new_tokens, 64)?;
+    let correct = problems.iter().zip(&texts).filter(|(p, t)| grader.grade(&p.answer, t)).count();
     Ok(correct as f64 / problems.len().max(1) as f64)
 }
 

@@ -41,18 +41,12 @@ const EVAL_PROBLEMS: usize = 100;
 #[serde(deny_unknown_fields)]
 pub struct TinySpec {
     pub id: String,
-    /// `qwen3` or `llama`.
-    pub family: String,
     pub tokenizer: TokenizerKind,
     /// BPE vocabulary size (the char tokenizer has 256 + its special tokens).
     pub vocab_size: usize,
     pub chat_format: ChatFormat,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: usize,
-    pub head_dim: usize,
+    /// The model's `config.json` without `vocab_size` and `eos_token_id` (the tokenizer's).
+    pub config: serde_json::Map<String, serde_json::Value>,
     pub pretrain: SftConfig,
 }
 
@@ -176,14 +170,10 @@ fn train_tokenizer(spec: &TinySpec, texts: &[String]) -> Result<Tokenizer> {
 }
 
 fn model_config(spec: &TinySpec, vocab: usize, eos: &[u32]) -> Result<ModelConfig> {
-    let v = serde_json::json!({
-        "model_type": spec.family, "vocab_size": vocab, "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.intermediate_size, "num_hidden_layers": spec.num_hidden_layers,
-        "num_attention_heads": spec.num_attention_heads, "num_key_value_heads": spec.num_key_value_heads,
-        "head_dim": spec.head_dim, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
-        "max_position_embeddings": 1024, "tie_word_embeddings": true, "eos_token_id": eos,
-    });
-    ModelConfig::from_json(&v, &spec.id)
+    let mut v = spec.config.clone();
+    v.insert("vocab_size".into(), vocab.into());
+    v.insert("eos_token_id".into(), eos.into());
+    ModelConfig::from_json(&serde_json::Value::Object(v), &spec.id)
 }
 
 /// Writes the agent beside `dir`, then renames it into place.

@@ -17,6 +17,7 @@ pub mod eval;
 pub mod generate;
 pub mod math;
 pub mod model;
+pub mod plot;
 pub mod report;
 pub mod reward;
 pub mod rl;

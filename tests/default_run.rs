@@ -27,6 +27,11 @@ fn train(cache: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Outp
     Command::new(common::hacpo_bin()).args(&args).env("HACPO_CACHE", cache).output().unwrap()
 }
 
+fn assert_png(path: &std::path::Path) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 10_000, "{}", path.display());
+}
+
 #[test]
 fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
     let dir = tempfile::tempdir().unwrap();
@@ -83,6 +88,10 @@ fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
     let results = std::fs::read_to_string(run.join("results.csv")).unwrap();
     // 2 steps × 4 prompts × G=8 own rollouts per agent.
     assert!(results.lines().skip(1).all(|l| l.ends_with(",64")), "{results}");
+    // And the figures, as PNG files.
+    for f in ["reward.png", "heldout.png", "accuracy.png", "capability.png"] {
+        assert_png(&run.join(f));
+    }
 
     // A second run reuses the cache.
     let again = train(&cache, &dir.path().join("run2"), &[]);
@@ -120,6 +129,9 @@ fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
     }
     let csv = std::fs::read_to_string(study_dir.join("results.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 3 * 2, "3 variants × 2 agents: {csv}");
+    for f in ["reward.png", "heldout.png", "accuracy.png", "capability.png"] {
+        assert_png(&study_dir.join(f));
+    }
     let again = study(&[]);
     assert!(again.status.success());
     assert_eq!(String::from_utf8_lossy(&again.stderr).matches("done, skipping").count(), 3);

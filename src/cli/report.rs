@@ -1,4 +1,4 @@
-//! `hacpo report RUN_DIR`: the held-out accuracy table and the per-step curves of a run.
+//! `hacpo report RUN_DIR`: the held-out accuracy table, the per-step curves and the figures of a run.
 
 use std::path::PathBuf;
 
@@ -7,7 +7,7 @@ use hacpo::Result;
 
 #[derive(Args, Debug)]
 #[command(
-    after_help = "Example:\n  hacpo report runs/tiny-duo      # prints the table; writes report.md, results.csv, curves.csv"
+    after_help = "Example:\n  hacpo report runs/tiny-duo      # prints the table; writes report.md, results.csv, curves.csv and PNG figures\n  (reward.png, heldout.png, accuracy.png, capability.png)"
 )]
 pub struct ReportArgs {
     /// A run directory written by `hacpo train`.

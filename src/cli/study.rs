@@ -120,18 +120,31 @@ pub fn run(args: StudyArgs) -> Result<()> {
 
     // Aggregate.
     let mut rows: Vec<(String, u64, AgentResult)> = Vec::new();
+    let mut reports: Vec<Vec<report::RunReport>> = variants.iter().map(|_| Vec::new()).collect();
     for (name, seed, dir, _) in &plan {
-        for a in report::read(dir)?.agents {
-            rows.push((name.clone(), *seed, a));
+        let run = report::read(dir)?;
+        for a in &run.agents {
+            rows.push((name.clone(), *seed, a.clone()));
         }
+        let i = variants.iter().position(|v| &v.name == name).expect("planned variant");
+        reports[i].push(run);
     }
     let table = markdown(&variants, &rows, args.seeds);
     let csv = results_csv(&rows);
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io("create", &args.out, e))?;
     hacpo::error::write_atomic(&args.out.join("results.csv"), csv.as_bytes())?;
     hacpo::error::write_atomic(&args.out.join("results.md"), table.as_bytes())?;
+    let figure_variants: Vec<report::figures::Variant> = variants
+        .iter()
+        .zip(&reports)
+        .map(|(v, runs)| report::figures::Variant { name: v.name.clone(), runs })
+        .collect();
+    let figures = report::figures::write(&args.out, &figure_variants)?;
     print!("{table}");
-    eprintln!("wrote {} and {}", args.out.join("results.csv").display(), args.out.join("results.md").display());
+    eprintln!("wrote {}, {}", args.out.join("results.csv").display(), args.out.join("results.md").display());
+    for f in figures {
+        eprintln!("wrote {}", f.display());
+    }
     Ok(())
 }
 

@@ -1,8 +1,12 @@
 //! What a finished run says: held-out accuracy before and after per agent, rollouts consumed,
 //! and the per-step curves (sampled reward, validation accuracy, capability, ω) as CSV.
 //!
+//! Figures (PNG): see [`figures`].
+//!
 //! Reads only the run directory (`config.toml`, `metrics.jsonl`, `summary.json`), so it works
 //! for runs made by another machine or an older build.
+
+pub mod figures;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -115,7 +119,7 @@ impl RunReport {
         let mut s = format!(
             "Run `{}`: {} for {} steps\n\n| agent | held-out before | after | change | sampled reward (last 10%) | rollouts |\n|---|---|---|---|---|---|\n",
             self.dir.display(),
-            format!("{:?}", self.algo).to_lowercase(),
+            self.algo_name(),
             self.steps
         );
         for a in &self.agents {
@@ -154,7 +158,7 @@ impl RunReport {
             s += &format!(
                 "{},{},{},{},{},{},{}\n",
                 a.agent,
-                format!("{:?}", self.algo).to_lowercase(),
+                self.algo_name(),
                 self.steps,
                 opt(a.before),
                 opt(a.after),
@@ -165,7 +169,7 @@ impl RunReport {
         s
     }
 
-    /// Writes `report.md`, `results.csv` and `curves.csv` into the run directory.
+    /// Writes `report.md`, `results.csv`, `curves.csv` and the figures into the run directory.
     pub fn write(&self) -> Result<Vec<PathBuf>> {
         let files =
             [("report.md", self.markdown()), ("results.csv", self.results_csv()), ("curves.csv", self.curves_csv())];
@@ -175,6 +179,13 @@ impl RunReport {
             write_atomic(&p, text.as_bytes())?;
             out.push(p);
         }
+        let variant = figures::Variant { name: self.algo_name(), runs: std::slice::from_ref(self) };
+        out.extend(figures::write(&self.dir, &[variant])?);
         Ok(out)
+    }
+
+    /// The algorithm as configs spell it (`hacpo`, `gspo2x`, …).
+    pub fn algo_name(&self) -> String {
+        format!("{:?}", self.algo).to_lowercase()
     }
 }

@@ -135,6 +135,11 @@ fn the_embedded_default_pretrains_once_then_trains_and_reports_accuracy() {
     let again = study(&[]);
     assert!(again.status.success());
     assert_eq!(String::from_utf8_lossy(&again.stderr).matches("done, skipping").count(), 3);
+    // A study directory made with other settings is not silently reused.
+    let other = study(&["--set", "algo.optimizer.lr=1e-3"]);
+    assert_eq!(other.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&other.stderr);
+    assert!(stderr.contains("algo.optimizer.lr") && stderr.contains("--out"), "{stderr}");
     let bad = study(&["--ablate", "no_such_mechanism"]);
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("stepwise"));

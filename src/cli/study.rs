@@ -102,6 +102,7 @@ pub fn run(args: StudyArgs) -> Result<()> {
             let dir = args.out.join(&v.name).join(format!("seed-{seed}"));
             let cfg = config_for(&args, v, seed, &dir)?;
             cfg.validate()?;
+            check_existing(&dir, &cfg)?;
             plan.push((v.name.clone(), seed, dir, cfg));
         }
     }
@@ -146,6 +147,28 @@ pub fn run(args: StudyArgs) -> Result<()> {
         eprintln!("wrote {}", f.display());
     }
     Ok(())
+}
+
+/// A run already in the study directory must have been made with the settings planned for it:
+/// otherwise skipping (or resuming) it would mix another experiment into the table.
+fn check_existing(dir: &Path, cfg: &TrainConfig) -> Result<()> {
+    let saved_path = dir.join("config.toml");
+    if !saved_path.exists() {
+        return Ok(());
+    }
+    let saved = TrainConfig::load(&saved_path, &[])?;
+    let mut diff = saved.differences(cfg);
+    if dir.join("summary.json").exists() && saved.run.steps != cfg.run.steps {
+        diff.push(format!("run.steps: {} → {}", saved.run.steps, cfg.run.steps));
+    }
+    if diff.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{} was trained with other settings ({}); give the study another --out, or delete that run to redo it",
+        dir.display(),
+        diff.join(", ")
+    )))
 }
 
 fn results_csv(rows: &[(String, u64, AgentResult)]) -> String {

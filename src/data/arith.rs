@@ -6,6 +6,8 @@
 //! `\boxed{answer}`, so the project's grader scores it like any math benchmark. Difficulty is
 //! the number of operations and the size of the operands. The train and held-out splits come
 //! from different seeds, and held-out questions that also occur in train are dropped.
+//! [`worked_solution`] can also write a solution with a [`Habit`]'s slips, for pre-training
+//! corpora that mix right and wrong solutions.
 
 use std::collections::HashSet;
 
@@ -35,7 +37,7 @@ pub struct ArithConfig {
 
 impl Default for ArithConfig {
     fn default() -> Self {
-        ArithConfig { train_size: 20_000, heldout_size: 200, max_ops: 2, max_operand: 20, max_multiplier: 3, seed: 0 }
+        ArithConfig { train_size: 20_000, heldout_size: 200, max_ops: 2, max_operand: 10, max_multiplier: 3, seed: 0 }
     }
 }
 
@@ -63,6 +65,57 @@ pub struct ArithProblem {
     /// The worked solution, ending in `\boxed{answer}`.
     pub solution: String,
     pub answer: String,
+    /// The starting quantity and the operations, so the solution can be rewritten (see [`Habit`]).
+    pub start: u64,
+    pub ops: Vec<Op>,
+}
+
+/// One operation of a problem.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Op {
+    Gain(u64),
+    Loss(u64),
+    Times(u64),
+}
+
+/// A habitual mistake in a worked solution: the kind of slip a corpus of human-written
+/// solutions is full of. A tiny agent's pre-training corpus writes a fraction of its solutions
+/// with its family's habit (see `models/tiny/`), so the pre-trained policy knows the right
+/// method but does not reliably choose it: the gap between pass@k and pass@1 that RL with a
+/// verifiable reward closes, and that an agent without the habit can demonstrate to one with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Habit {
+    /// "gives away n" is added instead of subtracted.
+    LossAsGain,
+    /// "doubles"/"triples" adds 2/3 instead of multiplying.
+    TimesAsPlus,
+}
+
+impl Habit {
+    fn applies_to(self, op: Op) -> bool {
+        matches!((self, op), (Habit::LossAsGain, Op::Loss(_)) | (Habit::TimesAsPlus, Op::Times(_)))
+    }
+}
+
+/// The worked solution of `start` followed by `ops` (with `habit`'s slip at every operation it
+/// applies to) and the answer it arrives at.
+pub fn worked_solution(start: u64, ops: &[Op], habit: Option<Habit>) -> (String, u64) {
+    let mut value = start;
+    let mut steps = Vec::with_capacity(ops.len());
+    for &op in ops {
+        let slip = habit.is_some_and(|h| h.applies_to(op));
+        let (sign, n, next) = match op {
+            Op::Gain(n) => ('+', n, value + n),
+            Op::Loss(n) if slip => ('+', n, value + n),
+            Op::Loss(n) => ('-', n, value - n),
+            Op::Times(n) if slip => ('+', n, value + n),
+            Op::Times(n) => ('*', n, value * n),
+        };
+        steps.push(format!("{value} {sign} {n} = {next}."));
+        value = next;
+    }
+    (format!("{} The answer is \\boxed{{{value}}}.", steps.join(" ")), value)
 }
 
 const NAMES: &[&str] = &["Ann", "Ben", "Cara", "Dan", "Eva", "Finn", "Gia", "Hugo", "Ivy", "Jack", "Kim", "Leo"];
@@ -73,43 +126,36 @@ const ITEMS: &[&str] =
 fn problem(rng: &mut ChaCha8Rng, cfg: &ArithConfig, id: String) -> ArithProblem {
     let name = NAMES[rng.random_range(0..NAMES.len())];
     let item = ITEMS[rng.random_range(0..ITEMS.len())];
-    let mut value: u64 = rng.random_range(1..=cfg.max_operand as u64);
-    let ops = rng.random_range(1..=cfg.max_ops);
-    let mut sentences = vec![format!("{name} has {value} {item}.")];
-    let mut steps = Vec::new();
-    for _ in 0..ops {
+    let start: u64 = rng.random_range(1..=cfg.max_operand as u64);
+    let n_ops = rng.random_range(1..=cfg.max_ops);
+    let mut sentences = vec![format!("{name} has {start} {item}.")];
+    let mut ops = Vec::with_capacity(n_ops);
+    let mut value = start;
+    for _ in 0..n_ops {
         let kind = rng.random_range(0..if cfg.max_multiplier >= 2 { 3 } else { 2 });
-        let (sentence, step, next) = match kind {
+        let op = match kind {
             // A loss only when there is something to lose.
-            1 if value >= 2 => {
-                let n = rng.random_range(1..=value.min(cfg.max_operand as u64));
-                (format!("{name} gives away {n}."), format!("{value} - {n} = {}.", value - n), value - n)
-            }
-            2 => {
-                let n = rng.random_range(2..=cfg.max_multiplier as u64);
-                let word = match n {
-                    2 => "doubles".to_string(),
-                    3 => "triples".to_string(),
-                    _ => format!("multiplies by {n}"),
-                };
-                (format!("{name} {word} the {item}."), format!("{value} * {n} = {}.", value * n), value * n)
-            }
-            _ => {
-                let n = rng.random_range(1..=cfg.max_operand as u64);
-                (format!("{name} gets {n} more."), format!("{value} + {n} = {}.", value + n), value + n)
-            }
+            1 if value >= 2 => Op::Loss(rng.random_range(1..=value.min(cfg.max_operand as u64))),
+            2 => Op::Times(rng.random_range(2..=cfg.max_multiplier as u64)),
+            _ => Op::Gain(rng.random_range(1..=cfg.max_operand as u64)),
         };
-        sentences.push(sentence);
-        steps.push(step);
-        value = next;
+        sentences.push(match op {
+            Op::Gain(n) => format!("{name} gets {n} more."),
+            Op::Loss(n) => format!("{name} gives away {n}."),
+            Op::Times(2) => format!("{name} doubles the {item}."),
+            Op::Times(3) => format!("{name} triples the {item}."),
+            Op::Times(n) => format!("{name} multiplies the {item} by {n}."),
+        });
+        value = match op {
+            Op::Gain(n) => value + n,
+            Op::Loss(n) => value - n,
+            Op::Times(n) => value * n,
+        };
+        ops.push(op);
     }
     sentences.push(format!("How many {item} does {name} have?"));
-    ArithProblem {
-        id,
-        question: sentences.join(" "),
-        solution: format!("{} The answer is \\boxed{{{value}}}.", steps.join(" ")),
-        answer: value.to_string(),
-    }
+    let (solution, answer) = worked_solution(start, &ops, None);
+    ArithProblem { id, question: sentences.join(" "), solution, answer: answer.to_string(), start, ops }
 }
 
 /// The train and held-out splits.
@@ -178,6 +224,24 @@ mod tests {
         }
         // The same seed gives the same problems.
         assert_eq!(generate(&cfg).unwrap().0[17], train[17]);
+    }
+
+    #[test]
+    fn a_habit_slips_on_its_own_operations_and_carries_the_slip_forward() {
+        let ops = [Op::Loss(3), Op::Times(2), Op::Gain(4)];
+        assert_eq!(
+            worked_solution(10, &ops, None).0,
+            "10 - 3 = 7. 7 * 2 = 14. 14 + 4 = 18. The answer is \\boxed{18}."
+        );
+        let (s, v) = worked_solution(10, &ops, Some(Habit::LossAsGain));
+        assert_eq!((s.as_str(), v), ("10 + 3 = 13. 13 * 2 = 26. 26 + 4 = 30. The answer is \\boxed{30}.", 30));
+        let (s, v) = worked_solution(10, &ops, Some(Habit::TimesAsPlus));
+        assert_eq!((s.as_str(), v), ("10 - 3 = 7. 7 + 2 = 9. 9 + 4 = 13. The answer is \\boxed{13}.", 13));
+        // Problems keep their operations, and the habit-free solution is the problem's.
+        let (train, _) = generate(&ArithConfig { train_size: 50, heldout_size: 5, ..Default::default() }).unwrap();
+        for p in &train {
+            assert_eq!(worked_solution(p.start, &p.ops, None), (p.solution.clone(), p.answer.parse().unwrap()));
+        }
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The embedded default's tiny agents: model specs in `models/tiny/`, tokenizers trained on
 //! the arithmetic task's text, supervised pre-training on worked solutions, and a cache.
 //!
-//! A tiny agent id (`tiny-qwen`, `tiny-llama`) names an architecture, a tokenizer recipe and a
-//! pre-training budget. Pre-trained weights live in
+//! A tiny agent id (`tiny-qwen`, `tiny-llama`) names an architecture, a tokenizer recipe, a
+//! pre-training budget and a pre-training corpus (the task's worked solutions with the family's
+//! habitual mistake mixed in, [`CorpusConfig`]). Pre-trained weights live in
 //! `$HACPO_CACHE/tiny/<id>-<hash>/` (default `~/.cache/hacpo`), in Hugging Face layout; the
 //! hash covers the spec and the task generator's settings, so changing either pre-trains again
 //! instead of reusing weights trained for something else. The directory appears only complete
@@ -12,9 +13,11 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::data::arith::{ArithConfig, ArithProblem};
+use crate::data::arith::{ArithConfig, ArithProblem, Habit, worked_solution};
 use crate::error::{Error, Result};
 use crate::generate::greedy_responses;
 use crate::model::weights::{RandomWeights, build};
@@ -30,7 +33,7 @@ const SPECS: &[(&str, &str)] = &[
 ];
 
 /// Bump when pre-training changes in a way that makes cached weights stale.
-const RECIPE_VERSION: u32 = 1;
+const RECIPE_VERSION: u32 = 2;
 
 /// Problems used to train the tokenizers (more adds nothing: the text is very regular).
 const TOKENIZER_TEXTS: usize = 4000;
@@ -48,6 +51,35 @@ pub struct TinySpec {
     /// The model's `config.json` without `vocab_size` and `eos_token_id` (the tokenizer's).
     pub config: serde_json::Map<String, serde_json::Value>,
     pub pretrain: SftConfig,
+    #[serde(default)]
+    pub corpus: CorpusConfig,
+}
+
+/// What the pre-training corpus looks like.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CorpusConfig {
+    /// The family's habitual mistake, written into `habit_rate` of the worked solutions whose
+    /// problem has an operation it applies to.
+    pub habit: Option<Habit>,
+    pub habit_rate: f64,
+}
+
+impl CorpusConfig {
+    /// The worked solutions pre-training imitates: the task's, with the habit's slips mixed in
+    /// (deterministically: the same problems slip on every machine).
+    pub fn solutions(&self, problems: &[ArithProblem], seed: u64) -> Vec<String> {
+        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5eed_c0de);
+        problems
+            .iter()
+            .map(|p| match self.habit {
+                Some(h) if rng.random_bool(self.habit_rate.clamp(0.0, 1.0)) => {
+                    worked_solution(p.start, &p.ops, Some(h)).0
+                }
+                _ => p.solution.clone(),
+            })
+            .collect()
+    }
 }
 
 /// The spec of a tiny agent id, if it is one.
@@ -136,17 +168,18 @@ pub fn ensure_pretrained<B: Backend>(
         return Ok(dir);
     }
     eprintln!("pre-training {} (first run only; cached in {})", spec.id, dir.display());
+    let solutions = spec.corpus.solutions(train, spec.pretrain.seed);
     let texts: Vec<String> =
-        train.iter().take(TOKENIZER_TEXTS).map(|p| format!("{}\n{}", p.question, p.solution)).collect();
+        train.iter().zip(&solutions).take(TOKENIZER_TEXTS).map(|(p, s)| format!("{}\n{s}", p.question)).collect();
     let tokenizer = train_tokenizer(spec, &texts)?;
     let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
     let config = model_config(spec, tokenizer.vocab_size(), &eos)?;
     let model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
 
     let mut examples = Vec::with_capacity(train.len());
-    for p in train {
+    for (p, solution) in train.iter().zip(&solutions) {
         let prompt = tokenizer.encode_chat(&messages(p), true)?;
-        let mut response = tokenizer.encode(&p.solution, false)?;
+        let mut response = tokenizer.encode(solution, false)?;
         response.push(eos[0]);
         examples.push((prompt, response));
     }
@@ -251,5 +284,32 @@ mod tests {
         let a = ArithConfig::default();
         assert_ne!(cache_dir(&q, &a), cache_dir(&q, &ArithConfig { max_ops: 3, ..a.clone() }));
         assert_eq!(cache_dir(&q, &a), cache_dir(&q, &a));
+        // Different families, different habits: each can show the other what it gets wrong.
+        assert!(q.corpus.habit.is_some() && l.corpus.habit.is_some() && q.corpus.habit != l.corpus.habit);
+    }
+
+    #[test]
+    fn the_corpus_mixes_in_the_habit_at_its_rate_and_only_where_it_applies() {
+        let cfg = ArithConfig { train_size: 4000, heldout_size: 10, ..Default::default() };
+        let (train, _) = crate::data::arith::generate(&cfg).unwrap();
+        let corpus = CorpusConfig { habit: Some(Habit::LossAsGain), habit_rate: 0.7 };
+        let solutions = corpus.solutions(&train, 3);
+        assert_eq!(solutions, corpus.solutions(&train, 3), "deterministic");
+        let has_loss = |p: &ArithProblem| p.ops.iter().any(|o| matches!(o, crate::data::arith::Op::Loss(_)));
+        let (mut applicable, mut slipped) = (0, 0);
+        for (p, s) in train.iter().zip(&solutions) {
+            if has_loss(p) {
+                applicable += 1;
+                slipped += (s != &p.solution) as usize;
+            } else {
+                assert_eq!(s, &p.solution, "no loss, nothing to slip on");
+            }
+        }
+        let rate = slipped as f64 / applicable as f64;
+        assert!((0.66..0.74).contains(&rate), "{rate} of {applicable}");
+        assert_eq!(
+            CorpusConfig::default().solutions(&train, 3),
+            train.iter().map(|p| p.solution.clone()).collect::<Vec<_>>()
+        );
     }
 }

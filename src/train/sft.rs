@@ -2,8 +2,8 @@
 //! embedded tiny agents a starting policy RL can improve.
 //!
 //! Loss: mean negative log-likelihood of the response tokens (prompt tokens are context only).
-//! Evaluation runs every `eval_every` steps; training stops as soon as the evaluation reaches
-//! `target_accuracy`, so a policy is handed to RL with room left to improve.
+//! The learning rate decays linearly to 10% over `max_steps`; evaluation runs every
+//! `eval_every` steps, and training stops early if it reaches `target_accuracy` (when set).
 
 use std::time::Instant;
 
@@ -29,8 +29,8 @@ pub struct SftConfig {
     pub batch: usize,
     pub max_steps: usize,
     pub eval_every: usize,
-    /// Stop once the evaluation reaches this accuracy.
-    pub target_accuracy: f64,
+    /// Stop once the evaluation reaches this accuracy (none: train the whole budget).
+    pub target_accuracy: Option<f64>,
     pub grad_clip: f64,
     pub seed: u64,
 }
@@ -42,7 +42,7 @@ impl Default for SftConfig {
             batch: 32,
             max_steps: 3000,
             eval_every: 100,
-            target_accuracy: 0.25,
+            target_accuracy: None,
             grad_clip: 1.0,
             seed: 0,
         }
@@ -130,7 +130,7 @@ pub fn fine_tune<B: Backend>(
             report.accuracy = acc;
             bar.set_message(format!("loss {loss_value:.3} held-out accuracy {:.1}%", acc * 100.0));
             tracing::info!(label, step, loss = loss_value, accuracy = acc, "pre-training evaluation");
-            if acc >= cfg.target_accuracy {
+            if cfg.target_accuracy.is_some_and(|t| acc >= t) {
                 report.reached_target = true;
                 break;
             }

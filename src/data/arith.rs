@@ -99,18 +99,22 @@ impl Habit {
 }
 
 /// The worked solution of `start` followed by `ops` (with `habit`'s slip at every operation it
-/// applies to) and the answer it arrives at.
-pub fn worked_solution(start: u64, ops: &[Op], habit: Option<Habit>) -> (String, u64) {
-    let mut value = start;
+/// applies to) and the answer it arrives at. Signed: after a slip a later loss can exceed what
+/// is left, and the solution then goes below zero as its author would write it.
+pub fn worked_solution(start: u64, ops: &[Op], habit: Option<Habit>) -> (String, i64) {
+    let mut value = start as i64;
     let mut steps = Vec::with_capacity(ops.len());
     for &op in ops {
         let slip = habit.is_some_and(|h| h.applies_to(op));
-        let (sign, n, next) = match op {
-            Op::Gain(n) => ('+', n, value + n),
-            Op::Loss(n) if slip => ('+', n, value + n),
-            Op::Loss(n) => ('-', n, value - n),
-            Op::Times(n) if slip => ('+', n, value + n),
-            Op::Times(n) => ('*', n, value * n),
+        let (sign, n) = match op {
+            Op::Gain(n) => ('+', n as i64),
+            Op::Loss(n) => (if slip { '+' } else { '-' }, n as i64),
+            Op::Times(n) => (if slip { '+' } else { '*' }, n as i64),
+        };
+        let next = match sign {
+            '+' => value + n,
+            '-' => value - n,
+            _ => value * n,
         };
         steps.push(format!("{value} {sign} {n} = {next}."));
         value = next;
@@ -237,6 +241,9 @@ mod tests {
         assert_eq!((s.as_str(), v), ("10 + 3 = 13. 13 * 2 = 26. 26 + 4 = 30. The answer is \\boxed{30}.", 30));
         let (s, v) = worked_solution(10, &ops, Some(Habit::TimesAsPlus));
         assert_eq!((s.as_str(), v), ("10 - 3 = 7. 7 + 2 = 9. 9 + 4 = 13. The answer is \\boxed{13}.", 13));
+        // A slip can leave less than a later loss takes: the solution goes negative, never wraps.
+        let (s, v) = worked_solution(2, &[Op::Times(3), Op::Loss(6)], Some(Habit::TimesAsPlus));
+        assert_eq!((s.as_str(), v), ("2 + 3 = 5. 5 - 6 = -1. The answer is \\boxed{-1}.", -1));
         // Problems keep their operations, and the habit-free solution is the problem's.
         let (train, _) = generate(&ArithConfig { train_size: 50, heldout_size: 5, ..Default::default() }).unwrap();
         for p in &train {

@@ -68,14 +68,19 @@ pub struct Panel {
     pub y_range: Option<(f64, f64)>,
 }
 
-fn fitted(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+/// Smallest and largest finite value.
+fn extent(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
     let (lo, hi) =
         values.filter(|v| v.is_finite()).fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| (a.min(v), b.max(v)));
-    if !lo.is_finite() {
-        return None;
-    }
-    let pad = ((hi - lo) * 0.08).max(1e-3);
-    Some((lo - pad, hi + pad))
+    lo.is_finite().then_some((lo, hi))
+}
+
+/// The extent with a margin, so lines do not run along the frame.
+fn fitted(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
+    extent(values).map(|(lo, hi)| {
+        let pad = ((hi - lo) * 0.08).max(1e-3);
+        (lo - pad, hi + pad)
+    })
 }
 
 /// Draws `panels` stacked vertically under `title` into the PNG `path`.
@@ -86,13 +91,8 @@ pub fn line_panels(path: &Path, title: &str, panels: &[Panel]) -> Result<()> {
     root.fill(&WHITE).map_err(|e| draw_err(path, e))?;
     let root = root.titled(title, ("sans-serif", 26)).map_err(|e| draw_err(path, e))?;
     for (area, panel) in root.split_evenly((panels.len().max(1), 1)).iter().zip(panels) {
-        let xs = || panel.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
-        let (x0, x1) = match fitted(xs()) {
-            Some(_) => {
-                let lo = xs().fold(f64::INFINITY, f64::min);
-                let hi = xs().fold(f64::NEG_INFINITY, f64::max);
-                (lo, if hi > lo { hi } else { lo + 1.0 })
-            }
+        let (x0, x1) = match extent(panel.series.iter().flat_map(|s| s.points.iter().map(|p| p.0))) {
+            Some((lo, hi)) => (lo, if hi > lo { hi } else { lo + 1.0 }),
             None => (0.0, 1.0),
         };
         let (y0, y1) = panel

@@ -187,14 +187,6 @@ fn results_csv(rows: &[(String, u64, AgentResult)]) -> String {
     s
 }
 
-/// Mean and sample standard deviation.
-fn mean_std(xs: &[f64]) -> (f64, f64) {
-    let n = xs.len() as f64;
-    let mean = xs.iter().sum::<f64>() / n;
-    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
-    (mean, var.sqrt())
-}
-
 fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u64) -> String {
     let mut agents: Vec<String> = Vec::new();
     for (_, _, a) in rows {
@@ -222,12 +214,11 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
             let after: Vec<f64> = mine.iter().filter_map(|r| r.after).collect();
             let before: Vec<f64> = mine.iter().filter_map(|r| r.before).collect();
             rollouts = mine.first().map(|r| r.rollouts).unwrap_or(0);
-            if after.is_empty() {
+            let Some((m, sd)) = report::mean_std(&after) else {
                 s += " – |";
                 continue;
-            }
-            let (m, sd) = mean_std(&after);
-            let b = if before.is_empty() { String::new() } else { format!(" ({:.1})", mean_std(&before).0 * 100.0) };
+            };
+            let b = report::mean_std(&before).map(|(b, _)| format!(" ({:.1})", b * 100.0)).unwrap_or_default();
             s += &format!(" {:.1} ± {:.1}{b} |", m * 100.0, sd * 100.0);
         }
         s += &format!(" {rollouts} |\n");

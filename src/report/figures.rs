@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use super::RunReport;
+use super::{RunReport, mean_std};
 use crate::error::Result;
 use crate::plot::{self, BarGroup, Panel, Series};
 
@@ -50,16 +50,6 @@ fn mean_curve(runs: &[RunReport], agent: &str, metric: &str) -> Vec<(f64, f64)> 
         }
     }
     by_step.into_iter().map(|(s, (sum, n))| (s as f64, sum / n as f64)).collect()
-}
-
-fn mean_std(xs: &[f64]) -> Option<(f64, f64)> {
-    if xs.is_empty() {
-        return None;
-    }
-    let n = xs.len() as f64;
-    let m = xs.iter().sum::<f64>() / n;
-    let var = if xs.len() > 1 { xs.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
-    Some((m, var.sqrt()))
 }
 
 fn seeds_note(variants: &[Variant]) -> String {

@@ -109,6 +109,17 @@ pub fn read(dir: &Path) -> Result<RunReport> {
     Ok(RunReport { dir: dir.to_path_buf(), algo: cfg.algo.name, steps, agents, rows })
 }
 
+/// Mean and sample standard deviation (0 for one value); none for no values.
+pub fn mean_std(xs: &[f64]) -> Option<(f64, f64)> {
+    if xs.is_empty() {
+        return None;
+    }
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 { xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0) } else { 0.0 };
+    Some((mean, var.sqrt()))
+}
+
 fn pct(x: Option<f64>) -> String {
     x.map(|v| format!("{:.1}%", v * 100.0)).unwrap_or_else(|| "–".into())
 }

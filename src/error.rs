@@ -100,6 +100,10 @@ pub enum Error {
     )]
     NonFinite { agent: String, step: u64, what: &'static str, value: f64 },
 
+    /// Another thread of the same phase failed; its own error is the one to report.
+    #[error("{peer} failed: {message}")]
+    PeerFailed { peer: String, message: String },
+
     /// Anything else: a bug or an unexpected condition.
     #[error("internal error: {0}")]
     Internal(String),
@@ -109,7 +113,7 @@ impl Error {
     /// Exit code for the CLI: 2 for errors the user can fix, 1 for internal failures.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Io { .. } | Error::Internal(_) | Error::NonFinite { .. } => 1,
+            Error::Io { .. } | Error::Internal(_) | Error::NonFinite { .. } | Error::PeerFailed { .. } => 1,
             _ => 2,
         }
     }
@@ -123,6 +127,16 @@ impl Error {
 
     pub fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
         Error::InvalidConfig { file: file.into(), message: message.into() }
+    }
+}
+
+/// Of two errors from threads of one phase, the one to report: a thread's own error rather than
+/// another's "a peer failed" echo of it, so a user error in any thread keeps its exit code 2.
+pub fn root_cause(current: Option<Error>, next: Error) -> Error {
+    match current {
+        Some(e) if !matches!(e, Error::PeerFailed { .. }) => e,
+        Some(e) if matches!(next, Error::PeerFailed { .. }) => e,
+        _ => next,
     }
 }
 
@@ -144,4 +158,21 @@ pub(crate) fn temp_path_for(path: &Path) -> PathBuf {
     let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     name.push(format!(".tmp{}", std::process::id()));
     path.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_threads_own_error_wins_over_the_echoes_of_it() {
+        let echo = || Error::PeerFailed { peer: "tiny-llama".into(), message: "prompt too long".into() };
+        let own = || Error::PromptTooLong { prompt_tokens: 9000, context: 4096 };
+        // Agent 0 saw the echo first, agent 1's own error comes second: the own error is reported.
+        let e = root_cause(Some(echo()), own());
+        assert!(matches!(e, Error::PromptTooLong { .. }) && e.exit_code() == 2, "{e}");
+        let e = root_cause(Some(own()), echo());
+        assert!(matches!(e, Error::PromptTooLong { .. }));
+        assert_eq!(root_cause(None, echo()).exit_code(), 1);
+    }
 }

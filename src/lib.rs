@@ -1,15 +1,15 @@
 //! hacpo: heterogeneous LLMs improving each other with reinforcement learning on verifiable
 //! rewards (HACPO), and multi-agent LLM systems trained with RL.
 //!
-//! Module map (see `ARCHITECTURE.md` in the shared docs): [`model`] holds the transformer
-//! families and their checkpoints, [`tokenizer`] tokenizers and chat templates, [`generate`]
-//! the sampling engine and log-prob scoring. Higher layers (RL, collaboration, evaluation)
-//! build on these.
+//! Module map (`docs/architecture.md`): [`model`] holds the transformer families and their
+//! checkpoints, [`tokenizer`] tokenizers and chat templates, [`generate`] the sampling engine
+//! and log-prob scoring; [`rl`] the algorithms (registry), [`workload`] what produces samples,
+//! [`trainer`] the staged step over [`policy`] and [`sample`], [`run_dir`] a run's files,
+//! [`session`] and [`study`] the training entry points.
 
 pub mod alloc;
 pub mod backend;
 pub mod bench;
-pub mod collab;
 pub mod config;
 pub mod data;
 pub mod error;
@@ -18,12 +18,20 @@ pub mod generate;
 pub mod math;
 pub mod model;
 pub mod plot;
+pub mod policy;
 pub mod report;
+pub mod resolve;
 pub mod reward;
 pub mod rl;
+pub mod run_dir;
+pub mod sample;
+pub mod session;
+pub mod study;
 pub mod task;
 pub mod tiny;
 pub mod tokenizer;
 pub mod train;
+pub mod trainer;
+pub mod workload;
 
 pub use error::{Error, Result};

@@ -339,7 +339,9 @@ fn mask_of(rows: &[Vec<f64>], len: usize) -> Tensor<Ad, 2> {
 fn tensor_grpo_gspo_and_kl_gradients_match_the_scalar_core() {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(21);
     for trial in 0..30 {
-        let mode = if trial % 2 == 0 { LossAggregation::TokenMean } else { LossAggregation::SeqMeanTokenMean };
+        let mode =
+            [LossAggregation::TokenMean, LossAggregation::SeqMeanTokenMean, LossAggregation::SeqMeanTokenSumNorm]
+                [trial % 3];
         let lengths = |rows: &[Vec<f64>]| rows.iter().map(Vec::len).collect::<Vec<_>>();
 
         // GRPO per-token surrogate (ε 0.2 / 0.28).
@@ -352,7 +354,8 @@ fn tensor_grpo_gspo_and_kl_gradients_match_the_scalar_core() {
         let mut want = vec![0.0; new.len() * len];
         for (i, (n_row, o_row)) in new.iter().zip(&old).enumerate() {
             for (j, (a, b)) in n_row.iter().zip(o_row).enumerate() {
-                let w = mode.token_weight(n_row.len(), &lens);
+                // The padded width is the constant length of `seq-mean-token-sum-norm`.
+                let w = mode.token_weight_norm(n_row.len(), &lens, len);
                 let o = objective::clipped_surrogate(a - b, adv[i], 0.2, 0.28);
                 want_value += w * o.value;
                 want[i * len + j] = w * o.grad;
@@ -399,7 +402,7 @@ fn tensor_grpo_gspo_and_kl_gradients_match_the_scalar_core() {
         let mut want_value = 0.0;
         for (i, (n_row, r_row)) in new.iter().zip(&reference).enumerate() {
             for (j, (a, b)) in n_row.iter().zip(r_row).enumerate() {
-                let w = mode.token_weight(n_row.len(), &lens);
+                let w = mode.token_weight_norm(n_row.len(), &lens, len);
                 let k = objective::kl_k3(*a, *b);
                 want_value += w * k.value;
                 want[i * len + j] = w * k.grad;
@@ -409,4 +412,114 @@ fn tensor_grpo_gspo_and_kl_gradients_match_the_scalar_core() {
         let got = host2(x.grad(&kl.backward()).unwrap());
         grads_agree(&got, &want, &format!("trial {trial}: KL"));
     }
+}
+
+/// Flat per-token values → padded rows on the device, with the gradient back to the flat
+/// values (and none to the padding).
+#[test]
+fn pad_tokens_lays_out_sequences_and_routes_gradients() {
+    let flat: Tensor<Ad, 1> =
+        Tensor::from_data(TensorData::new(vec![1f32, 2., 3., 4., 5., 6.], [6]), &Default::default()).require_grad();
+    let (padded, mask) = rlt::pad_tokens(flat.clone(), &[2, 3, 1]);
+    assert_eq!(host2(padded.clone().inner()), vec![1., 2., 0., 3., 4., 5., 6., 0., 0.]);
+    assert_eq!(host2(mask.clone().inner()), vec![1., 1., 0., 1., 1., 1., 1., 0., 0.]);
+    // d/dx Σ rows·weights: each flat value gets its own row's weight exactly once.
+    let w = ad_matrix(&[vec![1.0; 3], vec![2.0; 3], vec![3.0; 3]], 3);
+    let g = flat.grad(&rlt::ordered_sum(padded * w).backward()).unwrap();
+    assert_eq!(host(g), vec![1., 1., 2., 2., 2., 3.]);
+    // Per-sequence means as device ops.
+    let (padded, mask) = rlt::pad_tokens(flat, &[2, 3, 1]);
+    assert_eq!(host(rlt::sequence_mean(padded, mask).inner()), vec![1.5, 4.0, 6.0]);
+}
+
+/// Gradient accumulation: the micro-batches' scoped aggregates add up to the mini-batch's.
+#[test]
+fn scoped_aggregation_over_micro_batches_adds_up_to_the_minibatch_aggregate() {
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for mode in [LossAggregation::TokenMean, LossAggregation::SeqMeanTokenMean, LossAggregation::SeqMeanTokenSumNorm] {
+        let (rows, _, _, len) = token_batch(&mut rng, 0.1);
+        let whole = host(rlt::aggregate(ad_matrix(&rows, len), mask_of(&rows, len), mode).inner())[0];
+        let scope =
+            rlt::AggregationScope { sequences: rows.len(), tokens: rows.iter().map(Vec::len).sum(), norm_length: len };
+        let split = rows.len() / 2;
+        let parts: f64 = [&rows[..split], &rows[split..]]
+            .iter()
+            .map(|part| host(rlt::aggregate_scoped(ad_matrix(part, len), mask_of(part, len), mode, scope).inner())[0])
+            .sum();
+        close(parts, whole, 1e-5 * whole.abs().max(1.0), &format!("{mode:?}"));
+    }
+}
+
+fn settings() -> hacpo::rl::AlgoSettings {
+    hacpo::config::AlgoConfig::default().settings()
+}
+
+/// The registry knows every algorithm, lists them for an unknown name, and GSPO×2's doubling
+/// happens in its entry.
+#[test]
+fn registry_lists_algorithms_and_reshapes_batches() {
+    use hacpo::rl::{BatchShape, registry};
+    assert_eq!(registry::names(), vec!["hacpo", "gspo", "grpo", "gspo2x", "naive", "drgrpo"]);
+    let e = registry::build::<Ad>("ppo", &settings()).err().unwrap().to_string();
+    assert!(e.contains("unknown algorithm") && e.contains("hacpo, gspo, grpo, gspo2x, naive, drgrpo"), "{e}");
+    let shape = BatchShape { policies: 2, group_size: 8, minibatch_prompts: 4, norm_length: 96 };
+    let doubled = registry::batch_shape("gspo2x", &settings(), shape).unwrap();
+    assert_eq!((doubled.group_size, doubled.minibatch_prompts), (16, 2));
+    assert_eq!(registry::batch_shape("hacpo", &settings(), shape).unwrap(), shape);
+    let odd = BatchShape { minibatch_prompts: 3, ..shape };
+    assert!(registry::batch_shape("gspo2x", &settings(), odd).unwrap_err().to_string().contains("even"));
+    for name in registry::names() {
+        let a = registry::build::<Ad>(name, &settings()).unwrap();
+        assert_eq!(a.name(), name);
+    }
+}
+
+/// Dr. GRPO, added as a registry entry: advantages `r − mean` (no std), and the token-level
+/// clipped surrogate summed per response over one constant length, mean over responses.
+#[test]
+fn drgrpo_advantages_and_loss_match_a_hand_computation() {
+    use hacpo::rl::algorithm::MicroBatch;
+    use hacpo::rl::{BatchShape, registry};
+    let mut s = settings();
+    s.drgrpo.norm_length = 16;
+    let algo = registry::build::<Ad>("drgrpo", &s).unwrap();
+    // The constant length defaults to rollout.max_new_tokens and follows the setting.
+    let shape = BatchShape { policies: 1, group_size: 4, minibatch_prompts: 1, norm_length: 96 };
+    assert_eq!(algo.shape(shape).unwrap().norm_length, 16);
+    let default = registry::build::<Ad>("drgrpo", &settings()).unwrap();
+    assert_eq!(default.shape(shape).unwrap().norm_length, 96);
+
+    let samples = pool(&[&[1.0, 0.0, 0.0, 1.0, 1.0]]);
+    let adv = algo.advantages(&samples, 0).unwrap();
+    for (a, want) in adv.iter().zip([0.4, -0.6, -0.6, 0.4, 0.4]) {
+        close(*a, want, 1e-12, "Dr. GRPO advantage");
+    }
+
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(3);
+    let (new, old, adv, len) = token_batch(&mut rng, 0.4);
+    let x = ad_matrix(&new, len).require_grad();
+    let n = new.len();
+    let batch = MicroBatch {
+        logp: x.clone() * mask_of(&new, len),
+        mask: mask_of(&new, len),
+        old_logp: ad_matrix(&old, len),
+        mean_logp_source: old.iter().map(|r| stats::mean(r)).collect(),
+        advantages: adv.clone(),
+        sources: vec![0; n],
+        learner: 0,
+        minibatch_index: 0,
+        scope: rlt::AggregationScope { sequences: n, tokens: new.iter().map(Vec::len).sum(), norm_length: 16 },
+    };
+    let loss = algo.policy_loss(&batch);
+    let mut want_value = 0.0;
+    let mut want = vec![0.0; n * len];
+    for (i, (n_row, o_row)) in new.iter().zip(&old).enumerate() {
+        for (j, (a, b)) in n_row.iter().zip(o_row).enumerate() {
+            let o = objective::clipped_surrogate(a - b, adv[i], 0.2, 0.28);
+            want_value -= o.value / (n * 16) as f64;
+            want[i * len + j] = -o.grad / (n * 16) as f64;
+        }
+    }
+    close(host(loss.clone().inner())[0], want_value, 1e-5 * want_value.abs().max(1.0), "Dr. GRPO loss");
+    grads_agree(&host2(x.grad(&loss.backward()).unwrap()), &want, "Dr. GRPO gradient");
 }

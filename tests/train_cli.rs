@@ -48,12 +48,10 @@ group_size = 4
 prompts_per_step = 2
 minibatch_prompts = 1
 micro_batch_sequences = 4
+kl_coef = 0.01
 
 [algo.optimizer]
 lr = 1e-4
-
-[algo.hacpo]
-kl_coef = 0.01
 
 [rollout]
 max_new_tokens = 6

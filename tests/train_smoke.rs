@@ -7,13 +7,13 @@ use std::path::Path;
 use std::sync::Arc;
 
 use hacpo::backend::Cpu;
-use hacpo::collab::Trainer;
-use hacpo::config::{AgentConfig, Algo, TrainConfig};
+use hacpo::config::{PolicyConfig, TrainConfig};
 use hacpo::model::weights::export;
 use hacpo::rl::Capabilities;
 use hacpo::rl::hacpo::{self as algo, HacpoConfig, PoolSample, SampleTerms};
 use hacpo::task::{Task, TaskPrompt};
 use hacpo::tokenizer::Message;
+use hacpo::trainer::Trainer;
 
 /// A verifiable task random models can sometimes solve: reward 1 if the response contains
 /// a digit. (The Task trait is the plug-in point for any checkable reward.)
@@ -56,14 +56,14 @@ impl Task for ContainsDigit {
     }
 }
 
-fn config(run: &Path, agents: &[&Path], algo_name: Algo) -> TrainConfig {
+fn config(run: &Path, agents: &[&Path], algo_name: &str) -> TrainConfig {
     let mut cfg = TrainConfig::default();
     cfg.run.out_dir = run.to_path_buf();
     cfg.run.seed = 3;
     cfg.run.steps = 2;
     cfg.run.checkpoint_every = 1;
     cfg.run.dump_batches = true;
-    cfg.algo.name = algo_name;
+    cfg.algo.name = algo_name.into();
     cfg.algo.group_size = 4;
     cfg.algo.prompts_per_step = 2;
     cfg.algo.minibatch_prompts = 1;
@@ -71,9 +71,9 @@ fn config(run: &Path, agents: &[&Path], algo_name: Algo) -> TrainConfig {
     cfg.algo.optimizer.lr = 1e-3;
     cfg.rollout.max_new_tokens = 12;
     cfg.rollout.batch_prompts = 2;
-    cfg.agents = agents
+    cfg.policies = agents
         .iter()
-        .map(|p| AgentConfig {
+        .map(|p| PolicyConfig {
             model: p.to_str().unwrap().into(),
             name: None,
             device: "cpu".into(),
@@ -130,7 +130,7 @@ fn check_dumps_against_rl_core(run: &Path, agents: usize) -> usize {
 
 fn run_and_check(agents: &[&Path], expected_dumps: usize) {
     let run = tempfile::tempdir().unwrap();
-    let cfg = config(run.path(), agents, Algo::Hacpo);
+    let cfg = config(run.path(), agents, "hacpo");
     let before: Vec<_> = agents
         .iter()
         .map(|p| hacpo::model::load_model_dir::<Cpu>(p, &common::device()).unwrap())
@@ -142,7 +142,7 @@ fn run_and_check(agents: &[&Path], expected_dumps: usize) {
     assert_eq!(summary.steps, 2);
 
     // Both (all) models' weights changed.
-    for (k, agent) in trainer.agents.iter().enumerate() {
+    for (k, agent) in trainer.policies.iter().enumerate() {
         let after = export(&agent.inference_model());
         let changed = before[k].iter().zip(&after).filter(|((_, a), (_, b))| a.data != b.data).count();
         assert!(changed > after.len() / 2, "agent {k}: only {changed} of {} tensors changed", after.len());
@@ -230,7 +230,7 @@ fn hacpo_raises_a_learnable_reward_for_both_agents() {
     let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
     let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
     let run = tempfile::tempdir().unwrap();
-    let mut cfg = config(run.path(), &[qwen.path(), llama.path()], Algo::Hacpo);
+    let mut cfg = config(run.path(), &[qwen.path(), llama.path()], "hacpo");
     cfg.run.steps = 8;
     cfg.run.checkpoint_every = 0;
     cfg.run.dump_batches = false;
@@ -240,7 +240,7 @@ fn hacpo_raises_a_learnable_reward_for_both_agents() {
     cfg.algo.micro_batch_sequences = 16;
     cfg.algo.optimizer.lr = 3e-3;
     cfg.algo.optimizer.weight_decay = 0.0;
-    cfg.algo.hacpo.kl_coef = 0.0;
+    cfg.algo.kl_coef = 0.0;
     cfg.rollout.max_new_tokens = 4;
     cfg.rollout.batch_prompts = 4;
     let task = StartsWithTwo { prompts: ContainsDigit::new(8).prompts };
@@ -257,5 +257,32 @@ fn hacpo_raises_a_learnable_reward_for_both_agents() {
         let first = (s[0] + s[1]) / 2.0;
         let last = (s[6] + s[7]) / 2.0;
         assert!(last >= first + 0.2, "agent {k}: reward {first:.2} → {last:.2} ({s:?})");
+    }
+}
+
+/// Every algorithm of the registry runs through the one trainer (KL term on, so the reference
+/// models load and score): finite losses, non-zero gradients, a checkpoint.
+#[test]
+fn every_registered_algorithm_trains_through_the_same_trainer() {
+    let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
+    for name in hacpo::rl::registry::names() {
+        let run = tempfile::tempdir().unwrap();
+        let mut cfg = config(run.path(), &[qwen.path(), llama.path()], name);
+        cfg.run.steps = 1;
+        cfg.run.dump_batches = false;
+        cfg.algo.minibatch_prompts = 2;
+        cfg.algo.kl_coef = 0.01;
+        let mut trainer =
+            Trainer::<Cpu>::start(cfg, Arc::new(ContainsDigit::new(4)), vec![common::device(); 2]).unwrap();
+        assert_eq!(trainer.algorithm_name(), name);
+        trainer.run().unwrap();
+        for (agent, m) in &trainer.last_metrics {
+            for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean"] {
+                assert!(m[key].is_finite(), "{name}, {agent}: {key} = {}", m[key]);
+            }
+            assert!(m["actor/grad_norm"] > 0.0, "{name}, {agent}: no gradient");
+        }
+        assert!(run.path().join("checkpoints/step-000001/trainer_state.json").exists(), "{name}");
     }
 }

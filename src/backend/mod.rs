@@ -58,6 +58,28 @@ impl std::fmt::Display for DeviceSpec {
     }
 }
 
+/// The device of a backend that a [`DeviceSpec`] names (all policies of a run share a backend;
+/// each may have its own device of it).
+pub trait DeviceOf: burn::tensor::backend::Backend {
+    fn device_of(spec: DeviceSpec) -> Self::Device;
+}
+
+impl DeviceOf for Cpu {
+    fn device_of(_: DeviceSpec) -> Self::Device {
+        Default::default()
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl DeviceOf for Cuda {
+    fn device_of(spec: DeviceSpec) -> Self::Device {
+        match spec {
+            DeviceSpec::Cuda(i) => burn::backend::cuda::CudaDevice::new(i),
+            DeviceSpec::Cpu => burn::backend::cuda::CudaDevice::new(0),
+        }
+    }
+}
+
 /// Runs a generic body with the backend and device that a [`DeviceSpec`] names:
 /// `with_backend!(spec, |B, device| run::<B>(&device))`.
 #[macro_export]

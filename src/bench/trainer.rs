@@ -11,12 +11,12 @@ use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 
-use crate::collab::Trainer;
 use crate::config::TrainConfig;
 use crate::model::weights::{RandomWeights, build};
 use crate::model::{ModelConfig, SaveDtype, save_pretrained};
 use crate::task::MathTask;
 use crate::tokenizer::Tokenizer;
+use crate::trainer::Trainer;
 use crate::{Error, Result};
 
 /// What to measure.
@@ -40,11 +40,12 @@ pub struct TrainerBenchOptions {
 pub struct TrainerBreakdown {
     pub agents: Vec<AgentShape>,
     pub steps: usize,
-    /// Wall seconds of a step and of its two phases (rollout, then update).
+    /// Wall seconds of a step and of its two phases (rollout to routing, then updates).
     pub step_s: f64,
     pub rollout_phase_s: f64,
     pub update_phase_s: f64,
-    /// Summed over agents (agents run concurrently, so these may exceed the phase's wall time).
+    /// Generation, retokenisation and update are summed over agents (they run concurrently, so
+    /// these may exceed the phase's wall time); old log-probs, reward and reference are wall.
     pub generate_s: f64,
     pub old_logp_s: f64,
     pub reward_s: f64,
@@ -162,11 +163,11 @@ batch_prompts = {p}
 train = "gsm8k={prompts}"
 grade_mode = "full"
 
-[[agents]]
+[[policies]]
 model = "{qwen}"
 chat_template_kwargs = {{ enable_thinking = false }}
 
-[[agents]]
+[[policies]]
 model = "{llama}"
 "#,
         out = work.path().join("run").display(),
@@ -211,14 +212,15 @@ model = "{llama}"
         let wall = &trainer.last_metrics[0].1;
         let get = |m: &crate::train::metrics::Metrics, k: &str| m.get(k).copied().unwrap_or(0.0) * per_step;
         out.step_s += get(wall, "timing_s/step");
-        out.rollout_phase_s += get(wall, "timing_s/rollout_phase");
-        out.update_phase_s += get(wall, "timing_s/update_phase");
+        out.rollout_phase_s += get(wall, "timing_s/step") - get(wall, "timing_s/update_actor");
+        out.update_phase_s += get(wall, "timing_s/update_actor");
+        // Stages that run once for all policies (wall clock).
+        out.old_logp_s += get(wall, "timing_s/old_log_prob");
+        out.reward_s += get(wall, "timing_s/reward");
+        out.reference_s += get(wall, "timing_s/ref");
         for (_, m) in &trainer.last_metrics {
             out.generate_s += get(m, "timing_s/gen");
-            out.old_logp_s += get(m, "timing_s/old_logp");
-            out.reward_s += get(m, "timing_s/reward");
             out.retokenize_s += get(m, "timing_s/retokenize");
-            out.reference_s += get(m, "timing_s/ref");
             out.update_s += get(m, "timing_s/update");
             out.generated_tokens += get(m, "perf/generated_tokens");
             out.update_tokens += get(m, "perf/update_tokens");

@@ -7,37 +7,21 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::rl::{CapabilityConfig, HacpoConfig, LossAggregation};
+use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, LossAggregation};
+pub use crate::task::{TaskConfig, TaskKind};
 use crate::train::optim::{AdamWConfig, LrSchedule};
 
-/// The training algorithm.
+/// `hacpo train` with no arguments: two tiny heterogeneous agents on generated arithmetic.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../../configs/tiny-duo.toml");
+/// How errors and logs name the embedded default.
+pub const EMBEDDED_DEFAULT_NAME: &str = "configs/tiny-duo.toml (embedded default)";
+
+/// Compute precision of training.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Algo {
-    /// Collaborative: every agent learns from every agent's rollouts (ALGORITHMS.md §2).
-    Hacpo,
-    /// Each agent alone, sequence-level ratio (§1.2).
-    Gspo,
-    /// Each agent alone, token-level ratio (§1.1).
-    Grpo,
-    /// GSPO with twice the own rollouts and twice the updates (the paper's resource-equivalent
-    /// baseline).
-    Gspo2x,
-    /// Sharing with every HACPO mechanism off: cross samples treated as own.
-    Naive,
-}
-
-impl Algo {
-    pub fn parse(s: &str) -> Result<Self> {
-        serde_json::from_value(serde_json::Value::String(s.to_lowercase())).map_err(|_| {
-            Error::InvalidArgument(format!("unknown algorithm {s:?}; use hacpo, gspo, grpo, gspo2x or naive"))
-        })
-    }
-
-    /// Whether agents learn from each other's rollouts.
-    pub fn shares(self) -> bool {
-        matches!(self, Algo::Hacpo | Algo::Naive)
-    }
+pub enum ComputeDtype {
+    /// f32 master weights and compute (the only one available so far).
+    F32,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -73,11 +57,14 @@ impl Default for RunConfig {
     }
 }
 
+/// `[algo]`: which algorithm (by registry name), the batch shape and optimizer, the settings
+/// every algorithm shares, and one table per algorithm with settings of its own.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AlgoConfig {
-    pub name: Algo,
-    /// Rollouts per prompt per agent (G).
+    /// A name in the algorithm registry (`hacpo`, `gspo`, `grpo`, `gspo2x`, `naive`, `drgrpo`).
+    pub name: String,
+    /// Samples per prompt per policy (G).
     pub group_size: usize,
     pub prompts_per_step: usize,
     /// Mini-batch size in prompts (× G sequences); one optimizer update per mini-batch.
@@ -88,20 +75,31 @@ pub struct AlgoConfig {
     pub grad_clip: f64,
     pub optimizer: AdamWConfig,
     pub schedule: LrSchedule,
-    /// GRPO's clip and loss aggregation.
-    pub grpo_eps_low: f64,
-    pub grpo_eps_high: f64,
-    pub grpo_loss_agg: LossAggregation,
-    pub hacpo: HacpoConfig,
+    /// KL-to-reference coefficient (k3, own samples only); 0 loads no reference model.
+    pub kl_coef: f64,
+    /// Clip band `[1 − clip_low, 1 + clip_high]`; unset: the algorithm's (GSPO and HACPO
+    /// 3e-4/4e-4, GRPO 0.2/0.28).
+    pub clip_low: Option<f64>,
+    pub clip_high: Option<f64>,
+    /// Loss aggregation of token-level losses; unset: the algorithm's (GRPO `token-mean`,
+    /// Dr. GRPO `seq-mean-token-sum-norm`).
+    pub loss_agg: Option<LossAggregation>,
+    /// Added to the group standard deviation.
+    pub adv_epsilon: f64,
+    /// Divide advantages by the group standard deviation; unset: the algorithm's (Dr. GRPO: no).
+    pub normalize_by_std: Option<bool>,
+    /// Clamp of a log sequence ratio.
+    pub max_abs_log_ratio: f64,
+    pub hacpo: HacpoSettings,
     pub capability: CapabilityConfig,
-    /// `f32` (default). `bf16` compute is not available on the CPU backend.
-    pub compute_dtype: String,
+    pub drgrpo: DrGrpoSettings,
+    pub compute_dtype: ComputeDtype,
 }
 
 impl Default for AlgoConfig {
     fn default() -> Self {
         AlgoConfig {
-            name: Algo::Hacpo,
+            name: "hacpo".into(),
             group_size: 8,
             prompts_per_step: 128,
             minibatch_prompts: 64,
@@ -109,12 +107,35 @@ impl Default for AlgoConfig {
             grad_clip: 1.0,
             optimizer: AdamWConfig::default(),
             schedule: LrSchedule::default(),
-            grpo_eps_low: 0.2,
-            grpo_eps_high: 0.28,
-            grpo_loss_agg: LossAggregation::TokenMean,
-            hacpo: HacpoConfig::default(),
+            kl_coef: 0.001,
+            clip_low: None,
+            clip_high: None,
+            loss_agg: None,
+            adv_epsilon: crate::rl::stats::ADV_EPSILON,
+            normalize_by_std: None,
+            max_abs_log_ratio: 10.0,
+            hacpo: HacpoSettings::default(),
             capability: CapabilityConfig::default(),
-            compute_dtype: "f32".into(),
+            drgrpo: DrGrpoSettings::default(),
+            compute_dtype: ComputeDtype::F32,
+        }
+    }
+}
+
+impl AlgoConfig {
+    /// What the algorithm registry builds an algorithm from.
+    pub fn settings(&self) -> AlgoSettings {
+        AlgoSettings {
+            kl_coef: self.kl_coef,
+            clip_low: self.clip_low,
+            clip_high: self.clip_high,
+            loss_agg: self.loss_agg,
+            adv_epsilon: self.adv_epsilon,
+            normalize_by_std: self.normalize_by_std,
+            max_abs_log_ratio: self.max_abs_log_ratio,
+            hacpo: self.hacpo.clone(),
+            capability: self.capability.clone(),
+            drgrpo: self.drgrpo.clone(),
         }
     }
 }
@@ -151,45 +172,13 @@ impl Default for RolloutConfig {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TaskConfig {
-    /// `math` (benchmark files) or `arith` (generated word problems, `[task.arith]`).
-    pub kind: String,
-    /// Training problems: a benchmark name (`math_train`, `gsm8k`, …), optionally `name=path`.
-    pub train: String,
-    /// `full` or `boxed-exact`.
-    pub grade_mode: String,
-    /// Validation benchmark (`math500`), empty for none.
-    pub validation: String,
-    pub val_every: usize,
-    pub val_limit: Option<usize>,
-    pub val_max_new_tokens: usize,
-    /// The generator of the `arith` task.
-    pub arith: crate::data::arith::ArithConfig,
-}
-
-impl Default for TaskConfig {
-    fn default() -> Self {
-        TaskConfig {
-            kind: "math".into(),
-            train: "math_train".into(),
-            grade_mode: "full".into(),
-            validation: String::new(),
-            val_every: 3,
-            val_limit: None,
-            val_max_new_tokens: 4096,
-            arith: Default::default(),
-        }
-    }
-}
-
+/// One policy (`[[policies]]`, also accepted as `[[agents]]`): a model that samples and learns.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct AgentConfig {
+pub struct PolicyConfig {
     /// A zoo id, a Hugging Face directory or a `.gguf` file.
     pub model: String,
-    /// Display name in metrics (default: `agent<k>-<model>`).
+    /// Display name in metrics and `[[roles]]` (default: `agent<k>-<model>`).
     #[serde(default)]
     pub name: Option<String>,
     #[serde(default = "default_device")]
@@ -217,8 +206,58 @@ pub struct TrainConfig {
     pub task: TaskConfig,
     #[serde(default)]
     pub pretrain: PretrainConfig,
+    /// The policies (`[[agents]]` in configs written before roles existed).
     #[serde(default)]
-    pub agents: Vec<AgentConfig>,
+    pub policies: Vec<PolicyConfig>,
+    /// Who plays which role; empty: every policy plays the one role `solver`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub roles: Vec<RoleConfig>,
+}
+
+/// One role of a workload (`[[roles]]`): its name, the policies that play it, and how the
+/// task's prompt is put to it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoleConfig {
+    pub name: String,
+    /// Policy names (or indices as strings) that play the role; empty: every policy.
+    #[serde(default)]
+    pub policies: Vec<String>,
+    /// The user message, with `{prompt}` standing for the task's (default: the task's as is).
+    #[serde(default)]
+    pub template: Option<String>,
+}
+
+/// Keys that moved; each names where to and why, so an old config fails with its migration.
+const MOVED: &[(&str, &str)] = &[
+    ("algo.hacpo.kl_coef", "algo.kl_coef (settings shared by every algorithm live at algo.*)"),
+    ("algo.hacpo.eps_low", "algo.clip_low (settings shared by every algorithm live at algo.*)"),
+    ("algo.hacpo.eps_high", "algo.clip_high (settings shared by every algorithm live at algo.*)"),
+    ("algo.hacpo.adv_epsilon", "algo.adv_epsilon (settings shared by every algorithm live at algo.*)"),
+    ("algo.hacpo.normalize_by_std", "algo.normalize_by_std (settings shared by every algorithm live at algo.*)"),
+    ("algo.hacpo.max_abs_log_ratio", "algo.max_abs_log_ratio (settings shared by every algorithm live at algo.*)"),
+    ("algo.hacpo.naive", "algo.name = \"naive\" (naive sharing is an algorithm of its own)"),
+    ("algo.grpo_eps_low", "algo.clip_low (settings shared by every algorithm live at algo.*)"),
+    ("algo.grpo_eps_high", "algo.clip_high (settings shared by every algorithm live at algo.*)"),
+    ("algo.grpo_loss_agg", "algo.loss_agg (settings shared by every algorithm live at algo.*)"),
+];
+
+/// Fails on the first moved key present in a raw config table.
+fn check_moved(root: &toml::Table, source: &str) -> Result<()> {
+    for (old, new) in MOVED {
+        let mut cur = Some(root);
+        let keys: Vec<&str> = old.split('.').collect();
+        for (i, k) in keys.iter().enumerate() {
+            match cur.and_then(|t| t.get(*k)) {
+                Some(_) if i + 1 == keys.len() => {
+                    return Err(Error::config(source, format!("{old} has moved: write it as {new}")));
+                }
+                Some(toml::Value::Table(t)) => cur = Some(t),
+                _ => break,
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Overrides of the tiny agents' pre-training budgets (`models/tiny/*.toml`).
@@ -241,15 +280,27 @@ impl TrainConfig {
     pub fn from_toml(text: &str, source: &str, overrides: &[String]) -> Result<Self> {
         let mut value: toml::Table =
             toml::from_str(text).map_err(|e| Error::config(source, format!("not valid TOML: {}", e.message())))?;
+        // `[[agents]]` is the older name of `[[policies]]`.
+        if let Some(agents) = value.remove("agents") {
+            if value.contains_key("policies") {
+                return Err(Error::config(
+                    source,
+                    "both [[agents]] and [[policies]]; keep one (they are the same list)",
+                ));
+            }
+            value.insert("policies".into(), agents);
+        }
         for o in overrides {
             apply_override(&mut value, o)?;
         }
+        check_moved(&value, source)?;
         // serde_path_to_error names the offending key (`algo.nokey: unknown field …`).
         let config: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(value)).map_err(|e| {
             let path = e.path().to_string();
             let message = e.into_inner().message().to_string();
             Error::config(source, if path == "." { message } else { format!("{path}: {message}") })
         })?;
+        crate::rl::registry::check(&config.algo.name).map_err(|e| Error::config(source, format!("algo.name: {e}")))?;
         Ok(config)
     }
 
@@ -262,12 +313,10 @@ impl TrainConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |key: &str, m: String| Err(Error::config("training config", format!("{key}: {m}")));
         let a = &self.algo;
-        if self.agents.is_empty() {
-            return bad("agents", "no agents; add [[agents]] entries or pass --agents a,b".into());
+        if self.policies.is_empty() {
+            return bad("policies", "no policies; add [[policies]] entries or pass --agents a,b".into());
         }
-        if a.name.shares() && self.agents.len() < 2 {
-            return bad("agents", format!("{:?} needs at least two agents, found {}", a.name, self.agents.len()));
-        }
+        crate::rl::registry::check(&a.name).map_err(|e| Error::config("training config", format!("algo.name: {e}")))?;
         if a.group_size < 2 {
             return bad(
                 "algo.group_size",
@@ -289,42 +338,57 @@ impl TrainConfig {
                 ),
             );
         }
-        if a.name == Algo::Gspo2x && !a.minibatch_prompts.is_multiple_of(2) {
-            return bad("algo.minibatch_prompts", "gspo2x halves the mini-batch, so it must be even".into());
-        }
-        if a.compute_dtype != "f32" {
-            return bad(
-                "algo.compute_dtype",
-                format!("{:?} is not available; use \"f32\" (f32 master weights and compute)", a.compute_dtype),
-            );
-        }
         // Written so that NaN fails too.
         if a.grad_clip.is_nan() || a.grad_clip < 0.0 || a.optimizer.lr.is_nan() || a.optimizer.lr <= 0.0 {
             return bad("algo", "grad_clip must be ≥ 0 and optimizer.lr > 0".into());
         }
-        a.schedule.validate()?;
-        a.hacpo.validate()?;
+        if a.kl_coef.is_nan() || a.kl_coef < 0.0 {
+            return bad("algo.kl_coef", format!("must be ≥ 0, got {}", a.kl_coef));
+        }
         if self.rollout.temperature <= 0.0 {
             return bad(
                 "rollout.temperature",
                 "must be > 0: a group of greedy rollouts is one rollout repeated".into(),
             );
         }
-        if !crate::task::KINDS.contains(&self.task.kind.as_str()) {
-            return bad(
-                "task.kind",
-                format!("unknown task {:?}; available: {}", self.task.kind, crate::task::KINDS.join(", ")),
-            );
-        }
-        if self.task.kind == "arith" {
+        if self.task.kind == TaskKind::Arith {
             self.task.arith.validate()?;
         }
-        crate::reward::GradeMode::parse(&self.task.grade_mode)?;
-        for (i, ag) in self.agents.iter().enumerate() {
-            crate::backend::DeviceSpec::parse(&ag.device)
-                .map_err(|e| Error::config("training config", format!("agents[{i}].device: {e}")))?;
+        let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
+        for (i, p) in self.policies.iter().enumerate() {
+            crate::backend::DeviceSpec::parse(&p.device)
+                .map_err(|e| Error::config("training config", format!("policies[{i}].device: {e}")))?;
+            if names[..i].contains(&names[i]) {
+                return bad(&format!("policies[{i}].name"), format!("{:?} names two policies", names[i]));
+            }
+        }
+        for (i, r) in self.roles.iter().enumerate() {
+            for p in &r.policies {
+                if self.policy_index(p).is_none() {
+                    return bad(
+                        &format!("roles[{i}].policies"),
+                        format!("no policy {p:?}; the policies are {}", names.join(", ")),
+                    );
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The display name of policy `k` (metrics, logs, roles).
+    pub fn policy_name(&self, k: usize) -> String {
+        let p = &self.policies[k];
+        p.name.clone().unwrap_or_else(|| {
+            let base = Path::new(&p.model).file_name().and_then(|n| n.to_str()).unwrap_or(&p.model);
+            format!("agent{k}-{base}")
+        })
+    }
+
+    /// The policy a role entry names (a name, or an index).
+    pub fn policy_index(&self, name: &str) -> Option<usize> {
+        (0..self.policies.len())
+            .find(|&k| self.policy_name(k) == name)
+            .or_else(|| name.parse::<usize>().ok().filter(|&k| k < self.policies.len()))
     }
 
     /// Keys whose values differ (dotted paths), ignoring those that may change on resume.
@@ -375,11 +439,16 @@ pub fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
     let (path, raw) = assignment
         .split_once('=')
         .ok_or_else(|| Error::InvalidArgument(format!("--set {assignment:?}: expected key.path=value")))?;
+    // `agents.1.model` reads as `policies.1.model` (the older name of the list).
+    let path = match path.trim().strip_prefix("agents.") {
+        Some(rest) => format!("policies.{rest}"),
+        None => path.trim().to_string(),
+    };
     let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t.remove("v").expect("parsed key"),
         Err(_) => toml::Value::String(raw.to_string()),
     };
-    let keys: Vec<&str> = path.trim().split('.').collect();
+    let keys: Vec<&str> = path.split('.').collect();
     let mut cur = root;
     for (i, key) in keys.iter().enumerate() {
         let last = i + 1 == keys.len();
@@ -437,7 +506,7 @@ model = "b"
         .unwrap();
         assert_eq!(c.algo.hacpo.alpha, 2.5);
         assert_eq!(c.run.seed, 7);
-        assert_eq!(c.agents.len(), 2);
+        assert_eq!(c.policies.len(), 2);
         let d = TrainConfig::from_toml(TOML, "t", &["algo.group_size=8".into(), "run.steps=99".into()]).unwrap();
         let diff = TrainConfig::from_toml(TOML, "t", &[]).unwrap().differences(&d);
         assert_eq!(diff, vec!["algo.group_size: 4 → 8".to_string()]);
@@ -453,6 +522,25 @@ model = "b"
         c.algo.group_size = 4;
         c.algo.minibatch_prompts = 48;
         assert!(c.validate().unwrap_err().to_string().contains("cannot be split"));
-        assert!(Algo::parse("ppo").unwrap_err().to_string().contains("unknown algorithm"));
+        let e = TrainConfig::from_toml("[algo]\nname = \"ppo\"", "t", &[]).unwrap_err().to_string();
+        assert!(e.contains("algo.name") && e.contains("unknown algorithm") && e.contains("drgrpo"), "{e}");
+    }
+
+    #[test]
+    fn moved_keys_name_their_migration() {
+        let e = TrainConfig::from_toml("[algo.hacpo]\nkl_coef = 0.0", "old.toml", &[]).unwrap_err().to_string();
+        assert!(e.contains("algo.hacpo.kl_coef has moved") && e.contains("algo.kl_coef"), "{e}");
+        let e = TrainConfig::from_toml("[algo]\ngrpo_eps_high = 0.3", "old.toml", &[]).unwrap_err().to_string();
+        assert!(e.contains("algo.clip_high"), "{e}");
+        let e = TrainConfig::from_toml(TOML, "t", &["algo.hacpo.naive=true".into()]).unwrap_err().to_string();
+        assert!(e.contains("algo.name = \"naive\""), "{e}");
+    }
+
+    #[test]
+    fn embedded_default_parses_and_validates() {
+        let c = TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &[]).unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.policies.len(), 2);
+        assert_eq!(c.task.kind, TaskKind::Arith);
     }
 }

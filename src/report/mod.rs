@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::config::{Algo, TrainConfig};
 use crate::error::{Error, Result, read_to_string, write_atomic};
+use crate::run_dir::RunDir;
 
 /// One agent's line of the table.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -32,7 +32,8 @@ pub struct AgentResult {
 #[derive(Clone, Debug)]
 pub struct RunReport {
     pub dir: PathBuf,
-    pub algo: Algo,
+    /// The algorithm's registry name.
+    pub algo: String,
     pub steps: u64,
     pub agents: Vec<AgentResult>,
     /// metrics.jsonl, one entry per step and agent.
@@ -51,16 +52,9 @@ const CURVES: &[&str] = &[
 ];
 
 pub fn read(dir: &Path) -> Result<RunReport> {
-    let config_path = dir.join("config.toml");
-    if !config_path.exists() {
-        return Err(Error::NotFound {
-            what: "run".into(),
-            path: config_path,
-            hint: "`hacpo report` takes a run directory written by `hacpo train`.".into(),
-        });
-    }
-    let cfg = TrainConfig::load(&config_path, &[])?;
-    let metrics_path = dir.join("metrics.jsonl");
+    let run = RunDir::new(dir);
+    let cfg = run.read_config()?;
+    let metrics_path = run.metrics_path();
     let mut rows = Vec::new();
     if metrics_path.exists() {
         for (i, line) in read_to_string(&metrics_path)?.lines().enumerate() {
@@ -79,10 +73,20 @@ pub fn read(dir: &Path) -> Result<RunReport> {
             rows.push((step, agent, data));
         }
     }
-    let summary: Option<Value> =
-        read_to_string(&dir.join("summary.json")).ok().and_then(|t| serde_json::from_str(&t).ok());
+    let summary = run.read_summary();
     let steps = rows.iter().map(|r| r.0).max().unwrap_or(0);
-    let group = if cfg.algo.name == Algo::Gspo2x { cfg.algo.group_size * 2 } else { cfg.algo.group_size };
+    // The group the algorithm actually sampled (GSPO×2 doubles it).
+    let group = crate::rl::registry::batch_shape(
+        &cfg.algo.name,
+        &cfg.algo.settings(),
+        crate::rl::BatchShape {
+            policies: cfg.policies.len(),
+            group_size: cfg.algo.group_size,
+            minibatch_prompts: cfg.algo.minibatch_prompts,
+            norm_length: cfg.rollout.max_new_tokens,
+        },
+    )?
+    .group_size;
     let mut names: Vec<String> = Vec::new();
     for (_, a, _) in &rows {
         if !names.contains(a) {
@@ -96,17 +100,19 @@ pub fn read(dir: &Path) -> Result<RunReport> {
             let tail = (mine.len() / 10).max(1);
             let last: Vec<f64> =
                 mine.iter().rev().take(tail).filter_map(|m| m.get("critic/score/mean").copied()).collect();
-            let acc = |k: &str| summary.as_ref().and_then(|s| s["agents"][name][k].as_f64());
+            let change = summary.as_ref().and_then(|s| s.agents.get(name));
             AgentResult {
                 agent: name.clone(),
-                before: acc("before"),
-                after: acc("after").or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").copied())),
+                before: change.and_then(|c| c.before),
+                after: change
+                    .map(|c| c.after)
+                    .or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").copied())),
                 final_reward: (!last.is_empty()).then(|| last.iter().sum::<f64>() / last.len() as f64),
                 rollouts: steps * (cfg.algo.prompts_per_step * group) as u64,
             }
         })
         .collect();
-    Ok(RunReport { dir: dir.to_path_buf(), algo: cfg.algo.name, steps, agents, rows })
+    Ok(RunReport { dir: dir.to_path_buf(), algo: cfg.algo.name.clone(), steps, agents, rows })
 }
 
 /// Mean and sample standard deviation (0 for one value); none for no values.
@@ -197,6 +203,6 @@ impl RunReport {
 
     /// The algorithm as configs spell it (`hacpo`, `gspo2x`, …).
     pub fn algo_name(&self) -> String {
-        format!("{:?}", self.algo).to_lowercase()
+        self.algo.clone()
     }
 }

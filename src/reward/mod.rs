@@ -30,6 +30,7 @@ pub enum GradeMode {
     /// Extraction with fallbacks, normalisation and mathematical equivalence.
     Full,
     /// verl `math_reward`: last box, string normalisation, exact match.
+    #[serde(alias = "boxed_exact")]
     BoxedExact,
 }
 

@@ -7,18 +7,24 @@
 //! - [`hacpo`]: HACPO's advantages, per-response terms and mini-batch ordering, each
 //!   mechanism switchable;
 //! - [`tensor`]: the same losses as burn tensor expressions for autodiff training;
-//! - [`inspect`]: `hacpo rl inspect`, which explains what HACPO does to a batch.
+//! - [`inspect`]: `hacpo rl inspect`, which explains what HACPO does to a batch;
+//! - [`algorithm`]: the [`Algorithm`] trait the trainer uses, [`registry`] the algorithms
+//!   by name, [`algos`] one file per algorithm (HACPO, naive, GSPO, GSPO×2, GRPO, Dr. GRPO).
 //!
 //! The scalar core is plain f64 Rust, testable without a model; the tensor side is checked
 //! against it. Nothing here knows about threads or files (inspect parses a string).
 
+pub mod algorithm;
+pub mod algos;
 pub mod capability;
 pub mod hacpo;
 pub mod inspect;
 pub mod objective;
+pub mod registry;
 pub mod stats;
 pub mod tensor;
 
+pub use algorithm::{AlgoSettings, Algorithm, BatchShape, DrGrpoSettings, HacpoSettings, Routing};
 pub use capability::{Capabilities, CapabilityConfig, CapabilityTracker};
 pub use hacpo::{HacpoConfig, MinibatchOrder, PoolSample, SampleTerms};
 pub use objective::LossAggregation;

@@ -98,21 +98,38 @@ pub enum LossAggregation {
     TokenMean,
     /// Mean over each sequence's tokens, then over sequences.
     SeqMeanTokenMean,
+    /// Sum over each sequence's tokens divided by a constant length, then mean over sequences
+    /// (Dr. GRPO: no per-response length normalisation, so long wrong answers are not favoured).
+    SeqMeanTokenSumNorm,
 }
 
 impl LossAggregation {
-    /// The weight of each token of a sequence of `len` tokens in a batch with these lengths.
+    /// The weight of each token of a sequence of `len` tokens in a batch with these lengths
+    /// (`SeqMeanTokenSumNorm` divides by the longest sequence; see [`Self::token_weight_norm`]).
     pub fn token_weight(self, len: usize, lengths: &[usize]) -> f64 {
+        self.token_weight_norm(len, lengths, lengths.iter().copied().max().unwrap_or(1))
+    }
+
+    /// The weight of each token with an explicit constant length for `SeqMeanTokenSumNorm`.
+    pub fn token_weight_norm(self, len: usize, lengths: &[usize], norm_length: usize) -> f64 {
         match self {
             LossAggregation::TokenMean => 1.0 / lengths.iter().sum::<usize>().max(1) as f64,
             LossAggregation::SeqMeanTokenMean => 1.0 / (lengths.len().max(1) * len.max(1)) as f64,
+            LossAggregation::SeqMeanTokenSumNorm => 1.0 / (lengths.len().max(1) * norm_length.max(1)) as f64,
         }
     }
 
     /// Aggregates per-token values (one vector per sequence).
     pub fn aggregate(self, values: &[Vec<f64>]) -> f64 {
         let lengths: Vec<usize> = values.iter().map(Vec::len).collect();
-        values.iter().map(|v| v.iter().sum::<f64>() * self.token_weight(v.len(), &lengths)).sum()
+        let norm = lengths.iter().copied().max().unwrap_or(1);
+        self.aggregate_norm(values, norm)
+    }
+
+    /// Aggregates per-token values with a constant length for `SeqMeanTokenSumNorm`.
+    pub fn aggregate_norm(self, values: &[Vec<f64>], norm_length: usize) -> f64 {
+        let lengths: Vec<usize> = values.iter().map(Vec::len).collect();
+        values.iter().map(|v| v.iter().sum::<f64>() * self.token_weight_norm(v.len(), &lengths, norm_length)).sum()
     }
 }
 
@@ -154,5 +171,7 @@ mod tests {
         let v = vec![vec![1.0, 1.0, 1.0], vec![4.0]];
         assert!((LossAggregation::TokenMean.aggregate(&v) - 7.0 / 4.0).abs() < 1e-12);
         assert!((LossAggregation::SeqMeanTokenMean.aggregate(&v) - 2.5).abs() < 1e-12);
+        // Token sums (3 and 4) over a constant length 10, mean over the two sequences.
+        assert!((LossAggregation::SeqMeanTokenSumNorm.aggregate_norm(&v, 10) - 0.35).abs() < 1e-12);
     }
 }

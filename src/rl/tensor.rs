@@ -6,9 +6,11 @@
 //! `min_pair`. The tests check every gradient here against the scalar core's analytic one.
 //!
 //! Token-level inputs are padded `[sequences, max_len]` tensors with a 0/1 `mask` of the same
-//! shape (verl's `response_mask`).
+//! shape (verl's `response_mask`); [`pad_tokens`] turns the trainer's flat per-token log-probs
+//! into that layout on the device. Every sum that becomes a loss runs as a one-row reduction
+//! ([`ordered_sum`]) so that a CPU run gives the same loss to the last bit every time.
 
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
 use super::hacpo::{HacpoConfig, SampleTerms};
 use super::objective::LossAggregation;
@@ -45,9 +47,53 @@ impl SequenceBatch {
     }
 }
 
-fn vector<B: Backend>(values: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
+/// A host vector as a device tensor.
+pub fn vector<B: Backend>(values: Vec<f32>, device: &B::Device) -> Tensor<B, 1> {
     let n = values.len();
     Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+/// The sum of all elements as a one-row reduction: one thread adds in order, so the result is
+/// the same to the last bit in every run (a whole-tensor `sum` is split across threads on the
+/// CPU backend).
+pub fn ordered_sum<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, 1> {
+    let n = t.shape().num_elements();
+    t.reshape([1, n]).sum_dim(1).reshape([1])
+}
+
+/// Flat per-token values `[Σ lens]` (sequences back to back) → padded `[n, max_len]` values
+/// and their 0/1 mask. Padding holds 0 (and receives no gradient), so the padded values can be
+/// combined with padded host constants without producing inf or NaN.
+pub fn pad_tokens<B: Backend>(flat: Tensor<B, 1>, lens: &[usize]) -> (Tensor<B, 2>, Tensor<B, 2>) {
+    let device = flat.device();
+    let width = lens.iter().copied().max().unwrap_or(0).max(1);
+    let n = lens.len();
+    let mut index = Vec::with_capacity(n * width);
+    let mut mask = Vec::with_capacity(n * width);
+    let mut at = 0i64;
+    for &l in lens {
+        for t in 0..width {
+            index.push(if t < l { at + t as i64 } else { 0 });
+            mask.push(if t < l { 1f32 } else { 0.0 });
+        }
+        at += l as i64;
+    }
+    let index: Tensor<B, 1, Int> = Tensor::from_data(TensorData::new(index, [n * width]), &device);
+    let mask: Tensor<B, 2> = Tensor::from_data(TensorData::new(mask, [n, width]), &device);
+    let values = flat.select(0, index).reshape([n, width]) * mask.clone();
+    (values, mask)
+}
+
+/// Host per-sequence token values → padded `[n, width]` (0 where a row is shorter or absent).
+pub fn pad_host<B: Backend>(rows: &[Option<&[f32]>], width: usize, device: &B::Device) -> Tensor<B, 2> {
+    let mut data = vec![0f32; rows.len() * width];
+    for (i, row) in rows.iter().enumerate() {
+        if let Some(r) = row {
+            let l = r.len().min(width);
+            data[i * width..i * width + l].copy_from_slice(&r[..l]);
+        }
+    }
+    Tensor::from_data(TensorData::new(data, [rows.len(), width]), device)
 }
 
 /// Per-sequence HACPO objectives `[n]` given the learner's mean log-probs `[n]` (with grad) at
@@ -91,16 +137,63 @@ pub fn sequence_mean<B: Backend>(values: Tensor<B, 2>, mask: Tensor<B, 2>) -> Te
     ((values * mask).sum_dim(1) / lengths).reshape([n])
 }
 
-/// Aggregates per-token values `[n, L]` under `mask` into a scalar `[1]`.
+/// Aggregates per-token values `[n, L]` under `mask` into a scalar `[1]` (for
+/// `SeqMeanTokenSumNorm` the constant length is the padded width `L`, verl's default).
 pub fn aggregate<B: Backend>(values: Tensor<B, 2>, mask: Tensor<B, 2>, mode: LossAggregation) -> Tensor<B, 1> {
+    let [n, width] = values.dims();
     match mode {
-        LossAggregation::TokenMean => (values * mask.clone()).sum() / mask.sum().clamp_min(1.0),
-        LossAggregation::SeqMeanTokenMean => sequence_mean(values, mask).mean(),
+        LossAggregation::TokenMean => ordered_sum(values * mask.clone()) / ordered_sum(mask).clamp_min(1.0),
+        LossAggregation::SeqMeanTokenMean => ordered_sum(sequence_mean(values, mask)).div_scalar(n.max(1) as f64),
+        LossAggregation::SeqMeanTokenSumNorm => ordered_sum(values * mask).div_scalar((n.max(1) * width) as f64),
+    }
+}
+
+/// What a micro-batch's share of a mini-batch aggregate is normalised by: summing
+/// [`aggregate_scoped`] over the micro-batches of a mini-batch gives the mini-batch's
+/// [`aggregate`] (gradient accumulation without a bias towards small micro-batches).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AggregationScope {
+    /// Sequences in the mini-batch (those the mask selects).
+    pub sequences: usize,
+    /// Valid tokens in the mini-batch.
+    pub tokens: usize,
+    /// The constant length of `SeqMeanTokenSumNorm`.
+    pub norm_length: usize,
+}
+
+/// A micro-batch's share of the mini-batch aggregate of per-token values `[n, L]`.
+pub fn aggregate_scoped<B: Backend>(
+    values: Tensor<B, 2>,
+    mask: Tensor<B, 2>,
+    mode: LossAggregation,
+    scope: AggregationScope,
+) -> Tensor<B, 1> {
+    match mode {
+        LossAggregation::TokenMean => ordered_sum(values * mask).div_scalar(scope.tokens.max(1) as f64),
+        LossAggregation::SeqMeanTokenMean => {
+            ordered_sum(sequence_mean(values, mask)).div_scalar(scope.sequences.max(1) as f64)
+        }
+        LossAggregation::SeqMeanTokenSumNorm => {
+            ordered_sum(values * mask).div_scalar((scope.sequences.max(1) * scope.norm_length.max(1)) as f64)
+        }
     }
 }
 
 fn advantage_column<B: Backend>(advantage: &[f32], device: &B::Device) -> Tensor<B, 2> {
     vector::<B>(advantage.to_vec(), device).reshape([advantage.len(), 1])
+}
+
+/// GRPO's per-token clipped surrogate `[n, L]` before aggregation.
+pub fn grpo_surrogate<B: Backend>(
+    logp: Tensor<B, 2>,
+    old_logp: Tensor<B, 2>,
+    advantage: &[f32],
+    eps_low: f64,
+    eps_high: f64,
+) -> Tensor<B, 2> {
+    let adv = advantage_column::<B>(advantage, &logp.device());
+    let ratio = (logp - old_logp).exp();
+    (ratio.clone() * adv.clone()).min_pair(ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
 }
 
 /// GRPO's per-token clipped surrogate, aggregated: the objective to maximise.
@@ -113,10 +206,7 @@ pub fn grpo_objective<B: Backend>(
     eps_high: f64,
     mode: LossAggregation,
 ) -> Tensor<B, 1> {
-    let adv = advantage_column::<B>(advantage, &logp.device());
-    let ratio = (logp - old_logp).exp();
-    let surrogate = (ratio.clone() * adv.clone()).min_pair(ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv);
-    aggregate(surrogate, mask, mode)
+    aggregate(grpo_surrogate(logp, old_logp, advantage, eps_low, eps_high), mask, mode)
 }
 
 /// GSPO in its token form (verl): every token carries `s_{i,t} = sg(s_i)·π(y_t)/sg(π(y_t))`,
@@ -144,6 +234,12 @@ pub fn gspo_token_objective<B: Backend>(
     aggregate(surrogate, mask, mode)
 }
 
+/// The k3 KL estimator to a reference per token `[n, L]`, clamped to [−10, 10].
+pub fn kl_k3_tokens<B: Backend>(logp: Tensor<B, 2>, ref_logp: Tensor<B, 2>) -> Tensor<B, 2> {
+    let x = ref_logp - logp;
+    (x.clone().exp() - x - 1.0).clamp(-10.0, 10.0)
+}
+
 /// The k3 KL estimator to a reference, per token, clamped to [−10, 10], aggregated.
 pub fn kl_k3<B: Backend>(
     logp: Tensor<B, 2>,
@@ -151,7 +247,5 @@ pub fn kl_k3<B: Backend>(
     mask: Tensor<B, 2>,
     mode: LossAggregation,
 ) -> Tensor<B, 1> {
-    let x = ref_logp - logp;
-    let kl = x.clone().exp() - x - 1.0;
-    aggregate(kl.clamp(-10.0, 10.0), mask, mode)
+    aggregate(kl_k3_tokens(logp, ref_logp), mask, mode)
 }

@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::TaskConfig;
-use crate::data::arith::{self, ArithProblem};
+use crate::data::arith::{self, ArithConfig, ArithProblem};
 use crate::data::{Benchmark, MathProblem, load_benchmark};
 use crate::error::Result;
 use crate::reward::{GradeConfig, GradeMode, Grader};
@@ -24,13 +23,60 @@ pub fn math_prompt_text(question: &str) -> String {
 }
 
 /// The task kinds `task.kind` accepts.
-pub const KINDS: &[&str] = &["math", "arith"];
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// Math benchmark files graded by the answer grader.
+    Math,
+    /// Generated arithmetic word problems (`[task.arith]`).
+    Arith,
+}
+
+impl TaskKind {
+    /// `--task` on the command line.
+    pub fn parse(s: &str) -> Result<Self> {
+        serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
+            .map_err(|_| crate::Error::InvalidArgument(format!("unknown task {s:?}; use math or arith")))
+    }
+}
+
+/// The `[task]` table of a training config.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TaskConfig {
+    pub kind: TaskKind,
+    /// Training problems: a benchmark name (`math_train`, `gsm8k`, …), optionally `name=path`.
+    pub train: String,
+    pub grade_mode: GradeMode,
+    /// Validation benchmark (`math500`), empty for none.
+    pub validation: String,
+    pub val_every: usize,
+    pub val_limit: Option<usize>,
+    pub val_max_new_tokens: usize,
+    /// The generator of the `arith` task.
+    pub arith: ArithConfig,
+}
+
+impl Default for TaskConfig {
+    fn default() -> Self {
+        TaskConfig {
+            kind: TaskKind::Math,
+            train: "math_train".into(),
+            grade_mode: GradeMode::Full,
+            validation: String::new(),
+            val_every: 3,
+            val_limit: None,
+            val_max_new_tokens: 4096,
+            arith: Default::default(),
+        }
+    }
+}
 
 /// The task a config describes.
 pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
-    Ok(match cfg.kind.as_str() {
-        "arith" => Arc::new(MathTask::arith(cfg)?),
-        _ => Arc::new(MathTask::from_config(cfg)?),
+    Ok(match cfg.kind {
+        TaskKind::Arith => Arc::new(MathTask::arith(cfg)?),
+        TaskKind::Math => Arc::new(MathTask::from_config(cfg)?),
     })
 }
 
@@ -86,7 +132,7 @@ impl MathTask {
         let validation = if cfg.validation.is_empty() { vec![] } else { load(&cfg.validation, cfg.val_limit)?.1 };
         let grader = Grader {
             config: GradeConfig {
-                mode: GradeMode::parse(&cfg.grade_mode)?,
+                mode: cfg.grade_mode,
                 gold_precision: bench.approximate_answers(),
                 ..Default::default()
             },
@@ -106,7 +152,7 @@ impl MathTask {
             name: "arith",
             train: arith_prompts(&train),
             validation,
-            grader: Grader { config: GradeConfig { mode: GradeMode::parse(&cfg.grade_mode)?, ..Default::default() } },
+            grader: Grader { config: GradeConfig { mode: cfg.grade_mode, ..Default::default() } },
         })
     }
 

@@ -232,11 +232,11 @@ fn save<B: Backend>(
 
 /// Pre-trains every tiny agent of `cfg` that is not cached yet (on `device`).
 pub fn prepare_agents<B: Backend>(cfg: &crate::config::TrainConfig, device: &B::Device) -> Result<()> {
-    let tiny: Vec<TinySpec> = cfg.agents.iter().filter_map(|a| find_for(&a.model, &cfg.pretrain)).collect();
+    let tiny: Vec<TinySpec> = cfg.policies.iter().filter_map(|a| find_for(&a.model, &cfg.pretrain)).collect();
     if tiny.is_empty() {
         return Ok(());
     }
-    if cfg.task.kind != "arith" {
+    if cfg.task.kind != crate::config::TaskKind::Arith {
         return Err(Error::config(
             "training config",
             format!(

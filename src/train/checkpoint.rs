@@ -1,5 +1,6 @@
-//! Checkpoints: every agent in Hugging Face layout (transformers and vLLM load it) plus its
-//! optimizer state, and the trainer state (step, data cursor, capability windows).
+//! Checkpoints: every policy in Hugging Face layout (transformers and vLLM load it) plus its
+//! optimizer state, and the trainer state (step, data cursor, the algorithm's state as JSON,
+//! which this module stores without knowing what it is).
 //!
 //! A checkpoint is written into `checkpoints/.tmp-step-NNNNNN/` and renamed to
 //! `checkpoints/step-NNNNNN/` when complete; only then is `checkpoints/latest` (re)written,
@@ -14,7 +15,6 @@ use serde::{Deserialize, Serialize};
 use super::optim::AdamW;
 use crate::error::{Error, Result, write_atomic};
 use crate::model::{CausalLm, SaveDtype, save_pretrained};
-use crate::rl::CapabilityTracker;
 use crate::tokenizer::Tokenizer;
 
 /// Where the next training prompts come from.
@@ -30,11 +30,15 @@ pub struct TrainerState {
     /// Completed steps.
     pub step: u64,
     pub sampler: SamplerState,
-    pub capability: CapabilityTracker,
-    pub agents: Vec<String>,
+    /// The algorithm's state (HACPO: its capability windows; checkpoints written before the
+    /// algorithm registry called it `capability`).
+    #[serde(alias = "capability", default)]
+    pub algorithm: serde_json::Value,
+    #[serde(alias = "agents")]
+    pub policies: Vec<String>,
 }
 
-/// One agent's part of a checkpoint.
+/// One policy's part of a checkpoint.
 pub struct AgentCheckpoint<'a, B: Backend> {
     pub model: CausalLm<B>,
     pub tokenizer: &'a Tokenizer,
@@ -56,14 +60,14 @@ pub fn optimizer_path(checkpoint: &Path, k: usize) -> PathBuf {
     checkpoint.join(format!("agent-{k}.optim.safetensors"))
 }
 
-/// Writes a complete checkpoint for `state.step` and keeps the newest `keep_last`.
+/// Writes a complete checkpoint for `state.step` under `root` (a run's `checkpoints/`) and
+/// keeps the newest `keep_last`.
 pub fn save<B: Backend>(
-    run_dir: &Path,
+    root: &Path,
     agents: &[AgentCheckpoint<'_, B>],
     state: &TrainerState,
     keep_last: usize,
 ) -> Result<PathBuf> {
-    let root = run_dir.join("checkpoints");
     let name = step_dir_name(state.step);
     let tmp = root.join(format!(".tmp-{name}"));
     let dir = root.join(&name);
@@ -98,9 +102,8 @@ fn prune(root: &Path, keep: usize) -> Result<()> {
     Ok(())
 }
 
-/// The last complete checkpoint of a run, if any.
-pub fn latest(run_dir: &Path) -> Result<Option<PathBuf>> {
-    let root = run_dir.join("checkpoints");
+/// The last complete checkpoint under `root` (a run's `checkpoints/`), if any.
+pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
     let pointer = root.join("latest");
     if !pointer.exists() {
         return Ok(None);

@@ -39,12 +39,19 @@ impl Default for AdamWConfig {
     }
 }
 
+/// The shape of the learning-rate schedule after warm-up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScheduleKind {
+    Constant,
+    Cosine,
+}
+
 /// The learning-rate schedule over optimizer updates.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LrSchedule {
-    /// `constant` or `cosine`.
-    pub kind: String,
+    pub kind: ScheduleKind,
     /// Linear warm-up over this many updates.
     pub warmup_updates: u64,
     /// Cosine decays to `min_ratio · lr`.
@@ -53,31 +60,24 @@ pub struct LrSchedule {
 
 impl Default for LrSchedule {
     fn default() -> Self {
-        LrSchedule { kind: "constant".into(), warmup_updates: 0, min_ratio: 0.0 }
+        LrSchedule { kind: ScheduleKind::Constant, warmup_updates: 0, min_ratio: 0.0 }
     }
 }
 
 impl LrSchedule {
-    pub fn validate(&self) -> Result<()> {
-        match self.kind.as_str() {
-            "constant" | "cosine" => Ok(()),
-            other => Err(Error::InvalidArgument(format!("unknown lr schedule {other:?}; use constant or cosine"))),
-        }
-    }
-
     /// The learning rate of update `update` (0-based) out of `total`.
     pub fn lr(&self, base: f64, update: u64, total: u64) -> f64 {
         if update < self.warmup_updates {
             return base * (update + 1) as f64 / self.warmup_updates as f64;
         }
-        match self.kind.as_str() {
-            "cosine" => {
+        match self.kind {
+            ScheduleKind::Cosine => {
                 let span = total.saturating_sub(self.warmup_updates).max(1) as f64;
                 let progress = ((update - self.warmup_updates) as f64 / span).min(1.0);
                 let min = base * self.min_ratio;
                 min + 0.5 * (base - min) * (1.0 + (std::f64::consts::PI * progress).cos())
             }
-            _ => base,
+            ScheduleKind::Constant => base,
         }
     }
 }
@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn schedules() {
-        let s = LrSchedule { kind: "cosine".into(), warmup_updates: 2, min_ratio: 0.1 };
+        let s = LrSchedule { kind: ScheduleKind::Cosine, warmup_updates: 2, min_ratio: 0.1 };
         assert_eq!(s.lr(1.0, 0, 10), 0.5);
         assert_eq!(s.lr(1.0, 1, 10), 1.0);
         assert!((s.lr(1.0, 2, 10) - 1.0).abs() < 1e-12);

@@ -1,5 +1,6 @@
-//! One agent of a collaborative run: its trainable model, frozen reference, tokenizer and
-//! chat template, optimizer and device.
+//! A policy: one trainable model with everything it needs to sample and learn (frozen
+//! reference, tokenizer and chat template, optimizer, device). Which roles it plays and which
+//! samples it learns from are the workload's and the algorithm's business, not its own.
 
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
@@ -11,30 +12,29 @@ use crate::model::{CausalLm, Pretrained};
 use crate::tokenizer::{Message, Tokenizer};
 use crate::train::optim::{AdamW, AdamWConfig};
 
-/// An agent: everything one heterogeneous policy needs to sample and learn.
-pub struct Agent<B: Backend> {
+/// One trainable policy of a run.
+pub struct Policy<B: Backend> {
     pub index: usize,
-    /// Name in metrics and logs.
+    /// Name in metrics, logs and `[[roles]]`.
     pub name: String,
-    /// What `--model` said (zoo id or path), for reloading the reference on resume.
+    /// What the config said (zoo id or path), for reloading the reference on resume.
     pub spec: String,
     pub device: B::Device,
-    /// The trainable policy (f32 master weights).
+    /// The trainable model (f32 master weights).
     pub model: CausalLm<Autodiff<B>>,
-    /// The frozen initial policy for the KL term (`None` when the KL coefficient is 0).
+    /// The frozen initial model for the KL term (`None` when the KL coefficient is 0).
     pub reference: Option<CausalLm<B>>,
     pub tokenizer: Tokenizer,
     pub eos_token_ids: Vec<u32>,
     /// Extra chat-template variables.
     pub chat_kwargs: Map<String, Value>,
     pub optimizer: AdamW<B>,
-    /// Completed updates of the policy (rollouts carry the version they were sampled with).
-    pub policy_version: u64,
+    /// Completed updates (samples carry the version they were drawn with).
+    pub version: u64,
 }
 
-impl<B: Backend> Agent<B> {
-    /// Builds an agent from a loaded trainable model and its initial weights for the KL
-    /// reference.
+impl<B: Backend> Policy<B> {
+    /// A policy from a loaded trainable model and, when a KL term is on, its reference.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         index: usize,
@@ -46,7 +46,7 @@ impl<B: Backend> Agent<B> {
         chat_kwargs: Map<String, Value>,
         optimizer: AdamWConfig,
     ) -> Self {
-        Agent {
+        Policy {
             index,
             name,
             spec,
@@ -57,16 +57,16 @@ impl<B: Backend> Agent<B> {
             eos_token_ids: pretrained.eos_token_ids,
             chat_kwargs,
             optimizer: AdamW::new(optimizer),
-            policy_version: 0,
+            version: 0,
         }
     }
 
-    /// The policy without autodiff, for sampling and scoring (shares the weights).
+    /// The model without autodiff, for sampling and scoring (shares the weights).
     pub fn inference_model(&self) -> CausalLm<B> {
         self.model.valid()
     }
 
-    /// The prompt ids of `messages` in this agent's chat template (plain text when the
+    /// The prompt ids of `messages` in this policy's chat template (plain text when the
     /// tokenizer has none), keeping the last `max_tokens`.
     pub fn encode_prompt(&self, messages: &[Message], max_tokens: usize) -> Result<Vec<u32>> {
         let mut ids = if self.tokenizer.chat_template().is_some() {
@@ -80,7 +80,7 @@ impl<B: Backend> Agent<B> {
             ids.drain(..ids.len() - max_tokens);
         }
         if ids.is_empty() {
-            return Err(Error::InvalidArgument(format!("agent {}: a prompt encodes to no tokens", self.name)));
+            return Err(Error::InvalidArgument(format!("policy {}: a prompt encodes to no tokens", self.name)));
         }
         Ok(ids)
     }
@@ -89,7 +89,7 @@ impl<B: Backend> Agent<B> {
     pub fn eos(&self) -> Result<u32> {
         self.eos_token_ids.first().copied().ok_or_else(|| {
             Error::InvalidArgument(format!(
-                "agent {}: the model declares no end-of-sequence token (eos_token_id in config.json or generation_config.json)",
+                "policy {}: the model declares no end-of-sequence token (eos_token_id in config.json or generation_config.json)",
                 self.name
             ))
         })

@@ -1,10 +1,10 @@
-//! The rollout pool: every agent receives every rollout of the step.
+//! The rollout pool: every policy thread receives every sample of the step.
 //!
-//! Each agent thread holds an [`Endpoint`]: it publishes its rollouts to every agent's
-//! channel (its own included), announces that it is done, then collects until every agent is
-//! done — the barrier that ends the rollout phase. An agent that fails, or whose thread
-//! panics (a drop guard notices), is announced to all, and everyone returns an error naming
-//! it instead of waiting forever.
+//! Each thread holds an [`Endpoint`]: it publishes its samples to every thread's channel (its
+//! own included), announces that it is done, then collects until every thread is done — the
+//! barrier that ends the rollout. A thread that fails, or panics (a drop guard notices), is
+//! announced to all, and everyone else returns [`Error::PeerFailed`] naming it instead of
+//! waiting forever; the failing thread returns its own error, which the caller reports.
 
 use crossbeam_channel::{Receiver, Sender, unbounded};
 
@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 enum Msg<T> {
     Items(Vec<T>),
     Done(usize),
-    Failed(usize, String),
+    Failed(String, String),
 }
 
 /// Channels for `n` agents.
@@ -58,11 +58,11 @@ impl<T: Clone + Send> Endpoint<T> {
         }
     }
 
-    /// Announces a failure to every agent.
-    pub fn fail(&mut self, message: String) {
+    /// Announces this thread's failure (`who` names it) to every thread.
+    pub fn fail(&mut self, who: &str, message: String) {
         self.finished = true;
         for s in &self.senders {
-            let _ = s.send(Msg::Failed(self.k, message.clone()));
+            let _ = s.send(Msg::Failed(who.to_string(), message.clone()));
         }
     }
 
@@ -75,9 +75,7 @@ impl<T: Clone + Send> Endpoint<T> {
             match self.receiver.recv() {
                 Ok(Msg::Items(v)) => items.extend(v),
                 Ok(Msg::Done(j)) => done[j] = true,
-                Ok(Msg::Failed(j, m)) => {
-                    return Err(Error::Internal(format!("agent {j} failed during the rollout phase: {m}")));
-                }
+                Ok(Msg::Failed(peer, message)) => return Err(Error::PeerFailed { peer, message }),
                 Err(_) => return Err(Error::Internal("the rollout pool closed before every agent finished".into())),
             }
         }
@@ -90,7 +88,7 @@ impl<T> Drop for Endpoint<T> {
     fn drop(&mut self) {
         if !self.finished {
             for s in &self.senders {
-                let _ = s.send(Msg::Failed(self.k, "its thread stopped unexpectedly (panic)".into()));
+                let _ = s.send(Msg::Failed(format!("thread {}", self.k), "it stopped unexpectedly (panic)".into()));
             }
         }
     }
@@ -141,7 +139,7 @@ mod tests {
             vec![a.join(), b.join()]
         });
         let err = results[0].as_ref().unwrap().as_ref().unwrap_err().to_string();
-        assert!(err.contains("agent 1") && err.contains("panic"), "{err}");
+        assert!(err.contains("thread 1") && err.contains("panic"), "{err}");
         assert!(results[1].is_err());
     }
 }

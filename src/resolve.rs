@@ -1,0 +1,35 @@
+//! Model resolution: the one entry point from a policy's `model` string (a local path, a zoo
+//! id, or the id of an embedded tiny agent) to what the loader reads. The trainer calls this
+//! and never learns about the tiny agents.
+
+use std::path::Path;
+
+use burn::tensor::backend::Backend;
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::model::zoo;
+
+/// Fails fast on an unknown model id, before any model or dataset is loaded.
+pub fn check_known(cfg: &TrainConfig) -> Result<()> {
+    for p in &cfg.policies {
+        if !Path::new(&p.model).exists() && zoo::find(&p.model).is_none() && crate::tiny::find(&p.model).is_none() {
+            let mut known: Vec<String> = zoo::entries().iter().map(|e| e.id.clone()).collect();
+            known.extend(crate::tiny::ids().into_iter().map(String::from));
+            return Err(Error::UnknownModel { id: p.model.clone(), known: known.join(", ") });
+        }
+    }
+    Ok(())
+}
+
+/// Makes every policy's model loadable: pre-trains (and caches) the tiny agents the config
+/// names, on `device`. Other models are fetched by the loader itself.
+pub fn prepare<B: Backend>(cfg: &TrainConfig, device: &B::Device) -> Result<()> {
+    crate::tiny::prepare_agents::<B>(cfg, device)
+}
+
+/// What the loader reads for a policy's `model`: a tiny id's cached directory, else the spec
+/// itself (a path or a zoo id).
+pub fn model_source(spec: &str, cfg: &TrainConfig) -> Result<String> {
+    crate::tiny::resolve(spec, cfg)
+}

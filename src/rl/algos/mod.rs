@@ -1,0 +1,7 @@
+//! The algorithms of the registry, one file each (see `super::registry`).
+
+pub mod drgrpo;
+pub mod grpo;
+pub mod gspo;
+pub mod hacpo;
+pub mod sequence;

@@ -1,0 +1,68 @@
+//! The algorithm registry: every algorithm `algo.name` can select, looked up by name.
+//!
+//! Adding an algorithm is a file in `rl/algos/`, one line here and, if it has settings of its
+//! own, a table in [`AlgoSettings`](super::AlgoSettings) (see `docs/architecture.md`).
+
+use burn::tensor::backend::Backend;
+
+use super::algorithm::{AlgoSettings, Algorithm};
+use super::algos::{drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo};
+use crate::error::{Error, Result};
+
+/// Builds an algorithm from the run's settings.
+type Build<B> = fn(&AlgoSettings) -> Result<Box<dyn Algorithm<B>>>;
+
+/// One registered algorithm.
+pub struct Entry<B: Backend> {
+    pub name: &'static str,
+    /// One line for `--help` and error messages.
+    pub about: &'static str,
+    pub build: Build<B>,
+}
+
+fn entry<B: Backend>(name: &'static str, about: &'static str, build: Build<B>) -> Entry<B> {
+    Entry { name, about, build }
+}
+
+/// Every algorithm, in the order `hacpo train --help` lists them: one line each.
+#[rustfmt::skip]
+pub fn entries<B: Backend>() -> Vec<Entry<B>> {
+    vec![
+        entry("hacpo", "every policy learns from every policy's samples (§2)", |s| Ok(Box::new(Hacpo::new(s, false)?))),
+        entry("gspo", "each policy alone, sequence-level ratio (§1.2)", |s| Ok(Box::new(Gspo::new(s, false)?))),
+        entry("grpo", "each policy alone, token-level ratio (§1.1)", |s| Ok(Box::new(Grpo::new(s)?))),
+        entry("gspo2x", "GSPO with twice the samples and updates", |s| Ok(Box::new(Gspo::new(s, true)?))),
+        entry("naive", "sharing with every HACPO mechanism off", |s| Ok(Box::new(Hacpo::new(s, true)?))),
+        entry("drgrpo", "Dr. GRPO: no std division, token sums / constant", |s| Ok(Box::new(DrGrpo::new(s)?))),
+    ]
+}
+
+/// The registered names.
+pub fn names() -> Vec<&'static str> {
+    entries::<crate::backend::Cpu>().iter().map(|e| e.name).collect()
+}
+
+/// Checks that `name` is registered; the error lists the known names.
+pub fn check(name: &str) -> Result<()> {
+    if names().contains(&name) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!("unknown algorithm {name:?}; known: {}", names().join(", "))))
+}
+
+/// The algorithm `name` with `settings`.
+pub fn build<B: Backend>(name: &str, settings: &AlgoSettings) -> Result<Box<dyn Algorithm<B>>> {
+    check(name)?;
+    let entry = entries::<B>().into_iter().find(|e| e.name == name).expect("checked above");
+    (entry.build)(settings)
+}
+
+/// The batch shape algorithm `name` trains with (GSPO×2 doubles the group), for readers of a
+/// run such as `hacpo report`.
+pub fn batch_shape(
+    name: &str,
+    settings: &AlgoSettings,
+    requested: super::algorithm::BatchShape,
+) -> Result<super::algorithm::BatchShape> {
+    build::<crate::backend::Cpu>(name, settings)?.shape(requested)
+}

@@ -1,0 +1,142 @@
+//! A run directory and everything in it, for the trainer, `hacpo report`, `hacpo study` and
+//! the tests: one place that knows the file names and how each file is read and written.
+//!
+//! ```text
+//! RUN_DIR/config.toml        the resolved config (what --resume continues)
+//! RUN_DIR/metrics.jsonl      one line per step and policy (+ TensorBoard events if asked)
+//! RUN_DIR/before.json        held-out accuracy per policy before training
+//! RUN_DIR/summary.json       held-out accuracy before/after, steps, wall time (a finished run)
+//! RUN_DIR/checkpoints/       step-NNNNNN/ in Hugging Face layout, `latest`
+//! RUN_DIR/batches/           audit dumps (run.dump_batches)
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result, write_atomic};
+
+/// Held-out accuracy of every policy, by name.
+pub type Accuracies = BTreeMap<String, f64>;
+
+/// One policy's line of `summary.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AccuracyChange {
+    pub before: Option<f64>,
+    pub after: f64,
+}
+
+/// `summary.json`: what a finished run reports.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RunSummaryFile {
+    pub agents: BTreeMap<String, AccuracyChange>,
+    pub steps: u64,
+    pub wall_s: f64,
+    pub train_wall_s: f64,
+}
+
+/// A run directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunDir {
+    root: PathBuf,
+}
+
+impl RunDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        RunDir { root: root.into() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.root.join("config.toml")
+    }
+
+    pub fn metrics_path(&self) -> PathBuf {
+        self.root.join("metrics.jsonl")
+    }
+
+    pub fn before_path(&self) -> PathBuf {
+        self.root.join("before.json")
+    }
+
+    pub fn summary_path(&self) -> PathBuf {
+        self.root.join("summary.json")
+    }
+
+    pub fn checkpoints(&self) -> PathBuf {
+        self.root.join("checkpoints")
+    }
+
+    pub fn batches(&self) -> PathBuf {
+        self.root.join("batches")
+    }
+
+    /// Creates the directory and checks that it is writable.
+    pub fn prepare(&self) -> Result<()> {
+        let unwritable = |e: std::io::Error| {
+            Error::InvalidArgument(format!(
+                "cannot write to the run directory {}: {e}; choose another with --out",
+                self.root.display()
+            ))
+        };
+        std::fs::create_dir_all(&self.root).map_err(unwritable)?;
+        let probe = self.root.join(".write-test");
+        std::fs::write(&probe, b"").map_err(unwritable)?;
+        let _ = std::fs::remove_file(probe);
+        Ok(())
+    }
+
+    pub fn write_config(&self, config: &TrainConfig) -> Result<()> {
+        write_atomic(&self.config_path(), config.to_toml().as_bytes())
+    }
+
+    /// The run's own config; a directory without one is "not a run" (exit 2).
+    pub fn read_config(&self) -> Result<TrainConfig> {
+        TrainConfig::load(&self.config_path(), &[]).map_err(|e| match e {
+            Error::NotFound { path, .. } => Error::NotFound {
+                what: "run".into(),
+                path,
+                hint: "Expected a run directory written by `hacpo train` (it holds config.toml).".into(),
+            },
+            other => other,
+        })
+    }
+
+    /// Whether `config.toml` exists.
+    pub fn has_config(&self) -> bool {
+        self.config_path().exists()
+    }
+
+    pub fn write_before(&self, acc: &Accuracies) -> Result<()> {
+        write_atomic(&self.before_path(), serde_json::to_string_pretty(acc).expect("json").as_bytes())
+    }
+
+    /// Accuracy before training, if it was measured.
+    pub fn read_before(&self) -> Option<Accuracies> {
+        std::fs::read_to_string(self.before_path()).ok().and_then(|t| serde_json::from_str(&t).ok())
+    }
+
+    pub fn write_summary(&self, summary: &RunSummaryFile) -> Result<()> {
+        write_atomic(&self.summary_path(), serde_json::to_string_pretty(summary).expect("json").as_bytes())
+    }
+
+    /// The summary of a finished run, if any.
+    pub fn read_summary(&self) -> Option<RunSummaryFile> {
+        std::fs::read_to_string(self.summary_path()).ok().and_then(|t| serde_json::from_str(&t).ok())
+    }
+
+    /// Whether the run finished (it wrote its summary).
+    pub fn is_finished(&self) -> bool {
+        self.summary_path().exists()
+    }
+
+    /// The last complete checkpoint, if any.
+    pub fn latest_checkpoint(&self) -> Result<Option<PathBuf>> {
+        crate::train::checkpoint::latest(&self.checkpoints())
+    }
+}

@@ -1,0 +1,66 @@
+//! The one record every workload produces: a sample (one response of one policy in one role),
+//! with the opaque key of the group its advantage is normalised in, as verl's `uid`.
+
+use serde::Serialize;
+
+use crate::generate::FinishReason;
+use crate::tokenizer::Message;
+
+/// The group a sample's advantage is computed in. Opaque to the trainer and the algorithms:
+/// only equality matters (a task id and role for the HACPO exchange; a turn or a fork as well
+/// for multi-turn workloads).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct GroupKey(pub String);
+
+impl GroupKey {
+    /// A key from its parts (joined with `|`).
+    pub fn new(parts: &[&str]) -> Self {
+        GroupKey(parts.join("|"))
+    }
+}
+
+/// One sample of a step.
+#[derive(Clone, Debug, Serialize)]
+pub struct Sample {
+    /// Position in the step's sample list (assigned by the trainer after the rollout).
+    pub id: usize,
+    /// The policy that produced it.
+    pub policy: usize,
+    pub role: String,
+    pub group: GroupKey,
+    /// The sample whose output this one consumed (multi-stage workloads), if any.
+    pub parent: Option<usize>,
+    pub turn: u32,
+    /// The step prompt it answers (index into the step's prompts).
+    pub prompt: usize,
+    /// Its position among the producing policy's samples of that prompt.
+    pub sample_index: usize,
+    pub messages: Vec<Message>,
+    /// Response text without EOS and special tokens.
+    pub text: String,
+    /// The producing policy's prompt ids.
+    pub prompt_ids: Vec<u32>,
+    /// Its response ids without the terminal EOS (`[eos]` for an EOS-only response).
+    pub response_ids: Vec<u32>,
+    /// Its log-prob of each response id at step start (old policy), filled by the trainer.
+    pub token_logps: Vec<f32>,
+    /// Filled by the workload's reward stage.
+    pub reward: Option<f64>,
+    /// Whether any policy learns from it (an upstream singleton is kept for the record only).
+    pub train: bool,
+    pub policy_version: u64,
+    pub finish_reason: FinishReason,
+}
+
+impl Sample {
+    /// Mean old log-prob per response token (GSPO's length normalisation).
+    pub fn mean_logp(&self) -> f64 {
+        let n = self.token_logps.len().max(1);
+        self.token_logps.iter().map(|&x| x as f64).sum::<f64>() / n as f64
+    }
+
+    /// The reward, 0 until the reward stage has run.
+    pub fn reward(&self) -> f64 {
+        self.reward.unwrap_or(0.0)
+    }
+}

@@ -1,0 +1,108 @@
+//! One training session end to end, as `hacpo train` and `hacpo study` run it: pick the
+//! backend the policies' devices name, make their models loadable (pre-training the tiny
+//! agents if needed), measure held-out accuracy before training, train, and write the summary.
+
+use std::path::Path;
+
+use burn::tensor::backend::Backend;
+
+use crate::backend::DeviceSpec;
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::run_dir::{AccuracyChange, RunSummaryFile};
+use crate::trainer::Trainer;
+
+/// Trains `cfg` (a new run, or `resume` continuing a run whose config `requested` must match)
+/// on the devices its policies name.
+pub fn train(cfg: TrainConfig, requested: Option<TrainConfig>, resume: Option<&Path>) -> Result<()> {
+    cfg.validate()?;
+    let specs: Vec<DeviceSpec> = cfg.policies.iter().map(|p| DeviceSpec::parse(&p.device)).collect::<Result<_>>()?;
+    crate::resolve::check_known(&cfg)?;
+    if specs.iter().any(|s| std::mem::discriminant(s) != std::mem::discriminant(&specs[0])) {
+        return Err(Error::InvalidArgument("all policies must use the same kind of device (cpu or cuda)".into()));
+    }
+    crate::with_backend!(specs[0], |B, _first| {
+        let devices: Vec<_> = specs.iter().map(|&s| <B as crate::backend::DeviceOf>::device_of(s)).collect();
+        train_on::<B>(resume, cfg, requested, devices)
+    })
+}
+
+/// One line on what is about to run, so a log says which run and where it resumed.
+fn announce<B: Backend>(t: &Trainer<B>) {
+    let names: Vec<&str> = t.policies.iter().map(|p| p.name.as_str()).collect();
+    let what = format!("{} with {}", t.algorithm_name(), names.join(", "));
+    if t.step > 0 {
+        eprintln!("resuming {} at step {} of {} ({what})", t.run.path().display(), t.step, t.total_steps);
+    } else {
+        eprintln!("training {what} for {} steps in {}", t.total_steps, t.run.path().display());
+    }
+}
+
+fn train_on<B: Backend>(
+    resume: Option<&Path>,
+    cfg: TrainConfig,
+    requested: Option<TrainConfig>,
+    devices: Vec<B::Device>,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    crate::resolve::prepare::<B>(&cfg, &devices[0])?;
+    let task = crate::task::from_config(&cfg.task)?;
+    let mut trainer = match resume {
+        Some(dir) => Trainer::<B>::resume(dir, requested, task, devices)?,
+        None => Trainer::<B>::start(cfg, task, devices)?,
+    };
+    announce(&trainer);
+    // Accuracy before training, kept in the run directory so a resumed run still reports it.
+    let before = if trainer.step == 0 && trainer.validates() {
+        let acc = trainer.accuracies()?;
+        for (name, a) in &acc {
+            eprintln!("  {name}: held-out accuracy before training {:.1}%", a * 100.0);
+        }
+        trainer.run.write_before(&acc)?;
+        Some(acc)
+    } else {
+        trainer.run.read_before()
+    };
+    let summary = trainer.run()?;
+    println!("trained {} steps in {:.1} s; run directory {}", summary.steps, summary.wall_s, summary.run_dir.display());
+    for (name, m) in &summary.last {
+        let get = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+        println!(
+            "  {name}: score {:.3}  pg_loss {:.4}  grad_norm {:.3}",
+            get("critic/score/mean"),
+            get("actor/pg_loss"),
+            get("actor/grad_norm"),
+        );
+    }
+    if !trainer.validates() {
+        return Ok(());
+    }
+    // The last step validates when validation is on; otherwise measure now.
+    let after = if summary.last.iter().all(|(_, m)| m.contains_key("val/accuracy")) {
+        summary.last.iter().map(|(n, m)| (n.clone(), m["val/accuracy"])).collect()
+    } else {
+        trainer.accuracies()?
+    };
+    let mut agents = std::collections::BTreeMap::new();
+    for (name, &a) in &after {
+        let b = before.as_ref().and_then(|b| b.get(name)).copied();
+        match b {
+            Some(b) => println!(
+                "  {name}: held-out accuracy {:.1}% → {:.1}% ({:+.1} points)",
+                b * 100.0,
+                a * 100.0,
+                (a - b) * 100.0
+            ),
+            None => println!("  {name}: held-out accuracy {:.1}%", a * 100.0),
+        }
+        agents.insert(name.clone(), AccuracyChange { before: b, after: a });
+    }
+    trainer.run.write_summary(&RunSummaryFile {
+        agents,
+        steps: summary.steps,
+        wall_s: started.elapsed().as_secs_f64(),
+        train_wall_s: summary.wall_s,
+    })?;
+    println!("summary: {}", trainer.run.summary_path().display());
+    Ok(())
+}

@@ -1,0 +1,215 @@
+//! A study: algorithms against each other (and HACPO ablations) over several seeds, in
+//! sequence and resumable, then one table of held-out accuracy per policy (mean ± std over
+//! seeds), a CSV and figures. `hacpo study` is its command line.
+
+use std::path::{Path, PathBuf};
+
+use crate::config::{EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, TrainConfig};
+use crate::error::{Error, Result};
+use crate::report::{self, AgentResult};
+use crate::run_dir::RunDir;
+
+/// The HACPO mechanisms `--ablate` can switch off.
+const ABLATIONS: &[&str] = &["capability_baseline", "discrepancy_coef", "exp_is", "stepwise"];
+
+/// What a study compares, and where.
+#[derive(Clone, Debug)]
+pub struct StudyOptions {
+    /// A TOML config (`None`: the embedded default).
+    pub config: Option<PathBuf>,
+    /// Algorithm registry names.
+    pub algos: Vec<String>,
+    /// Seeds per variant (0..N).
+    pub seeds: u64,
+    /// HACPO mechanisms to switch off, one variant each.
+    pub ablate: Vec<String>,
+    /// Study directory.
+    pub out: PathBuf,
+    /// Training steps per run (`None`: the config's).
+    pub steps: Option<usize>,
+    /// `--set` overrides applied to every run.
+    pub overrides: Vec<String>,
+}
+
+/// One cell of the matrix: a name and the overrides that make it.
+struct Variant {
+    name: String,
+    overrides: Vec<String>,
+}
+
+fn variants(args: &StudyOptions) -> Result<Vec<Variant>> {
+    let mut out = Vec::new();
+    for a in &args.algos {
+        crate::rl::registry::check(a)?;
+        out.push(Variant { name: a.clone(), overrides: vec![format!("algo.name={a:?}")] });
+    }
+    for m in &args.ablate {
+        if !ABLATIONS.contains(&m.as_str()) {
+            return Err(Error::InvalidArgument(format!(
+                "unknown mechanism {m:?} for --ablate; available: {}",
+                ABLATIONS.join(", ")
+            )));
+        }
+        out.push(Variant {
+            name: format!("hacpo-no-{m}"),
+            overrides: vec!["algo.name=\"hacpo\"".into(), format!("algo.hacpo.{m}=false")],
+        });
+    }
+    if out.is_empty() {
+        return Err(Error::InvalidArgument("nothing to compare: give --algos and/or --ablate".into()));
+    }
+    Ok(out)
+}
+
+fn config_for(args: &StudyOptions, variant: &Variant, seed: u64, dir: &Path) -> Result<TrainConfig> {
+    let mut overrides = args.overrides.clone();
+    overrides.extend(variant.overrides.iter().cloned());
+    overrides.push(format!("run.seed={seed}"));
+    if let Some(s) = args.steps {
+        overrides.push(format!("run.steps={s}"));
+    }
+    let mut cfg = match &args.config {
+        Some(p) => TrainConfig::load(p, &overrides)?,
+        None => TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &overrides)?,
+    };
+    cfg.run.out_dir = dir.to_path_buf();
+    Ok(cfg)
+}
+
+/// Runs (or continues) the study and writes its table, CSV and figures.
+pub fn run(args: &StudyOptions) -> Result<()> {
+    if args.seeds == 0 {
+        return Err(Error::InvalidArgument("--seeds must be at least 1".into()));
+    }
+    let variants = variants(args)?;
+    // Check every config before the first (long) run starts.
+    let mut plan = Vec::new();
+    for v in &variants {
+        for seed in 0..args.seeds {
+            let dir = args.out.join(&v.name).join(format!("seed-{seed}"));
+            let cfg = config_for(args, v, seed, &dir)?;
+            cfg.validate()?;
+            check_existing(&dir, &cfg)?;
+            plan.push((v.name.clone(), seed, dir, cfg));
+        }
+    }
+    let total = plan.len();
+    for (i, (name, seed, dir, cfg)) in plan.iter().enumerate() {
+        let label = format!("[{}/{total}] {name} seed {seed}", i + 1);
+        let run = RunDir::new(dir);
+        if run.is_finished() {
+            eprintln!("{label}: done, skipping ({})", dir.display());
+            continue;
+        }
+        let started = run.latest_checkpoint()?.is_some();
+        eprintln!("{label}: {} {}", if started { "resuming" } else { "training" }, dir.display());
+        let resume = started.then_some(dir.as_path());
+        crate::session::train(cfg.clone(), Some(cfg.clone()), resume)?;
+    }
+
+    // Aggregate.
+    let mut rows: Vec<(String, u64, AgentResult)> = Vec::new();
+    let mut reports: Vec<Vec<report::RunReport>> = variants.iter().map(|_| Vec::new()).collect();
+    for (name, seed, dir, _) in &plan {
+        let run = report::read(dir)?;
+        for a in &run.agents {
+            rows.push((name.clone(), *seed, a.clone()));
+        }
+        let i = variants.iter().position(|v| &v.name == name).expect("planned variant");
+        reports[i].push(run);
+    }
+    let table = markdown(&variants, &rows, args.seeds);
+    let csv = results_csv(&rows);
+    std::fs::create_dir_all(&args.out).map_err(|e| Error::io("create", &args.out, e))?;
+    crate::error::write_atomic(&args.out.join("results.csv"), csv.as_bytes())?;
+    crate::error::write_atomic(&args.out.join("results.md"), table.as_bytes())?;
+    let figure_variants: Vec<report::figures::Variant> = variants
+        .iter()
+        .zip(&reports)
+        .map(|(v, runs)| report::figures::Variant { name: v.name.clone(), runs })
+        .collect();
+    let figures = report::figures::write(&args.out, &figure_variants)?;
+    print!("{table}");
+    eprintln!("wrote {}, {}", args.out.join("results.csv").display(), args.out.join("results.md").display());
+    for f in figures {
+        eprintln!("wrote {}", f.display());
+    }
+    Ok(())
+}
+
+/// A run already in the study directory must have been made with the settings planned for it:
+/// otherwise skipping (or resuming) it would mix another experiment into the table.
+fn check_existing(dir: &Path, cfg: &TrainConfig) -> Result<()> {
+    let run = RunDir::new(dir);
+    if !run.has_config() {
+        return Ok(());
+    }
+    let saved = run.read_config()?;
+    let mut diff = saved.differences(cfg);
+    if run.is_finished() && saved.run.steps != cfg.run.steps {
+        diff.push(format!("run.steps: {} → {}", saved.run.steps, cfg.run.steps));
+    }
+    if diff.is_empty() {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "{} was trained with other settings ({}); give the study another --out, or delete that run to redo it",
+        dir.display(),
+        diff.join(", ")
+    )))
+}
+
+fn results_csv(rows: &[(String, u64, AgentResult)]) -> String {
+    let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
+    let mut s = String::from("variant,seed,agent,before,after,final_reward,rollouts\n");
+    for (v, seed, a) in rows {
+        s += &format!(
+            "{v},{seed},{},{},{},{},{}\n",
+            a.agent,
+            opt(a.before),
+            opt(a.after),
+            opt(a.final_reward),
+            a.rollouts
+        );
+    }
+    s
+}
+
+fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u64) -> String {
+    let mut agents: Vec<String> = Vec::new();
+    for (_, _, a) in rows {
+        if !agents.contains(&a.agent) {
+            agents.push(a.agent.clone());
+        }
+    }
+    let mut s = format!(
+        "Held-out accuracy after training, mean ± std over {seeds} seed(s) (before training in brackets); rollouts = own rollouts per agent.\n\n| variant |"
+    );
+    for a in &agents {
+        s += &format!(" {a} |");
+    }
+    s += " rollouts/agent |\n|---|";
+    for _ in &agents {
+        s += "---|";
+    }
+    s += "---|\n";
+    for v in variants {
+        s += &format!("| {} |", v.name);
+        let mut rollouts = 0;
+        for a in &agents {
+            let mine: Vec<&AgentResult> =
+                rows.iter().filter(|(n, _, r)| n == &v.name && &r.agent == a).map(|(_, _, r)| r).collect();
+            let after: Vec<f64> = mine.iter().filter_map(|r| r.after).collect();
+            let before: Vec<f64> = mine.iter().filter_map(|r| r.before).collect();
+            rollouts = mine.first().map(|r| r.rollouts).unwrap_or(0);
+            let Some((m, sd)) = report::mean_std(&after) else {
+                s += " – |";
+                continue;
+            };
+            let b = report::mean_std(&before).map(|(b, _)| format!(" ({:.1})", b * 100.0)).unwrap_or_default();
+            s += &format!(" {:.1} ± {:.1}{b} |", m * 100.0, sd * 100.0);
+        }
+        s += &format!(" {rollouts} |\n");
+    }
+    s
+}

@@ -1,0 +1,551 @@
+//! The trainer: one staged step for every workload and algorithm (ALGORITHMS.md §2.2 for
+//! HACPO), checkpoints, resume and validation.
+//!
+//! ```text
+//! prompts ─▶ rollout (workload) ─▶ rewards (workload) ─▶ old/ref log-probs ─▶ advantages
+//!        ─▶ route + retokenise (per learner) ─▶ update (per policy) ─▶ metrics, checkpoint
+//! ```
+//!
+//! Each stage is timed under verl's metric names (`timing_s/gen`, `timing_s/reward`,
+//! `timing_s/old_log_prob`, `timing_s/ref`, `timing_s/adv`, `timing_s/update_actor`,
+//! `timing_s/step`). A killed run resumes from its last complete checkpoint without losing or
+//! repeating a step: every random choice derives from (seed, step, policy), and the data
+//! cursor, the algorithm's state and the optimizer moments are part of the checkpoint.
+
+pub mod routing;
+pub mod scoring;
+pub mod update;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::backend::Autodiff;
+use burn::tensor::backend::Backend;
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use serde_json::{Map, Value};
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::generate::{FinishReason, SamplingParams};
+use crate::policy::Policy;
+use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
+use crate::run_dir::RunDir;
+use crate::sample::Sample;
+use crate::task::{Task, TaskPrompt};
+use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
+use crate::train::metrics::{Metrics, MetricsSink};
+use crate::workload::exchange::Exchange;
+use crate::workload::{Role, RolloutSettings, Workload, mix_seed};
+use update::{LearnerBatch, UpdateSettings, update_policy};
+
+/// What a finished run reports.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunSummary {
+    pub run_dir: std::path::PathBuf,
+    pub steps: u64,
+    pub wall_s: f64,
+    /// The last step's metrics per policy.
+    pub last: Vec<(String, Metrics)>,
+}
+
+/// A training run in progress.
+pub struct Trainer<B: Backend> {
+    pub config: TrainConfig,
+    pub run: RunDir,
+    pub policies: Vec<Policy<B>>,
+    algorithm: Box<dyn Algorithm<Autodiff<B>>>,
+    workload: Box<dyn Workload<B>>,
+    /// The role validation puts held-out prompts to.
+    role: Role,
+    task: Arc<dyn Task>,
+    /// The batch shape after the algorithm's say (GSPO×2 doubles the group).
+    shape: BatchShape,
+    sampler: SamplerState,
+    /// Completed steps.
+    pub step: u64,
+    pub total_steps: u64,
+    metrics: MetricsSink,
+    /// The last step's metrics per policy.
+    pub last_metrics: Vec<(String, Metrics)>,
+}
+
+fn kwargs(table: &toml::Table) -> Map<String, Value> {
+    match serde_json::to_value(table) {
+        Ok(Value::Object(m)) => m,
+        _ => Map::new(),
+    }
+}
+
+/// The roles of a config: `[[roles]]`, or every policy in the one role `solver`.
+pub fn roles(cfg: &TrainConfig) -> Vec<Role> {
+    if cfg.roles.is_empty() {
+        return vec![Role { name: "solver".into(), policies: (0..cfg.policies.len()).collect(), template: None }];
+    }
+    cfg.roles
+        .iter()
+        .map(|r| Role {
+            name: r.name.clone(),
+            policies: if r.policies.is_empty() {
+                (0..cfg.policies.len()).collect()
+            } else {
+                r.policies.iter().filter_map(|p| cfg.policy_index(p)).collect()
+            },
+            template: r.template.clone(),
+        })
+        .collect()
+}
+
+impl<B: Backend> Trainer<B> {
+    /// Starts a new run in `config.run.out_dir` with one device per policy.
+    pub fn start(config: TrainConfig, task: Arc<dyn Task>, devices: Vec<B::Device>) -> Result<Self> {
+        config.validate()?;
+        crate::resolve::check_known(&config)?;
+        if task.train().is_empty() {
+            return Err(Error::InvalidArgument("the task has no training prompts".into()));
+        }
+        let run = RunDir::new(&config.run.out_dir);
+        if run.latest_checkpoint()?.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{} already holds a run; continue it with --resume {} or choose another --out",
+                run.path().display(),
+                run.path().display()
+            )));
+        }
+        run.prepare()?;
+        run.write_config(&config)?;
+        let policies = (0..config.policies.len())
+            .map(|k| Self::load_policy(&config, k, devices[k].clone(), None))
+            .collect::<Result<Vec<_>>>()?;
+        let metrics = MetricsSink::open(run.path(), config.run.tensorboard, None)?;
+        Self::assemble(config, run, policies, task, None, metrics)
+    }
+
+    /// Resumes the run in `run_dir` from its last complete checkpoint. `requested` (the
+    /// config given on the command line, if any) must match the run's except for keys that
+    /// may change (steps, output settings).
+    pub fn resume(
+        run_dir: &Path,
+        requested: Option<TrainConfig>,
+        task: Arc<dyn Task>,
+        devices: Vec<B::Device>,
+    ) -> Result<Self> {
+        let run = RunDir::new(run_dir);
+        let saved = run.read_config()?;
+        let config = match requested {
+            Some(req) => {
+                let diff = saved.differences(&req);
+                if !diff.is_empty() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} was trained with a different configuration; these keys differ (saved → requested): {}",
+                        run_dir.display(),
+                        diff.join("; ")
+                    )));
+                }
+                TrainConfig { run: crate::config::RunConfig { out_dir: run_dir.to_path_buf(), ..req.run }, ..saved }
+            }
+            None => TrainConfig {
+                run: crate::config::RunConfig { out_dir: run_dir.to_path_buf(), ..saved.run.clone() },
+                ..saved
+            },
+        };
+        config.validate()?;
+        let Some(ckpt) = run.latest_checkpoint()? else {
+            return Err(Error::InvalidArgument(format!(
+                "{} has no complete checkpoint yet; start it again without --resume",
+                run_dir.display()
+            )));
+        };
+        let state = checkpoint::load_state(&ckpt)?;
+        let policies = (0..config.policies.len())
+            .map(|k| Self::load_policy(&config, k, devices[k].clone(), Some(&ckpt)))
+            .collect::<Result<Vec<_>>>()?;
+        let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
+        tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
+        Self::assemble(config, run, policies, task, Some(state), metrics)
+    }
+
+    fn assemble(
+        config: TrainConfig,
+        run: RunDir,
+        policies: Vec<Policy<B>>,
+        task: Arc<dyn Task>,
+        state: Option<TrainerState>,
+        metrics: MetricsSink,
+    ) -> Result<Self> {
+        let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
+        let mut roles = roles(&config);
+        if roles.len() != 1 {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "roles: the exchange workload has one role (every policy answers the task), found {}",
+                    roles.len()
+                ),
+            ));
+        }
+        let role = roles.remove(0);
+        if role.policies.len() < algorithm.min_policies() {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "algo.name: {} needs at least {} policies in role {:?}, found {}",
+                    algorithm.name(),
+                    algorithm.min_policies(),
+                    role.name,
+                    role.policies.len()
+                ),
+            ));
+        }
+        let shape = algorithm.shape(BatchShape {
+            policies: role.policies.len(),
+            group_size: config.algo.group_size,
+            minibatch_prompts: config.algo.minibatch_prompts,
+            norm_length: config.rollout.max_new_tokens,
+        })?;
+        let per_step = config.algo.prompts_per_step as u64;
+        let epoch_steps = (task.train().len() as u64).div_ceil(per_step).max(1);
+        let total_steps = if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps };
+        let (sampler, step) = match state {
+            Some(s) => {
+                algorithm.restore(s.algorithm)?;
+                (s.sampler, s.step)
+            }
+            None => (SamplerState::default(), 0),
+        };
+        let workload: Box<dyn Workload<B>> = Box::new(Exchange { task: task.clone(), role: role.clone() });
+        Ok(Trainer {
+            config,
+            run,
+            policies,
+            algorithm,
+            workload,
+            role,
+            task,
+            shape,
+            sampler,
+            step,
+            total_steps,
+            metrics,
+            last_metrics: vec![],
+        })
+    }
+
+    fn load_policy(config: &TrainConfig, k: usize, device: B::Device, checkpoint: Option<&Path>) -> Result<Policy<B>> {
+        let source = crate::resolve::model_source(&config.policies[k].model, config)?;
+        let pretrained = match checkpoint {
+            Some(c) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
+            None => crate::model::load::<Autodiff<B>>(&source, &device)?,
+        };
+        // The reference is always the starting model, also on resume.
+        let reference =
+            if config.algo.kl_coef > 0.0 { Some(crate::model::load::<B>(&source, &device)?.model) } else { None };
+        let mut policy = Policy::new(
+            k,
+            config.policy_name(k),
+            source,
+            device.clone(),
+            pretrained,
+            reference,
+            kwargs(&config.policies[k].chat_template_kwargs),
+            config.algo.optimizer.clone(),
+        );
+        if let Some(c) = checkpoint {
+            policy.optimizer = crate::train::optim::AdamW::load(&checkpoint::optimizer_path(c, k), &device)?;
+        }
+        Ok(policy)
+    }
+
+    /// The algorithm's registry name.
+    pub fn algorithm_name(&self) -> &'static str {
+        self.algorithm.name()
+    }
+
+    /// The prompts of the next step, advancing the cursor (a fresh shuffle each epoch).
+    fn next_prompts(&mut self) -> Vec<TaskPrompt> {
+        let all = self.task.train();
+        let n = self.config.algo.prompts_per_step;
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let mut order: Vec<usize> = (0..all.len()).collect();
+            let mut rng =
+                rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(&[self.config.run.seed, 0xDA7A, self.sampler.epoch]));
+            order.shuffle(&mut rng);
+            while out.len() < n && self.sampler.position < order.len() {
+                out.push(all[order[self.sampler.position]].clone());
+                self.sampler.position += 1;
+            }
+            if self.sampler.position >= order.len() {
+                self.sampler = SamplerState { epoch: self.sampler.epoch + 1, position: 0 };
+            }
+        }
+        out
+    }
+
+    /// Optimizer updates of one policy per step: its routed samples over the mini-batch size.
+    fn updates_per_step(&self) -> u64 {
+        let sources = match self.algorithm.routing() {
+            Routing::Own => 1,
+            Routing::Shared => self.role.policies.len(),
+        };
+        (sources * self.config.algo.prompts_per_step / self.shape.minibatch_prompts.max(1)) as u64
+    }
+
+    /// Runs until `total_steps`, with a progress bar, metrics and checkpoints.
+    pub fn run(&mut self) -> Result<RunSummary> {
+        let started = Instant::now();
+        let bar = indicatif::ProgressBar::new(self.total_steps).with_style(
+            indicatif::ProgressStyle::with_template("step {pos}/{len} {bar:25} [{elapsed} < {eta}] {msg}")
+                .expect("template"),
+        );
+        bar.set_position(self.step);
+        while self.step < self.total_steps {
+            let phases = self.train_step()?;
+            bar.set_position(self.step);
+            bar.set_message(phases);
+            let last = self.step == self.total_steps;
+            let every = self.config.run.checkpoint_every as u64;
+            if last || (every > 0 && self.step.is_multiple_of(every)) {
+                self.save_checkpoint()?;
+            }
+        }
+        bar.finish_and_clear();
+        Ok(RunSummary {
+            run_dir: self.run.path().to_path_buf(),
+            steps: self.step,
+            wall_s: started.elapsed().as_secs_f64(),
+            last: self.last_metrics.clone(),
+        })
+    }
+
+    /// One training step; returns a one-line summary of its stage timings.
+    pub fn train_step(&mut self) -> Result<String> {
+        let step_started = Instant::now();
+        let step = self.step + 1;
+        let mut timing = Metrics::new();
+
+        // Prompts and rollout: the workload produces the step's samples.
+        let prompts = self.next_prompts();
+        let settings = RolloutSettings {
+            step,
+            run_seed: self.config.run.seed,
+            group_size: self.shape.group_size,
+            sampling: SamplingParams {
+                temperature: self.config.rollout.temperature,
+                top_p: self.config.rollout.top_p,
+                top_k: self.config.rollout.top_k,
+                max_new_tokens: self.config.rollout.max_new_tokens,
+                seed: 0,
+            },
+            max_prompt_tokens: self.config.rollout.max_prompt_tokens,
+            batch_prompts: self.config.rollout.batch_prompts,
+        };
+        let (mut samples, rollout_timings) = self.workload.rollout(&self.policies, &prompts, &settings)?;
+
+        // Rewards.
+        let t = Instant::now();
+        self.workload.assign_rewards(&mut samples, &prompts)?;
+        timing.insert("timing_s/reward".into(), t.elapsed().as_secs_f64());
+        samples.sort_by_key(|s| (s.policy, s.prompt, s.sample_index));
+        for (i, s) in samples.iter_mut().enumerate() {
+            s.id = i;
+        }
+
+        // Old and reference log-probs, every policy on its own thread.
+        let cfg = self.config.clone();
+        let scored = scoring::score_samples(
+            &self.policies,
+            &mut samples,
+            &scoring::ScoreSettings {
+                step,
+                batch: cfg.algo.micro_batch_sequences,
+                temperature: cfg.rollout.temperature,
+                with_reference: cfg.algo.kl_coef > 0.0,
+            },
+        )?;
+        timing.insert("timing_s/old_log_prob".into(), scored.old_s);
+        timing.insert("timing_s/ref".into(), scored.ref_s);
+
+        // Advantages: the algorithm sees the whole step, then each learner's routed samples.
+        let t = Instant::now();
+        let everything: Vec<PoolSample> =
+            samples.iter().map(|s| PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
+        self.algorithm.observe(&everything, self.policies.len());
+        let routing = self.algorithm.routing();
+        let mut batches = Vec::with_capacity(self.policies.len());
+        for k in 0..self.policies.len() {
+            let routed = routing::route(&samples, k, routing);
+            let advantages = self.algorithm.advantages(&routed.pool, k)?;
+            batches.push((routed, advantages));
+        }
+        timing.insert("timing_s/adv".into(), t.elapsed().as_secs_f64());
+
+        // Route: each learner's token ids of its samples.
+        let mut learner_batches = Vec::with_capacity(self.policies.len());
+        let mut retokenize_s = Vec::with_capacity(self.policies.len());
+        for (policy, (routed, advantages)) in self.policies.iter().zip(batches) {
+            let t = Instant::now();
+            let views = routing::views(
+                policy,
+                &samples,
+                &routed.indices,
+                cfg.rollout.cross_max_prompt_tokens,
+                cfg.rollout.max_response_tokens,
+            )?;
+            retokenize_s.push(t.elapsed().as_secs_f64());
+            learner_batches.push(LearnerBatch {
+                indices: routed.indices,
+                pool: routed.pool,
+                advantages,
+                views,
+                samples: &samples,
+                ref_logps: &scored.ref_logps,
+            });
+        }
+
+        // Update every policy on its batch.
+        let t = Instant::now();
+        let settings = UpdateSettings {
+            step,
+            total_updates: self.total_steps * self.updates_per_step(),
+            minibatch_sequences: self.shape.minibatch_prompts * self.shape.group_size,
+            micro_batch_sequences: cfg.algo.micro_batch_sequences,
+            inv_temperature: 1.0 / cfg.rollout.temperature.max(1e-6),
+            kl_coef: cfg.algo.kl_coef,
+            grad_clip: cfg.algo.grad_clip,
+            lr: cfg.algo.optimizer.lr,
+            schedule: cfg.algo.schedule.clone(),
+            norm_length: self.shape.norm_length,
+            dump_dir: cfg.run.dump_batches.then(|| self.run.batches()),
+        };
+        let algorithm = self.algorithm.as_ref();
+        let reports = if cfg.run.concurrent_updates && self.policies.len() > 1 {
+            let results: Vec<Result<update::UpdateReport>> = std::thread::scope(|s| {
+                let handles: Vec<_> = self
+                    .policies
+                    .iter_mut()
+                    .zip(&learner_batches)
+                    .map(|(p, b)| {
+                        let settings = &settings;
+                        s.spawn(move || update_policy(p, algorithm, b, settings))
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("an update thread panicked".into()))))
+                    .collect()
+            });
+            results.into_iter().collect::<Result<Vec<_>>>()?
+        } else {
+            self.policies
+                .iter_mut()
+                .zip(&learner_batches)
+                .map(|(p, b)| update_policy(p, algorithm, b, &settings))
+                .collect::<Result<Vec<_>>>()?
+        };
+        timing.insert("timing_s/update_actor".into(), t.elapsed().as_secs_f64());
+        timing.insert("timing_s/step".into(), step_started.elapsed().as_secs_f64());
+        drop(learner_batches);
+
+        // Metrics, one record per policy.
+        let step_s = timing["timing_s/step"];
+        let summary = format!(
+            "gen {:.1}s | old-logp {:.1}s | retok {:.2}s | update {:.1}s",
+            rollout_timings.iter().map(|t| t.generate).fold(0.0, f64::max),
+            timing["timing_s/old_log_prob"],
+            retokenize_s.iter().sum::<f64>(),
+            timing["timing_s/update_actor"]
+        );
+        self.last_metrics.clear();
+        for (k, mut report) in reports.into_iter().enumerate() {
+            let own: Vec<&Sample> = samples.iter().filter(|s| s.policy == k).collect();
+            let n_own = own.len().max(1) as f64;
+            let m = &mut report.metrics;
+            m.extend(timing.iter().map(|(k, v)| (k.clone(), *v)));
+            m.insert("timing_s/gen".into(), rollout_timings[k].generate);
+            m.insert("timing_s/retokenize".into(), retokenize_s[k]);
+            m.insert("timing_s/update".into(), report.update_s);
+            m.insert("critic/score/mean".into(), own.iter().map(|s| s.reward()).sum::<f64>() / n_own);
+            m.insert(
+                "response_length/mean".into(),
+                own.iter().map(|s| s.response_ids.len() as f64).sum::<f64>() / n_own,
+            );
+            m.insert(
+                "response_length/clip_ratio".into(),
+                own.iter().filter(|s| s.finish_reason == FinishReason::Length).count() as f64 / n_own,
+            );
+            m.insert("perf/generated_tokens".into(), rollout_timings[k].generated_tokens as f64);
+            m.insert("perf/update_tokens".into(), report.tokens as f64);
+            m.insert(
+                "perf/throughput".into(),
+                (rollout_timings[k].generated_tokens + report.tokens) as f64 / step_s.max(1e-9),
+            );
+            if self.should_validate(step) {
+                let acc = self.validate(k)?;
+                report.metrics.insert("val/accuracy".into(), acc);
+            }
+            self.metrics.record(step, &self.policies[k].name, &report.metrics)?;
+            self.last_metrics.push((self.policies[k].name.clone(), report.metrics));
+        }
+        self.step = step;
+        Ok(summary)
+    }
+
+    fn should_validate(&self, step: u64) -> bool {
+        let every = self.config.task.val_every as u64;
+        !self.task.validation().is_empty() && every > 0 && (step.is_multiple_of(every) || step == self.total_steps)
+    }
+
+    /// Greedy accuracy of policy `k` on the validation prompts.
+    pub fn validate(&self, k: usize) -> Result<f64> {
+        let policy = &self.policies[k];
+        let prompts = self.task.validation();
+        let model = policy.inference_model();
+        let ids: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| policy.encode_prompt(&self.role.messages(p), self.config.rollout.max_prompt_tokens))
+            .collect::<Result<_>>()?;
+        let texts = crate::generate::greedy_responses(
+            &model,
+            &policy.tokenizer,
+            &policy.eos_token_ids,
+            &ids,
+            self.config.task.val_max_new_tokens,
+            self.config.rollout.batch_prompts,
+        )?;
+        let correct: f64 = prompts.iter().zip(&texts).map(|(p, t)| self.task.reward(p, t)).sum();
+        Ok(correct / prompts.len().max(1) as f64)
+    }
+
+    /// Greedy held-out accuracy of every policy, by name.
+    pub fn accuracies(&self) -> Result<crate::run_dir::Accuracies> {
+        (0..self.policies.len()).map(|k| Ok((self.policies[k].name.clone(), self.validate(k)?))).collect()
+    }
+
+    /// Whether the task has held-out prompts.
+    pub fn validates(&self) -> bool {
+        !self.task.validation().is_empty()
+    }
+
+    /// Writes a complete checkpoint of the current state.
+    pub fn save_checkpoint(&self) -> Result<std::path::PathBuf> {
+        let parts: Vec<AgentCheckpoint<'_, B>> = self
+            .policies
+            .iter()
+            .map(|p| AgentCheckpoint {
+                model: p.inference_model(),
+                tokenizer: &p.tokenizer,
+                eos_token_ids: &p.eos_token_ids,
+                optimizer: &p.optimizer,
+            })
+            .collect();
+        let state = TrainerState {
+            step: self.step,
+            sampler: self.sampler,
+            algorithm: self.algorithm.state(),
+            policies: self.policies.iter().map(|p| p.name.clone()).collect(),
+        };
+        checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
+    }
+}

@@ -1,0 +1,97 @@
+//! The old/ref log-prob stage: every policy scores its own samples with its training forward
+//! pass (the old policy's per-token log-probs, not the sampler's: sampler and trainer numerics
+//! must not differ) and, when the KL term is on, with its frozen reference. One thread per
+//! policy.
+
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+
+use crate::error::{Error, Result};
+use crate::generate::score::score;
+use crate::policy::Policy;
+use crate::sample::Sample;
+
+/// Settings of the scoring stage.
+pub struct ScoreSettings {
+    pub step: u64,
+    /// Sequences per forward pass.
+    pub batch: usize,
+    pub temperature: f32,
+    pub with_reference: bool,
+}
+
+/// What the stage produced besides the samples' `token_logps`.
+pub struct Scored {
+    /// Reference log-probs per sample (own samples of policies with a reference).
+    pub ref_logps: Vec<Option<Vec<f32>>>,
+    /// Wall seconds of the slowest policy, old and reference.
+    pub old_s: f64,
+    pub ref_s: f64,
+}
+
+type PolicyScores = (Vec<(usize, Vec<f32>)>, Vec<(usize, Vec<f32>)>, f64, f64);
+
+/// Fills `token_logps` of every sample and returns the reference log-probs.
+pub fn score_samples<B: Backend>(
+    policies: &[Policy<B>],
+    samples: &mut [Sample],
+    settings: &ScoreSettings,
+) -> Result<Scored> {
+    let view: &[Sample] = samples;
+    let results: Vec<Result<PolicyScores>> = std::thread::scope(|s| {
+        let handles: Vec<_> = policies.iter().map(|p| s.spawn(move || score_policy(p, view, settings))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("a scoring thread panicked".into()))))
+            .collect()
+    });
+    let mut out = Scored { ref_logps: vec![None; samples.len()], old_s: 0.0, ref_s: 0.0 };
+    for r in results {
+        let (old, reference, old_s, ref_s) = r?;
+        for (i, lp) in old {
+            samples[i].token_logps = lp;
+        }
+        for (i, lp) in reference {
+            out.ref_logps[i] = Some(lp);
+        }
+        out.old_s = out.old_s.max(old_s);
+        out.ref_s = out.ref_s.max(ref_s);
+    }
+    Ok(out)
+}
+
+/// One policy's own samples, scored in batches in step order.
+fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &ScoreSettings) -> Result<PolicyScores> {
+    let own: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].policy == policy.index).collect();
+    let temperature = settings.temperature.max(1e-6);
+    let run = |model: &crate::model::CausalLm<B>| -> Result<Vec<(usize, Vec<f32>)>> {
+        let mut out = Vec::with_capacity(own.len());
+        for chunk in own.chunks(settings.batch.max(1)) {
+            let requests: Vec<(Vec<u32>, Vec<u32>)> =
+                chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
+            for (&i, lp) in chunk.iter().zip(score(model, &requests, temperature)?) {
+                // A diverged model (NaN/inf weights or activations) shows here first.
+                if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
+                    return Err(Error::NonFinite {
+                        agent: policy.name.clone(),
+                        step: settings.step,
+                        what: "log-probability of its own sample",
+                        value: bad as f64,
+                    });
+                }
+                out.push((i, lp));
+            }
+        }
+        Ok(out)
+    };
+    let t = Instant::now();
+    let old = run(&policy.inference_model())?;
+    let old_s = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let reference = match (&policy.reference, settings.with_reference) {
+        (Some(r), true) => run(r)?,
+        _ => Vec::new(),
+    };
+    Ok((old, reference, old_s, t.elapsed().as_secs_f64()))
+}

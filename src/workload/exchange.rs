@@ -1,0 +1,165 @@
+//! HACPO's workload (ALGORITHMS.md §2.2): every policy that plays the role answers every
+//! prompt G times on its own thread and publishes its samples to the [`RolloutPool`], so each
+//! policy receives everyone's; rewards come from the task's verifier.
+//!
+//! EOS handling follows ALGORITHMS.md §2.6: a terminal EOS is removed before anything else
+//! (the text is decoded without it); a response that is only EOS keeps that single token.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use rayon::prelude::*;
+
+use super::pool::RolloutPool;
+use super::{Role, RolloutSettings, RolloutTimings, Workload, mix_seed};
+use crate::error::{Error, Result};
+use crate::generate::{GenerateRequest, generate};
+use crate::policy::Policy;
+use crate::sample::{GroupKey, Sample};
+use crate::task::{Task, TaskPrompt};
+
+/// Every policy of one role answers every prompt; all samples go to everyone.
+pub struct Exchange {
+    pub task: Arc<dyn Task>,
+    pub role: Role,
+}
+
+impl Exchange {
+    /// The group of a prompt's answers: the task's id, the role, and the prompt's position in
+    /// the step (an epoch boundary may put one task twice into a step).
+    pub fn group_key(&self, prompt: &TaskPrompt, position: usize) -> GroupKey {
+        GroupKey::new(&[&self.role.name, &prompt.id, &position.to_string()])
+    }
+}
+
+impl<B: Backend> Workload<B> for Exchange {
+    fn name(&self) -> &str {
+        "exchange"
+    }
+
+    fn rollout(
+        &self,
+        policies: &[Policy<B>],
+        prompts: &[TaskPrompt],
+        settings: &RolloutSettings,
+    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)> {
+        let players: Vec<&Policy<B>> = self.role.policies.iter().map(|&k| &policies[k]).collect();
+        let pool = RolloutPool::<Sample>::new(players.len());
+        let results: Vec<Result<(Vec<Sample>, RolloutTimings)>> = std::thread::scope(|s| {
+            let handles: Vec<_> = players
+                .iter()
+                .enumerate()
+                .map(|(slot, policy)| {
+                    let mut endpoint = pool.endpoint(slot);
+                    s.spawn(move || {
+                        let _span =
+                            tracing::info_span!("rollout", policy = %policy.name, step = settings.step).entered();
+                        match self.sample(policy, prompts, settings) {
+                            Ok((mine, timings)) => {
+                                endpoint.publish(mine);
+                                endpoint.finish();
+                                endpoint.collect().map(|all| (all, timings))
+                            }
+                            Err(e) => {
+                                endpoint.fail(&policy.name, e.to_string());
+                                Err(e)
+                            }
+                        }
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("a rollout thread panicked".into()))))
+                .collect()
+        });
+        let mut samples = None;
+        let mut timings = vec![RolloutTimings::default(); policies.len()];
+        let mut first_error = None;
+        for (slot, r) in results.into_iter().enumerate() {
+            match r {
+                Ok((all, t)) => {
+                    timings[self.role.policies[slot]] = t;
+                    samples.get_or_insert(all);
+                }
+                Err(e) => first_error = Some(crate::error::root_cause(first_error, e)),
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e);
+        }
+        Ok((samples.unwrap_or_default(), timings))
+    }
+
+    fn assign_rewards(&self, samples: &mut [Sample], prompts: &[TaskPrompt]) -> Result<()> {
+        let task = self.task.as_ref();
+        samples.par_iter_mut().for_each(|s| s.reward = Some(task.reward(&prompts[s.prompt], &s.text)));
+        Ok(())
+    }
+}
+
+impl Exchange {
+    /// `settings.group_size` responses of `policy` to every prompt.
+    fn sample<B: Backend>(
+        &self,
+        policy: &Policy<B>,
+        prompts: &[TaskPrompt],
+        settings: &RolloutSettings,
+    ) -> Result<(Vec<Sample>, RolloutTimings)> {
+        let mut timings = RolloutTimings::default();
+        let model = policy.inference_model();
+        let g = settings.group_size;
+        let messages: Vec<_> = prompts.iter().map(|p| self.role.messages(p)).collect();
+        let prompt_ids: Vec<Vec<u32>> =
+            messages.iter().map(|m| policy.encode_prompt(m, settings.max_prompt_tokens)).collect::<Result<_>>()?;
+        let seed = mix_seed(&[settings.run_seed, settings.step, policy.index as u64]);
+        let per_chunk = settings.batch_prompts.max(1);
+        let mut out = Vec::with_capacity(prompts.len() * g);
+        for (chunk_index, chunk) in prompt_ids.chunks(per_chunk).enumerate() {
+            let first = chunk_index * per_chunk;
+            let mut params = settings.sampling.clone();
+            params.seed = mix_seed(&[seed, chunk_index as u64]);
+            let mut req = GenerateRequest::new(chunk, params);
+            req.num_samples = g;
+            req.stop_token_ids = policy.eos_token_ids.clone();
+            let started = Instant::now();
+            let (completions, stats) = generate(&model, &req)?;
+            timings.generate += started.elapsed().as_secs_f64();
+            timings.generated_tokens += stats.generated_tokens;
+            for c in completions {
+                let p = first + c.prompt_index;
+                let mut ids = c.token_ids;
+                if ids.last().is_some_and(|t| policy.eos_token_ids.contains(t)) {
+                    ids.pop();
+                }
+                let (response_ids, text) = if ids.is_empty() {
+                    (vec![policy.eos()?], String::new())
+                } else {
+                    let text = policy.tokenizer.decode(&ids, true)?;
+                    (ids, text)
+                };
+                out.push(Sample {
+                    id: 0,
+                    policy: policy.index,
+                    role: self.role.name.clone(),
+                    group: self.group_key(&prompts[p], p),
+                    parent: None,
+                    turn: 0,
+                    prompt: p,
+                    sample_index: c.sample_index,
+                    messages: messages[p].clone(),
+                    text,
+                    prompt_ids: prompt_ids[p].clone(),
+                    response_ids,
+                    token_logps: vec![],
+                    reward: None,
+                    train: true,
+                    policy_version: policy.version,
+                    finish_reason: c.finish_reason,
+                });
+            }
+        }
+        Ok((out, timings))
+    }
+}

@@ -1,0 +1,154 @@
+//! The trainer's stages one at a time, on tiny random models around the real Qwen3 and
+//! Llama-3.1 tokenizers: retokenised views (routing stage) and micro-batch accumulation
+//! (update stage). Routing itself is unit-tested in `src/trainer/routing.rs`.
+
+mod common;
+
+use std::path::Path;
+
+use hacpo::backend::{Cpu, CpuAutodiff};
+use hacpo::generate::FinishReason;
+use hacpo::generate::score::score;
+use hacpo::policy::Policy;
+use hacpo::rl::{Routing, registry};
+use hacpo::sample::{GroupKey, Sample};
+use hacpo::tokenizer::Message;
+use hacpo::train::optim::{AdamWConfig, LrSchedule};
+use hacpo::trainer::routing::{route, views};
+use hacpo::trainer::update::{LearnerBatch, UpdateSettings, update_policy};
+
+fn policy(k: usize, dir: &Path) -> Policy<Cpu> {
+    let pretrained = hacpo::model::load_hf_dir::<CpuAutodiff>(dir, &common::device()).unwrap();
+    Policy::new(
+        k,
+        format!("p{k}"),
+        dir.display().to_string(),
+        common::device(),
+        pretrained,
+        None,
+        Default::default(),
+        AdamWConfig { lr: 1e-3, ..Default::default() },
+    )
+}
+
+fn sample(policy: &Policy<Cpu>, group: &str, text: &str, sample_index: usize) -> Sample {
+    let messages = vec![Message::user(format!("What is {group}?"))];
+    let prompt_ids = policy.encode_prompt(&messages, 256).unwrap();
+    let response_ids =
+        if text.is_empty() { vec![policy.eos().unwrap()] } else { policy.tokenizer.encode(text, false).unwrap() };
+    let token_logps =
+        score(&policy.inference_model(), &[(prompt_ids.clone(), response_ids.clone())], 1.0).unwrap().remove(0);
+    Sample {
+        id: 0,
+        policy: policy.index,
+        role: "solver".into(),
+        group: GroupKey(group.into()),
+        parent: None,
+        turn: 0,
+        prompt: 0,
+        sample_index,
+        messages,
+        text: text.into(),
+        prompt_ids,
+        response_ids,
+        token_logps,
+        reward: Some((sample_index % 2) as f64),
+        train: true,
+        policy_version: 0,
+        finish_reason: FinishReason::Stop,
+    }
+}
+
+#[test]
+fn views_reuse_own_ids_and_retokenise_other_policies_samples() {
+    let (q, l) = (common::tiny_agent("qwen3", "qwen3", 32, 1), common::tiny_agent("llama3.1", "llama", 40, 2));
+    let (qwen, llama) = (policy(0, q.path()), policy(1, l.path()));
+    let samples = vec![
+        sample(&qwen, "2+3", "so the answer is 5", 0),
+        sample(&llama, "2+3", "2 + 3 = 5, answer 5", 0),
+        sample(&llama, "2+3", "", 1),
+    ];
+    let v = views(&qwen, &samples, &[0, 1, 2], 512, 4).unwrap();
+    assert_eq!(
+        (v[0].prompt_ids.clone(), v[0].response_ids.clone()),
+        (samples[0].prompt_ids.clone(), samples[0].response_ids.clone())
+    );
+    // Another tokenizer family: the learner's template and tokenizer, the response truncated.
+    assert_eq!(v[1].prompt_ids, qwen.encode_prompt(&samples[1].messages, 512).unwrap());
+    assert_ne!(v[1].prompt_ids, samples[1].prompt_ids, "Llama-3 and ChatML prompts differ");
+    let full = qwen.tokenizer.encode("2 + 3 = 5, answer 5", false).unwrap();
+    assert!(full.len() > 4);
+    assert_eq!(v[1].response_ids, full[..4].to_vec());
+    // An EOS-only response becomes the learner's EOS.
+    assert_eq!(v[2].response_ids, vec![qwen.eos().unwrap()]);
+    // The cross prompt is rendered with the learner's own limit (keeping the last tokens).
+    let short = views(&qwen, &samples, &[1], 3, 64).unwrap();
+    assert_eq!(short[0].prompt_ids, v[1].prompt_ids[v[1].prompt_ids.len() - 3..].to_vec());
+}
+
+/// Splitting a mini-batch into micro-batches must not change the update: the losses add up
+/// and the accumulated gradient (its norm) is the one-pass gradient, for the sequence-level
+/// (HACPO with cross samples), token-level (GRPO) and constant-length (Dr. GRPO) losses, with
+/// the KL term on.
+#[test]
+fn micro_batches_accumulate_to_the_one_pass_update() {
+    let (q, l) = (common::tiny_agent("qwen3", "qwen3", 32, 1), common::tiny_agent("llama3.1", "llama", 40, 2));
+    for name in ["hacpo", "grpo", "drgrpo"] {
+        let mut settings = hacpo::config::AlgoConfig::default();
+        settings.kl_coef = 0.05;
+        let mut algo = registry::build::<CpuAutodiff>(name, &settings.settings()).unwrap();
+        let llama = policy(1, l.path());
+        let base = policy(0, q.path());
+        let mut samples = Vec::new();
+        for (g, group) in ["2+3", "4*5"].iter().enumerate() {
+            for i in 0..4 {
+                samples.push(sample(&base, group, &format!("answer {}", i * 7 + g), i));
+                samples.push(sample(&llama, group, &format!("it is {}", i * 3 + g), i));
+            }
+        }
+        samples.sort_by_key(|s| (s.policy, s.group.clone(), s.sample_index));
+        let pool: Vec<_> =
+            samples.iter().map(|s| hacpo::rl::PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
+        algo.observe(&pool, 2);
+        let routed = route(&samples, 0, algo.routing());
+        assert_eq!(routed.indices.len(), if algo.routing() == Routing::Shared { 16 } else { 8 });
+        let advantages = algo.advantages(&routed.pool, 0).unwrap();
+        // Reference log-probs: the old ones shifted, so the KL term is not zero.
+        let refs: Vec<Option<Vec<f32>>> =
+            samples.iter().map(|s| (s.policy == 0).then(|| s.token_logps.iter().map(|x| x - 0.3).collect())).collect();
+        let mut metrics = Vec::new();
+        for micro in [routed.indices.len(), 3, 1] {
+            let mut p = policy(0, q.path());
+            let batch = LearnerBatch {
+                indices: routed.indices.clone(),
+                pool: routed.pool.clone(),
+                advantages: advantages.clone(),
+                views: views(&p, &samples, &routed.indices, 512, 64).unwrap(),
+                samples: &samples,
+                ref_logps: &refs,
+            };
+            let settings = UpdateSettings {
+                step: 1,
+                total_updates: 1,
+                minibatch_sequences: routed.indices.len(),
+                micro_batch_sequences: micro,
+                inv_temperature: 1.0,
+                kl_coef: 0.05,
+                grad_clip: 1e9,
+                lr: 1e-3,
+                schedule: LrSchedule::default(),
+                norm_length: 32,
+                dump_dir: None,
+            };
+            metrics.push(update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics);
+            assert_eq!(p.version, 1);
+        }
+        for m in &metrics[1..] {
+            for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"] {
+                let (a, b) = (metrics[0][key], m[key]);
+                assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-3), "{name} {key}: one pass {a} vs micro-batches {b}");
+            }
+        }
+        assert!(metrics[0]["actor/kl_loss"] > 0.0 && metrics[0]["actor/grad_norm"] > 0.0, "{name}: {:?}", metrics[0]);
+    }
+}

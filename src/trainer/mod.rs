@@ -37,7 +37,7 @@ use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
 use crate::train::metrics::{Metrics, MetricsSink};
 use crate::workload::exchange::Exchange;
-use crate::workload::{Role, RolloutSettings, Workload, mix_seed};
+use crate::workload::{Role, RolloutSettings, RolloutTimings, Workload, mix_seed};
 use update::{LearnerBatch, UpdateSettings, update_policy};
 
 /// What a finished run reports.
@@ -76,6 +76,14 @@ fn kwargs(table: &toml::Table) -> Map<String, Value> {
         Ok(Value::Object(m)) => m,
         _ => Map::new(),
     }
+}
+
+/// Runs a stage and records its wall time under `name`.
+fn timed<T>(timing: &mut Metrics, name: &str, stage: impl FnOnce() -> Result<T>) -> Result<T> {
+    let started = Instant::now();
+    let out = stage();
+    timing.insert(name.into(), started.elapsed().as_secs_f64());
+    out
 }
 
 /// The roles of a config: `[[roles]]`, or every policy in the one role `solver`.
@@ -321,175 +329,195 @@ impl<B: Backend> Trainer<B> {
 
     /// One training step; returns a one-line summary of its stage timings.
     pub fn train_step(&mut self) -> Result<String> {
-        let step_started = Instant::now();
+        let started = Instant::now();
         let step = self.step + 1;
         let mut timing = Metrics::new();
-
-        // Prompts and rollout: the workload produces the step's samples.
         let prompts = self.next_prompts();
-        let settings = RolloutSettings {
-            step,
-            run_seed: self.config.run.seed,
-            group_size: self.shape.group_size,
-            sampling: SamplingParams {
-                temperature: self.config.rollout.temperature,
-                top_p: self.config.rollout.top_p,
-                top_k: self.config.rollout.top_k,
-                max_new_tokens: self.config.rollout.max_new_tokens,
-                seed: 0,
-            },
-            max_prompt_tokens: self.config.rollout.max_prompt_tokens,
-            batch_prompts: self.config.rollout.batch_prompts,
-        };
-        let (mut samples, rollout_timings) = self.workload.rollout(&self.policies, &prompts, &settings)?;
-
-        // Rewards.
-        let t = Instant::now();
-        self.workload.assign_rewards(&mut samples, &prompts)?;
-        timing.insert("timing_s/reward".into(), t.elapsed().as_secs_f64());
+        let (mut samples, generation) =
+            self.workload.rollout(&self.policies, &prompts, &self.rollout_settings(step))?;
+        timed(&mut timing, "timing_s/reward", || self.workload.assign_rewards(&mut samples, &prompts))?;
         samples.sort_by_key(|s| (s.policy, s.prompt, s.sample_index));
         for (i, s) in samples.iter_mut().enumerate() {
             s.id = i;
         }
-
-        // Old and reference log-probs, every policy on its own thread.
-        let cfg = self.config.clone();
-        let scored = scoring::score_samples(
-            &self.policies,
-            &mut samples,
-            &scoring::ScoreSettings {
-                step,
-                batch: cfg.algo.micro_batch_sequences,
-                temperature: cfg.rollout.temperature,
-                with_reference: cfg.algo.kl_coef > 0.0,
-            },
-        )?;
-        timing.insert("timing_s/old_log_prob".into(), scored.old_s);
-        timing.insert("timing_s/ref".into(), scored.ref_s);
-
-        // Advantages: the algorithm sees the whole step, then each learner's routed samples.
-        let t = Instant::now();
-        let everything: Vec<PoolSample> =
-            samples.iter().map(|s| PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
-        self.algorithm.observe(&everything, self.policies.len());
-        let routing = self.algorithm.routing();
-        let mut batches = Vec::with_capacity(self.policies.len());
-        for k in 0..self.policies.len() {
-            let routed = routing::route(&samples, k, routing);
-            let advantages = self.algorithm.advantages(&routed.pool, k)?;
-            batches.push((routed, advantages));
-        }
-        timing.insert("timing_s/adv".into(), t.elapsed().as_secs_f64());
-
-        // Route: each learner's token ids of its samples.
-        let mut learner_batches = Vec::with_capacity(self.policies.len());
-        let mut retokenize_s = Vec::with_capacity(self.policies.len());
-        for (policy, (routed, advantages)) in self.policies.iter().zip(batches) {
-            let t = Instant::now();
-            let views = routing::views(
-                policy,
-                &samples,
-                &routed.indices,
-                cfg.rollout.cross_max_prompt_tokens,
-                cfg.rollout.max_response_tokens,
-            )?;
-            retokenize_s.push(t.elapsed().as_secs_f64());
-            learner_batches.push(LearnerBatch {
-                indices: routed.indices,
-                pool: routed.pool,
-                advantages,
-                views,
-                samples: &samples,
-                ref_logps: &scored.ref_logps,
-            });
-        }
-
-        // Update every policy on its batch.
-        let t = Instant::now();
-        let settings = UpdateSettings {
-            step,
-            total_updates: self.total_steps * self.updates_per_step(),
-            minibatch_sequences: self.shape.minibatch_prompts * self.shape.group_size,
-            micro_batch_sequences: cfg.algo.micro_batch_sequences,
-            inv_temperature: 1.0 / cfg.rollout.temperature.max(1e-6),
-            kl_coef: cfg.algo.kl_coef,
-            grad_clip: cfg.algo.grad_clip,
-            lr: cfg.algo.optimizer.lr,
-            schedule: cfg.algo.schedule.clone(),
-            norm_length: self.shape.norm_length,
-            dump_dir: cfg.run.dump_batches.then(|| self.run.batches()),
-        };
-        let algorithm = self.algorithm.as_ref();
-        let reports = if cfg.run.concurrent_updates && self.policies.len() > 1 {
-            let results: Vec<Result<update::UpdateReport>> = std::thread::scope(|s| {
-                let handles: Vec<_> = self
-                    .policies
-                    .iter_mut()
-                    .zip(&learner_batches)
-                    .map(|(p, b)| {
-                        let settings = &settings;
-                        s.spawn(move || update_policy(p, algorithm, b, settings))
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("an update thread panicked".into()))))
-                    .collect()
-            });
-            results.into_iter().collect::<Result<Vec<_>>>()?
-        } else {
-            self.policies
-                .iter_mut()
-                .zip(&learner_batches)
-                .map(|(p, b)| update_policy(p, algorithm, b, &settings))
-                .collect::<Result<Vec<_>>>()?
-        };
-        timing.insert("timing_s/update_actor".into(), t.elapsed().as_secs_f64());
-        timing.insert("timing_s/step".into(), step_started.elapsed().as_secs_f64());
-        drop(learner_batches);
-
-        // Metrics, one record per policy.
-        let step_s = timing["timing_s/step"];
+        let scored = self.score(step, &mut samples, &mut timing)?;
+        let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
+        let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;
+        let reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;
+        timing.insert("timing_s/step".into(), started.elapsed().as_secs_f64());
         let summary = format!(
             "gen {:.1}s | old-logp {:.1}s | retok {:.2}s | update {:.1}s",
-            rollout_timings.iter().map(|t| t.generate).fold(0.0, f64::max),
+            generation.iter().map(|t| t.generate).fold(0.0, f64::max),
             timing["timing_s/old_log_prob"],
             retokenize_s.iter().sum::<f64>(),
             timing["timing_s/update_actor"]
         );
+        drop(batches);
+        self.record(step, &samples, &generation, &retokenize_s, reports, &timing)?;
+        self.step = step;
+        Ok(summary)
+    }
+
+    /// Sampling settings of step `step` (the seed is derived per policy by the workload).
+    fn rollout_settings(&self, step: u64) -> RolloutSettings {
+        let r = &self.config.rollout;
+        RolloutSettings {
+            step,
+            run_seed: self.config.run.seed,
+            group_size: self.shape.group_size,
+            sampling: SamplingParams {
+                temperature: r.temperature,
+                top_p: r.top_p,
+                top_k: r.top_k,
+                max_new_tokens: r.max_new_tokens,
+                seed: 0,
+            },
+            max_prompt_tokens: r.max_prompt_tokens,
+            batch_prompts: r.batch_prompts,
+        }
+    }
+
+    /// Old (and, with a KL term, reference) log-probs of every policy's own samples.
+    fn score(&self, step: u64, samples: &mut [Sample], timing: &mut Metrics) -> Result<scoring::Scored> {
+        let scored = scoring::score_samples(
+            &self.policies,
+            samples,
+            &scoring::ScoreSettings {
+                step,
+                batch: self.config.algo.micro_batch_sequences,
+                temperature: self.config.rollout.temperature,
+                with_reference: self.config.algo.kl_coef > 0.0,
+            },
+        )?;
+        timing.insert("timing_s/old_log_prob".into(), scored.old_s);
+        timing.insert("timing_s/ref".into(), scored.ref_s);
+        Ok(scored)
+    }
+
+    /// The algorithm sees the whole step, then each policy's routed samples get advantages.
+    fn advantages(&mut self, samples: &[Sample]) -> Result<Vec<(routing::Routed, Vec<f64>)>> {
+        let everything: Vec<PoolSample> =
+            samples.iter().map(|s| PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
+        self.algorithm.observe(&everything, self.policies.len());
+        let routing = self.algorithm.routing();
+        (0..self.policies.len())
+            .map(|k| {
+                let routed = routing::route(samples, k, routing);
+                let advantages = self.algorithm.advantages(&routed.pool, k)?;
+                Ok((routed, advantages))
+            })
+            .collect()
+    }
+
+    /// Each policy's batch: its routed samples in its own tokens (and seconds spent on that).
+    fn route<'a>(
+        &self,
+        samples: &'a [Sample],
+        advantages: Vec<(routing::Routed, Vec<f64>)>,
+        ref_logps: &'a [Option<Vec<f32>>],
+    ) -> Result<(Vec<LearnerBatch<'a>>, Vec<f64>)> {
+        let r = &self.config.rollout;
+        let mut batches = Vec::with_capacity(self.policies.len());
+        let mut seconds = Vec::with_capacity(self.policies.len());
+        for (policy, (routed, advantages)) in self.policies.iter().zip(advantages) {
+            let t = Instant::now();
+            let views =
+                routing::views(policy, samples, &routed.indices, r.cross_max_prompt_tokens, r.max_response_tokens)?;
+            seconds.push(t.elapsed().as_secs_f64());
+            batches.push(LearnerBatch {
+                indices: routed.indices,
+                pool: routed.pool,
+                advantages,
+                views,
+                samples,
+                ref_logps,
+            });
+        }
+        Ok((batches, seconds))
+    }
+
+    /// Updates every policy on its batch (concurrently when `run.concurrent_updates`).
+    fn update(&mut self, step: u64, batches: &[LearnerBatch<'_>]) -> Result<Vec<update::UpdateReport>> {
+        let a = &self.config.algo;
+        let settings = UpdateSettings {
+            step,
+            total_updates: self.total_steps * self.updates_per_step(),
+            minibatch_sequences: self.shape.minibatch_prompts * self.shape.group_size,
+            micro_batch_sequences: a.micro_batch_sequences,
+            inv_temperature: 1.0 / self.config.rollout.temperature.max(1e-6),
+            kl_coef: a.kl_coef,
+            grad_clip: a.grad_clip,
+            lr: a.optimizer.lr,
+            schedule: a.schedule.clone(),
+            norm_length: self.shape.norm_length,
+            dump_dir: self.config.run.dump_batches.then(|| self.run.batches()),
+        };
+        let algorithm = self.algorithm.as_ref();
+        if !(self.config.run.concurrent_updates && self.policies.len() > 1) {
+            return self
+                .policies
+                .iter_mut()
+                .zip(batches)
+                .map(|(p, b)| update_policy(p, algorithm, b, &settings))
+                .collect();
+        }
+        let settings = &settings;
+        let results: Vec<Result<update::UpdateReport>> = std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .policies
+                .iter_mut()
+                .zip(batches)
+                .map(|(p, b)| s.spawn(move || update_policy(p, algorithm, b, settings)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal("an update thread panicked".into()))))
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// One metrics record per policy: the stage timings, its samples' statistics, its update's
+    /// metrics and, when due, its held-out accuracy.
+    fn record(
+        &mut self,
+        step: u64,
+        samples: &[Sample],
+        generation: &[RolloutTimings],
+        retokenize_s: &[f64],
+        reports: Vec<update::UpdateReport>,
+        timing: &Metrics,
+    ) -> Result<()> {
+        let step_s = timing["timing_s/step"];
         self.last_metrics.clear();
         for (k, mut report) in reports.into_iter().enumerate() {
             let own: Vec<&Sample> = samples.iter().filter(|s| s.policy == k).collect();
             let n_own = own.len().max(1) as f64;
+            let mean = |f: &dyn Fn(&Sample) -> f64| own.iter().map(|s| f(s)).sum::<f64>() / n_own;
             let m = &mut report.metrics;
             m.extend(timing.iter().map(|(k, v)| (k.clone(), *v)));
-            m.insert("timing_s/gen".into(), rollout_timings[k].generate);
+            m.insert("timing_s/gen".into(), generation[k].generate);
             m.insert("timing_s/retokenize".into(), retokenize_s[k]);
             m.insert("timing_s/update".into(), report.update_s);
-            m.insert("critic/score/mean".into(), own.iter().map(|s| s.reward()).sum::<f64>() / n_own);
-            m.insert(
-                "response_length/mean".into(),
-                own.iter().map(|s| s.response_ids.len() as f64).sum::<f64>() / n_own,
-            );
+            m.insert("critic/score/mean".into(), mean(&|s| s.reward()));
+            m.insert("response_length/mean".into(), mean(&|s| s.response_ids.len() as f64));
             m.insert(
                 "response_length/clip_ratio".into(),
-                own.iter().filter(|s| s.finish_reason == FinishReason::Length).count() as f64 / n_own,
+                mean(&|s| (s.finish_reason == FinishReason::Length) as u8 as f64),
             );
-            m.insert("perf/generated_tokens".into(), rollout_timings[k].generated_tokens as f64);
+            m.insert("perf/generated_tokens".into(), generation[k].generated_tokens as f64);
             m.insert("perf/update_tokens".into(), report.tokens as f64);
             m.insert(
                 "perf/throughput".into(),
-                (rollout_timings[k].generated_tokens + report.tokens) as f64 / step_s.max(1e-9),
+                (generation[k].generated_tokens + report.tokens) as f64 / step_s.max(1e-9),
             );
             if self.should_validate(step) {
-                let acc = self.validate(k)?;
-                report.metrics.insert("val/accuracy".into(), acc);
+                m.insert("val/accuracy".into(), self.validate(k)?);
             }
             self.metrics.record(step, &self.policies[k].name, &report.metrics)?;
             self.last_metrics.push((self.policies[k].name.clone(), report.metrics));
         }
-        self.step = step;
-        Ok(summary)
+        Ok(())
     }
 
     fn should_validate(&self, step: u64) -> bool {

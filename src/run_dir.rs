@@ -95,16 +95,21 @@ impl RunDir {
         write_atomic(&self.config_path(), config.to_toml().as_bytes())
     }
 
-    /// The run's own config; a directory without one is "not a run" (exit 2).
+    /// The run's own config; a directory without one is "not a run" (exit 2). A config
+    /// written by an older hacpo is migrated, with a note on stderr for each moved key.
     pub fn read_config(&self) -> Result<TrainConfig> {
-        TrainConfig::load(&self.config_path(), &[]).map_err(|e| match e {
+        let (config, notes) = TrainConfig::load_saved(&self.config_path()).map_err(|e| match e {
             Error::NotFound { path, .. } => Error::NotFound {
                 what: "run".into(),
                 path,
                 hint: "Expected a run directory written by `hacpo train` (it holds config.toml).".into(),
             },
             other => other,
-        })
+        })?;
+        for n in notes {
+            eprintln!("note: {}: {n} (written by an older hacpo)", self.config_path().display());
+        }
+        Ok(config)
     }
 
     /// Whether `config.toml` exists.

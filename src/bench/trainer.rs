@@ -73,13 +73,13 @@ impl TrainerBreakdown {
     pub fn shares(&self) -> Vec<(&'static str, f64)> {
         let s = self.step_s;
         vec![
-            ("rollout phase (wall)", self.rollout_phase_s / s),
+            ("rollout to routing (wall)", self.rollout_phase_s / s),
             ("  generation (agent-sum)", self.generate_s / s),
-            ("  old log-prob scoring (agent-sum)", self.old_logp_s / s),
-            ("  reward / grading (agent-sum)", self.reward_s / s),
-            ("update phase (wall)", self.update_phase_s / s),
+            ("  reward / grading (wall)", self.reward_s / s),
+            ("  old log-prob scoring (wall)", self.old_logp_s / s),
+            ("  reference log-probs (wall)", self.reference_s / s),
             ("  retokenisation (agent-sum)", self.retokenize_s / s),
-            ("  reference log-probs (agent-sum)", self.reference_s / s),
+            ("update stage (wall)", self.update_phase_s / s),
             ("  forward/backward/AdamW (agent-sum)", self.update_s / s),
         ]
     }

@@ -242,6 +242,50 @@ const MOVED: &[(&str, &str)] = &[
     ("algo.grpo_loss_agg", "algo.loss_agg (settings shared by every algorithm live at algo.*)"),
 ];
 
+/// Carries moved keys of a config written by an older hacpo to their new places, keeping what
+/// applied to its algorithm (GSPO's clip band to GSPO-family runs, GRPO's to GRPO runs).
+fn migrate_moved(root: &mut toml::Table) -> Vec<String> {
+    let mut notes = Vec::new();
+    let Some(toml::Value::Table(algo)) = root.get_mut("algo") else { return notes };
+    let name = algo.get("name").and_then(|v| v.as_str()).unwrap_or("hacpo").to_string();
+    let grpo = name == "grpo";
+    let mut moved: Vec<(String, &str, Option<toml::Value>)> = Vec::new();
+    if let Some(toml::Value::Table(h)) = algo.get_mut("hacpo") {
+        for (old, new, applies) in [
+            ("kl_coef", "kl_coef", true),
+            ("adv_epsilon", "adv_epsilon", true),
+            ("normalize_by_std", "normalize_by_std", true),
+            ("max_abs_log_ratio", "max_abs_log_ratio", true),
+            ("eps_low", "clip_low", !grpo),
+            ("eps_high", "clip_high", !grpo),
+        ] {
+            if let Some(v) = h.remove(old) {
+                moved.push((format!("algo.hacpo.{old}"), new, applies.then_some(v)));
+            }
+        }
+        if let Some(v) = h.remove("naive") {
+            if v.as_bool() == Some(true) {
+                moved.push(("algo.hacpo.naive".into(), "name", Some(toml::Value::String("naive".into()))));
+            }
+        }
+    }
+    for (old, new) in [("grpo_eps_low", "clip_low"), ("grpo_eps_high", "clip_high"), ("grpo_loss_agg", "loss_agg")] {
+        if let Some(v) = algo.remove(old) {
+            moved.push((format!("algo.{old}"), new, grpo.then_some(v)));
+        }
+    }
+    for (old, new, value) in moved {
+        match value {
+            Some(v) => {
+                notes.push(format!("{old} read as algo.{new}"));
+                algo.insert(new.to_string(), v);
+            }
+            None => notes.push(format!("{old} dropped (it does not apply to {name})")),
+        }
+    }
+    notes
+}
+
 /// Fails on the first moved key present in a raw config table.
 fn check_moved(root: &toml::Table, source: &str) -> Result<()> {
     for (old, new) in MOVED {
@@ -274,6 +318,19 @@ impl TrainConfig {
     pub fn load(path: &Path, overrides: &[String]) -> Result<Self> {
         let text = crate::error::read_to_string(path)?;
         Self::from_toml(&text, &path.display().to_string(), overrides)
+    }
+
+    /// Reads a run's own `config.toml`: one written by an older hacpo has its moved keys
+    /// carried to their new places (each said in the returned notes) instead of failing, so
+    /// the run can still be resumed and reported.
+    pub fn load_saved(path: &Path) -> Result<(Self, Vec<String>)> {
+        let text = crate::error::read_to_string(path)?;
+        let source = path.display().to_string();
+        let mut value: toml::Table =
+            toml::from_str(&text).map_err(|e| Error::config(&source, format!("not valid TOML: {}", e.message())))?;
+        let notes = migrate_moved(&mut value);
+        let text = toml::to_string(&value).expect("a parsed table serialises");
+        Ok((Self::from_toml(&text, &source, &[])?, notes))
     }
 
     /// Parses TOML text (`source` names it in errors) and applies overrides.
@@ -344,6 +401,15 @@ impl TrainConfig {
         }
         if a.kl_coef.is_nan() || a.kl_coef < 0.0 {
             return bad("algo.kl_coef", format!("must be ≥ 0, got {}", a.kl_coef));
+        }
+        if let Some(c) = a.clip_low.filter(|c| !(0.0..1.0).contains(c)) {
+            return bad("algo.clip_low", format!("must be in [0, 1), got {c}"));
+        }
+        if let Some(c) = a.clip_high.filter(|c| c.is_nan() || *c < 0.0) {
+            return bad("algo.clip_high", format!("must be ≥ 0, got {c}"));
+        }
+        if a.adv_epsilon.is_nan() || a.adv_epsilon < 0.0 || a.max_abs_log_ratio.is_nan() || a.max_abs_log_ratio <= 0.0 {
+            return bad("algo", "adv_epsilon must be ≥ 0 and max_abs_log_ratio > 0".into());
         }
         if self.rollout.temperature <= 0.0 {
             return bad(
@@ -534,6 +600,21 @@ model = "b"
         assert!(e.contains("algo.clip_high"), "{e}");
         let e = TrainConfig::from_toml(TOML, "t", &["algo.hacpo.naive=true".into()]).unwrap_err().to_string();
         assert!(e.contains("algo.name = \"naive\""), "{e}");
+    }
+
+    #[test]
+    fn a_saved_config_of_an_older_hacpo_is_migrated() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.toml");
+        let old = "[algo]\nname = \"grpo\"\ngrpo_eps_high = 0.3\n[algo.hacpo]\nkl_coef = 0.0\neps_low = 0.001\n[[agents]]\nmodel = \"a\"\n";
+        std::fs::write(&path, old).unwrap();
+        let (c, notes) = TrainConfig::load_saved(&path).unwrap();
+        assert_eq!((c.algo.kl_coef, c.algo.clip_high, c.algo.clip_low), (0.0, Some(0.3), None));
+        assert_eq!(c.policies.len(), 1);
+        assert!(notes.iter().any(|n| n.contains("algo.hacpo.eps_low dropped")), "{notes:?}");
+        std::fs::write(&path, "[algo.hacpo]\nnaive = true\neps_low = 0.001\n").unwrap();
+        let (c, _) = TrainConfig::load_saved(&path).unwrap();
+        assert_eq!((c.algo.name.as_str(), c.algo.clip_low), ("naive", Some(0.001)));
     }
 
     #[test]

@@ -119,3 +119,20 @@ pub fn load_state(checkpoint: &Path) -> Result<TrainerState> {
     serde_json::from_str(&crate::error::read_to_string(&path)?)
         .map_err(|e| Error::config(path.display().to_string(), format!("corrupt trainer state: {e}")))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checkpoints written before the algorithm registry (`capability`, `agents`) still load.
+    #[test]
+    fn an_older_trainer_state_reads_into_the_algorithm_state() {
+        let old = r#"{"step": 7, "sampler": {"epoch": 1, "position": 3},
+            "capability": {"config": {}, "windows": [[0.5], [0.25]], "steps": 1}, "agents": ["a", "b"]}"#;
+        let s: TrainerState = serde_json::from_str(old).unwrap();
+        assert_eq!((s.step, s.sampler.position, s.policies.len()), (7, 3, 2));
+        assert_eq!(s.algorithm["windows"][1][0], 0.25);
+        let round: TrainerState = serde_json::from_str(&serde_json::to_string(&s).unwrap()).unwrap();
+        assert_eq!(round, s);
+    }
+}

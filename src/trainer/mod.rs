@@ -194,6 +194,16 @@ impl<B: Backend> Trainer<B> {
             ));
         }
         let role = roles.remove(0);
+        if let Some(k) = (0..policies.len()).find(|k| !role.policies.contains(k)) {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "roles[0].policies: every policy plays the exchange workload's one role, but {:?} does not; \
+                     add it to the role or remove it from [[policies]]",
+                    policies[k].name
+                ),
+            ));
+        }
         if role.policies.len() < algorithm.min_policies() {
             return Err(Error::config(
                 "training config",

@@ -189,15 +189,17 @@ fn minibatch_step<B: Backend>(
         };
         let pg = algo.policy_loss(&micro_batch);
         let mut loss = pg.clone();
-        if with_kl {
+        let refs: Vec<Option<&[f32]>> = micro.iter().map(|&j| batch.ref_logps[batch.indices[j]].as_deref()).collect();
+        if with_kl && refs.iter().any(Option::is_some) {
             // The KL term covers own samples: other policies' have no reference log-probs here.
-            let refs: Vec<Option<&[f32]>> =
-                micro.iter().map(|&j| batch.ref_logps[batch.indices[j]].as_deref()).collect();
+            // Their rows are zeroed before the exponential (0 − 0), not only masked after it:
+            // exp of a very negative log-prob overflows, and 0 · inf in the backward is NaN.
             let own_mask: Vec<f32> = refs.iter().map(|r| r.is_some() as u8 as f32).collect();
             let own_mask = crate::rl::tensor::vector::<AD<B>>(own_mask, &device).reshape([micro.len(), 1]);
+            let own_tokens = mask.clone() * own_mask;
             let kl = aggregate_scoped(
-                kl_k3_tokens(logp.clone(), pad_host(&refs, width, &device)),
-                mask.clone() * own_mask,
+                kl_k3_tokens(logp.clone() * own_tokens.clone(), pad_host(&refs, width, &device)),
+                own_tokens,
                 LossAggregation::SeqMeanTokenMean,
                 kl_scope,
             );

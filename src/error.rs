@@ -100,6 +100,12 @@ pub enum Error {
     )]
     NonFinite { agent: String, step: u64, what: &'static str, value: f64 },
 
+    /// Training stopped on Ctrl-C or SIGTERM after saving a checkpoint.
+    #[error(
+        "interrupted after step {step} of {total}; the run is saved: continue it with `hacpo train --resume {run_dir}`"
+    )]
+    Interrupted { step: u64, total: u64, run_dir: String },
+
     /// Another thread of the same phase failed; its own error is the one to report.
     #[error("{peer} failed: {message}")]
     PeerFailed { peer: String, message: String },
@@ -113,6 +119,7 @@ impl Error {
     /// Exit code for the CLI: 2 for errors the user can fix, 1 for internal failures.
     pub fn exit_code(&self) -> i32 {
         match self {
+            Error::Interrupted { .. } => crate::train::interrupt::EXIT_CODE,
             Error::Io { .. } | Error::Internal(_) | Error::NonFinite { .. } | Error::PeerFailed { .. } => 1,
             _ => 2,
         }

@@ -37,6 +37,12 @@ pub struct RunSummaryFile {
     pub train_wall_s: f64,
 }
 
+/// The lock on a run directory, held while this value lives.
+#[derive(Debug)]
+pub struct RunLock {
+    _file: std::fs::File,
+}
+
 /// A run directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RunDir {
@@ -98,7 +104,12 @@ impl RunDir {
     /// The run's own config; a directory without one is "not a run" (exit 2). A config
     /// written by an older hacpo is migrated, with a note on stderr for each moved key.
     pub fn read_config(&self) -> Result<TrainConfig> {
-        let (config, notes) = TrainConfig::load_saved(&self.config_path()).map_err(|e| match e {
+        self.read_config_with(&[])
+    }
+
+    /// [`Self::read_config`] with `--set` overrides applied.
+    pub fn read_config_with(&self, overrides: &[String]) -> Result<TrainConfig> {
+        let (config, notes) = TrainConfig::load_saved(&self.config_path(), overrides).map_err(|e| match e {
             Error::NotFound { path, .. } => Error::NotFound {
                 what: "run".into(),
                 path,
@@ -140,8 +151,48 @@ impl RunDir {
         self.summary_path().exists()
     }
 
-    /// The last complete checkpoint, if any.
-    pub fn latest_checkpoint(&self) -> Result<Option<PathBuf>> {
-        crate::train::checkpoint::latest(&self.checkpoints())
+    /// The checkpoint to resume from: the one `latest` names, or the newest complete one
+    /// when that is damaged or missing (said on stderr). Never deletes anything.
+    pub fn resume_point(&self) -> Result<Option<PathBuf>> {
+        let Some((dir, note)) = crate::train::checkpoint::resume_point(&self.checkpoints())? else { return Ok(None) };
+        if let Some(note) = note {
+            eprintln!("note: {note}; resuming from {} instead", dir.display());
+        }
+        Ok(Some(dir))
+    }
+
+    /// Whether any checkpoint exists, complete or not.
+    pub fn has_checkpoints(&self) -> Result<bool> {
+        crate::train::checkpoint::any(&self.checkpoints())
+    }
+
+    /// Takes the run's lock (`RUN_DIR/.lock`, an advisory lock the OS releases when the
+    /// process ends, however it ends); a run directory another process trains in is refused.
+    pub fn lock(&self) -> Result<RunLock> {
+        use std::io::Write;
+        let path = self.root.join(".lock");
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io("write", &path, e))?;
+        match file.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                let holder = std::fs::read_to_string(&path).unwrap_or_default();
+                let holder = holder.trim();
+                return Err(Error::InvalidArgument(format!(
+                    "{} is in use by another hacpo process{}; wait for it to finish, or choose another --out",
+                    self.root.display(),
+                    if holder.is_empty() { String::new() } else { format!(" (pid {holder})") }
+                )));
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(Error::io("lock", &path, e)),
+        }
+        file.set_len(0).map_err(|e| Error::io("write", &path, e))?;
+        write!(file, "{}", std::process::id()).map_err(|e| Error::io("write", &path, e))?;
+        Ok(RunLock { _file: file })
     }
 }

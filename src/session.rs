@@ -46,6 +46,7 @@ fn train_on<B: Backend>(
 ) -> Result<()> {
     let started = std::time::Instant::now();
     crate::resolve::prepare::<B>(&cfg, &devices[0])?;
+    crate::train::interrupt::install();
     let task = crate::task::from_config(&cfg.task)?;
     let mut trainer = match resume {
         Some(dir) => Trainer::<B>::resume(dir, requested, task, devices)?,

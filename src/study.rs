@@ -101,7 +101,7 @@ pub fn run(args: &StudyOptions) -> Result<()> {
             eprintln!("{label}: done, skipping ({})", dir.display());
             continue;
         }
-        let started = run.latest_checkpoint()?.is_some();
+        let started = run.has_checkpoints()?;
         eprintln!("{label}: {} {}", if started { "resuming" } else { "training" }, dir.display());
         let resume = started.then_some(dir.as_path());
         crate::session::train(cfg.clone(), Some(cfg.clone()), resume)?;

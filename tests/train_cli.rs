@@ -244,3 +244,88 @@ fn bad_input_gets_a_clear_error_and_exit_code_2() {
     // Starting a new run over an existing one would mix their checkpoints.
     rejects(&["train", "--config", cfg, "--out", &done], &["--resume"]);
 }
+
+fn signal(child: &std::process::Child, name: &str) {
+    let ok = Command::new("kill").args([&format!("-{name}"), &child.id().to_string()]).status().unwrap();
+    assert!(ok.success(), "kill -{name} failed");
+}
+
+/// Run directories never lose data: a second process is refused while one trains, Ctrl-C
+/// stops after a step with a checkpoint that resumes exactly, a damaged newest checkpoint
+/// falls back to the one before it (deleting nothing), `--resume --steps` continues from the
+/// run's own config, a truncated metrics line is repaired, weights are written like every other
+/// file of the run.
+#[test]
+fn run_directories_are_locked_interruptible_and_repaired_on_resume() {
+    let s = setup(5);
+    let cfg = s.config.to_str().unwrap();
+    let whole = s.data.path().join("whole");
+    let out = run(&["train", "--config", cfg, "--out", whole.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+
+    // A run in progress holds its directory.
+    let stopped = s.data.path().join("stopped");
+    let mut child = hacpo(&["train", "--config", cfg, "--out", stopped.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while latest(&stopped).is_none() {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
+        assert!(started.elapsed() < Duration::from_secs(300), "no checkpoint after 300 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let second = run(&["train", "--resume", stopped.to_str().unwrap()]);
+    assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
+    let pid = child.id().to_string();
+    assert!(stderr(&second).contains("in use by another hacpo process") && stderr(&second).contains(&pid));
+
+    // Ctrl-C: the step in progress finishes, a checkpoint is written, exit code 130.
+    signal(&child, "INT");
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(130), "{err}");
+    assert!(err.contains("interrupted after step") && err.contains("--resume"), "{err}");
+    let at = latest(&stopped).unwrap();
+    let metrics = deterministic_metrics(&stopped);
+    let done: u64 = at.trim_start_matches("step-").parse().unwrap();
+    assert_eq!(metrics.len() as u64, 2 * done, "the checkpoint is the last step with metrics ({at})");
+
+    // A kill in the middle of writing a metrics line leaves half a line: repaired and said.
+    let path = stopped.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("{\"step\": 99, \"agent\": \"agen");
+    std::fs::write(&path, text).unwrap();
+    let out = run(&["train", "--resume", stopped.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("cut off mid-write"), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&stopped), reference, "interrupted + resumed == uninterrupted");
+
+    // Weights are readable like the rest of the run (not the 0600 of a private temp file).
+    let mode = |p: &Path| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+    };
+    let ckpt = whole.join("checkpoints/step-000005");
+    assert_eq!(mode(&ckpt.join("agent-0/model.safetensors")), mode(&ckpt.join("agent-0/config.json")));
+    assert_eq!(mode(&ckpt.join("agent-0.optim.safetensors")), mode(&ckpt.join("trainer_state.json")));
+
+    // The newest checkpoint damaged: resume falls back to the one before, says so, keeps both,
+    // and (with --steps and no --config: the run's own settings) repeats the lost step exactly.
+    let weights = ckpt.join("agent-1/model.safetensors");
+    let len = std::fs::metadata(&weights).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&weights).unwrap().set_len(len / 2).unwrap();
+    let out = run(&["train", "--resume", whole.to_str().unwrap(), "--steps", "5"]);
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("damaged") && err.contains("step-000004"), "{err}");
+    assert_eq!(deterministic_metrics(&whole), reference);
+    assert!(whole.join("checkpoints/step-000003").exists() && whole.join("checkpoints/step-000004").exists());
+    rejects(&["train", "--resume", whole.to_str().unwrap(), "--steps", "2"], &["below the 5 steps", "--steps 2"]);
+
+    // A directory holding checkpoints but no readable `latest` is still a run: refused.
+    std::fs::remove_file(whole.join("checkpoints/latest")).unwrap();
+    rejects(&["train", "--config", cfg, "--out", whole.to_str().unwrap()], &["already holds a run", "--resume"]);
+}

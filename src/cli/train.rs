@@ -59,6 +59,10 @@ impl TrainArgs {
 fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
     let mut cfg = match &args.config {
         Some(path) => TrainConfig::load(path, &args.overrides)?,
+        // Continuing a run: its own config, with what the command line changes.
+        None if args.resume.is_some() && args.agents.is_empty() => {
+            RunDir::new(args.resume.as_ref().expect("checked")).read_config_with(&args.overrides)?
+        }
         // Agents without a config: the library defaults (math). Nothing at all: the embedded default.
         None if !args.agents.is_empty() => TrainConfig::from_toml("", "command line", &args.overrides)?,
         None => TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &args.overrides)?,

@@ -323,14 +323,14 @@ impl TrainConfig {
     /// Reads a run's own `config.toml`: one written by an older hacpo has its moved keys
     /// carried to their new places (each said in the returned notes) instead of failing, so
     /// the run can still be resumed and reported.
-    pub fn load_saved(path: &Path) -> Result<(Self, Vec<String>)> {
+    pub fn load_saved(path: &Path, overrides: &[String]) -> Result<(Self, Vec<String>)> {
         let text = crate::error::read_to_string(path)?;
         let source = path.display().to_string();
         let mut value: toml::Table =
             toml::from_str(&text).map_err(|e| Error::config(&source, format!("not valid TOML: {}", e.message())))?;
         let notes = migrate_moved(&mut value);
         let text = toml::to_string(&value).expect("a parsed table serialises");
-        Ok((Self::from_toml(&text, &source, &[])?, notes))
+        Ok((Self::from_toml(&text, &source, overrides)?, notes))
     }
 
     /// Parses TOML text (`source` names it in errors) and applies overrides.
@@ -608,12 +608,12 @@ model = "b"
         let path = dir.path().join("config.toml");
         let old = "[algo]\nname = \"grpo\"\ngrpo_eps_high = 0.3\n[algo.hacpo]\nkl_coef = 0.0\neps_low = 0.001\n[[agents]]\nmodel = \"a\"\n";
         std::fs::write(&path, old).unwrap();
-        let (c, notes) = TrainConfig::load_saved(&path).unwrap();
+        let (c, notes) = TrainConfig::load_saved(&path, &[]).unwrap();
         assert_eq!((c.algo.kl_coef, c.algo.clip_high, c.algo.clip_low), (0.0, Some(0.3), None));
         assert_eq!(c.policies.len(), 1);
         assert!(notes.iter().any(|n| n.contains("algo.hacpo.eps_low dropped")), "{notes:?}");
         std::fs::write(&path, "[algo.hacpo]\nnaive = true\neps_low = 0.001\n").unwrap();
-        let (c, _) = TrainConfig::load_saved(&path).unwrap();
+        let (c, _) = TrainConfig::load_saved(&path, &[]).unwrap();
         assert_eq!((c.algo.name.as_str(), c.algo.clip_low), ("naive", Some(0.001)));
     }
 

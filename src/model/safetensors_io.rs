@@ -159,6 +159,17 @@ impl safetensors::View for &ByteView {
     }
 }
 
+/// Gives `path` the permissions of a file created the ordinary way in its directory (the
+/// process's umask): the safetensors crate writes through a private temporary file (mode
+/// 0600), which would leave weights unreadable to the group that reads the rest of a run.
+fn ordinary_mode(path: &Path) -> Result<()> {
+    let probe = crate::error::temp_path_for(&path.with_extension("mode-probe"));
+    let made = std::fs::File::create(&probe).and_then(|f| f.metadata());
+    let _ = std::fs::remove_file(&probe);
+    let permissions = made.map_err(|e| Error::io("write", &probe, e))?.permissions();
+    std::fs::set_permissions(path, permissions).map_err(|e| Error::io("write", path, e))
+}
+
 /// Writes `tensors` into `dir` as `model.safetensors`, or as shards of at most
 /// `max_shard_bytes` plus `model.safetensors.index.json`. Each file is written to a temporary
 /// name and renamed, so an interrupted save never leaves a truncated file under a real name.
@@ -208,6 +219,7 @@ pub fn write_safetensors(
         let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
         safetensors::serialize_to_file(shard.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp)
             .map_err(|e| Error::WeightFile { path: tmp.clone(), message: e.to_string() })?;
+        ordinary_mode(&tmp)?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename into place", &path, e))?;
         for (k, _) in shard {
             weight_map.insert(k.clone(), name.clone());

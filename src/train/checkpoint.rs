@@ -78,39 +78,155 @@ pub fn save<B: Backend>(
         a.optimizer.save(&optimizer_path(&tmp, k))?;
     }
     write_atomic(&tmp.join("trainer_state.json"), serde_json::to_string_pretty(state).expect("json").as_bytes())?;
-    let _ = std::fs::remove_dir_all(&dir);
+    // A checkpoint of the same step (a step repeated after a crash) is set aside, not deleted,
+    // until the new one is in place.
+    let aside = root.join(format!(".old-{name}"));
+    let replaced = dir.exists() && std::fs::rename(&dir, &aside).is_ok();
     std::fs::rename(&tmp, &dir).map_err(|e| Error::io("rename into place", &dir, e))?;
+    if replaced {
+        let _ = std::fs::remove_dir_all(&aside);
+    }
     write_atomic(&root.join("latest"), name.as_bytes())?;
-    prune(&root, keep_last)?;
+    prune(root, keep_last)?;
     Ok(dir)
 }
 
-/// Removes all but the newest `keep` complete checkpoints.
+/// The checkpoint directories under `root` (complete or not) and their steps, newest first.
+pub fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    if !root.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut dirs: Vec<(u64, PathBuf)> = std::fs::read_dir(root)
+        .map_err(|e| Error::io("list", root, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter_map(|p| {
+            let step = p.file_name()?.to_str()?.strip_prefix("step-")?.parse::<u64>().ok()?;
+            p.is_dir().then_some((step, p))
+        })
+        .collect();
+    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    Ok(dirs)
+}
+
+/// The directory `latest` names, if the pointer exists and is readable.
+fn latest_pointer(root: &Path) -> Option<PathBuf> {
+    let name = std::fs::read_to_string(root.join("latest")).ok()?;
+    let name = name.trim();
+    (!name.is_empty() && !name.contains('/')).then(|| root.join(name))
+}
+
+/// Removes all but the newest `keep` checkpoints by step number; never the one `latest` names.
 fn prune(root: &Path, keep: usize) -> Result<()> {
     if keep == 0 {
         return Ok(());
     }
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .map_err(|e| Error::io("list", root, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("step-")))
-        .collect();
-    dirs.sort();
-    for old in dirs.iter().take(dirs.len().saturating_sub(keep)) {
-        std::fs::remove_dir_all(old).map_err(|e| Error::io("remove", old, e))?;
+    let latest = latest_pointer(root);
+    for (_, old) in step_dirs(root)?.into_iter().skip(keep) {
+        if Some(&old) != latest.as_ref() {
+            std::fs::remove_dir_all(&old).map_err(|e| Error::io("remove", &old, e))?;
+        }
     }
     Ok(())
 }
 
-/// The last complete checkpoint under `root` (a run's `checkpoints/`), if any.
-pub fn latest(root: &Path) -> Result<Option<PathBuf>> {
-    let pointer = root.join("latest");
-    if !pointer.exists() {
+/// Whether `root` holds any checkpoint, complete or not (or a `latest` pointer).
+pub fn any(root: &Path) -> Result<bool> {
+    Ok(root.join("latest").exists() || !step_dirs(root)?.is_empty())
+}
+
+/// Why the checkpoint at `dir` cannot be resumed from, or `None` when it is complete: its
+/// trainer state parses and every policy's config, tokenizer, weights and optimizer state are
+/// there, with safetensors files as long as their headers say.
+pub fn damage(dir: &Path) -> Option<String> {
+    let state = match load_state(dir) {
+        Ok(s) => s,
+        Err(_) => return Some("trainer_state.json is missing or unreadable".into()),
+    };
+    for k in 0..state.policies.len() {
+        let agent = agent_dir(dir, k);
+        for f in ["config.json", "tokenizer.json"] {
+            if !agent.join(f).is_file() {
+                return Some(format!("agent-{k}/{f} is missing"));
+            }
+        }
+        let weights: Vec<PathBuf> = match std::fs::read_to_string(agent.join("model.safetensors.index.json")) {
+            Ok(index) => {
+                let v: serde_json::Value = match serde_json::from_str(&index) {
+                    Ok(v) => v,
+                    Err(_) => return Some(format!("agent-{k}/model.safetensors.index.json is unreadable")),
+                };
+                let mut files: Vec<String> = v["weight_map"]
+                    .as_object()
+                    .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                files.sort();
+                files.dedup();
+                files.into_iter().map(|f| agent.join(f)).collect()
+            }
+            Err(_) => vec![agent.join("model.safetensors")],
+        };
+        for f in weights.iter().chain(std::iter::once(&optimizer_path(dir, k))) {
+            if let Err(why) = check_safetensors(f) {
+                let name = f.strip_prefix(dir).unwrap_or(f).display().to_string();
+                return Some(format!("{name} {why}"));
+            }
+        }
+    }
+    None
+}
+
+/// A safetensors file whose length is the one its header promises.
+fn check_safetensors(path: &Path) -> std::result::Result<(), String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|_| "is missing".to_string())?;
+    let size = f.metadata().map_err(|e| e.to_string())?.len();
+    let mut n = [0u8; 8];
+    f.read_exact(&mut n).map_err(|_| "is truncated (no header)".to_string())?;
+    let n = u64::from_le_bytes(n);
+    if n > 100_000_000 || 8 + n > size {
+        return Err("is truncated (header)".into());
+    }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(|_| "is truncated (header)".to_string())?;
+    let v: serde_json::Value = serde_json::from_slice(&header).map_err(|_| "has an unreadable header".to_string())?;
+    let end = v.as_object().into_iter().flatten().filter_map(|(_, t)| t["data_offsets"][1].as_u64()).max().unwrap_or(0);
+    if 8 + n + end != size {
+        return Err(format!("is truncated ({size} bytes, the header needs {})", 8 + n + end));
+    }
+    Ok(())
+}
+
+/// The checkpoint to resume from under `root`: the one `latest` names if it is complete, else
+/// the newest complete one, with a note saying why `latest`'s was passed over. Nothing is
+/// deleted on the way.
+pub fn resume_point(root: &Path) -> Result<Option<(PathBuf, Option<String>)>> {
+    let latest = latest_pointer(root);
+    let mut passed: Vec<String> = Vec::new();
+    if let Some(dir) = &latest {
+        match damage(dir) {
+            None => return Ok(Some((dir.clone(), None))),
+            Some(why) => passed.push(format!("{} is damaged ({why})", dir.display())),
+        }
+    } else if !step_dirs(root)?.is_empty() {
+        passed.push(format!("{} is missing or unreadable", root.join("latest").display()));
+    }
+    for (_, dir) in step_dirs(root)? {
+        if Some(&dir) == latest.as_ref() {
+            continue;
+        }
+        match damage(&dir) {
+            None => return Ok(Some((dir, Some(passed.join("; "))))),
+            Some(why) => passed.push(format!("{} is damaged ({why})", dir.display())),
+        }
+    }
+    if passed.is_empty() {
         return Ok(None);
     }
-    let name = crate::error::read_to_string(&pointer)?;
-    let dir = root.join(name.trim());
-    Ok(dir.join("trainer_state.json").exists().then_some(dir))
+    Err(Error::InvalidArgument(format!(
+        "no complete checkpoint to resume from under {}: {}. Nothing was deleted; start a new run with another --out",
+        root.display(),
+        passed.join("; ")
+    )))
 }
 
 /// Reads a checkpoint's trainer state.
@@ -123,6 +239,72 @@ pub fn load_state(checkpoint: &Path) -> Result<TrainerState> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn fake_checkpoint(root: &Path, step: u64, weights_len: usize) -> PathBuf {
+        let dir = root.join(step_dir_name(step));
+        std::fs::create_dir_all(agent_dir(&dir, 0)).unwrap();
+        let state = TrainerState {
+            step,
+            sampler: SamplerState::default(),
+            algorithm: serde_json::Value::Null,
+            policies: vec!["a".into()],
+        };
+        std::fs::write(dir.join("trainer_state.json"), serde_json::to_string(&state).unwrap()).unwrap();
+        for f in ["config.json", "tokenizer.json"] {
+            std::fs::write(agent_dir(&dir, 0).join(f), "{}").unwrap();
+        }
+        let header = br#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#;
+        let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(header);
+        bytes.extend_from_slice(&[0u8; 8]);
+        bytes.truncate(8 + header.len() + weights_len);
+        std::fs::write(agent_dir(&dir, 0).join("model.safetensors"), &bytes).unwrap();
+        let mut optim = (header.len() as u64).to_le_bytes().to_vec();
+        optim.extend_from_slice(header);
+        optim.extend_from_slice(&[0u8; 8]);
+        std::fs::write(optimizer_path(&dir, 0), &optim).unwrap();
+        dir
+    }
+
+    #[test]
+    fn resume_falls_back_to_the_newest_complete_checkpoint_and_deletes_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        assert!(resume_point(root).unwrap().is_none());
+        let ten = fake_checkpoint(root, 10, 8);
+        let twenty = fake_checkpoint(root, 20, 3); // truncated weights
+        std::fs::write(root.join("latest"), "step-000020").unwrap();
+        assert!(damage(&ten).is_none());
+        assert!(damage(&twenty).unwrap().contains("agent-0/model.safetensors is truncated"));
+        let (dir, note) = resume_point(root).unwrap().unwrap();
+        assert_eq!(dir, ten);
+        assert!(note.unwrap().contains("damaged"));
+        assert!(twenty.exists(), "nothing deleted");
+        // No `latest` at all: the newest complete one, and it says so.
+        std::fs::remove_file(root.join("latest")).unwrap();
+        let (dir, note) = resume_point(root).unwrap().unwrap();
+        assert_eq!(dir, ten);
+        assert!(note.unwrap().contains("latest is missing"));
+        assert!(any(root).unwrap());
+        // Only damaged checkpoints: an error that deletes nothing.
+        std::fs::remove_file(ten.join("trainer_state.json")).unwrap();
+        let e = resume_point(root).unwrap_err().to_string();
+        assert!(e.contains("no complete checkpoint") && e.contains("Nothing was deleted"), "{e}");
+    }
+
+    #[test]
+    fn pruning_orders_by_step_number_and_keeps_what_latest_names() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path();
+        for step in [9, 10, 1_000_000, 11] {
+            fake_checkpoint(root, step, 8);
+        }
+        // `latest` names an older checkpoint (say, a resumed run's): it survives pruning.
+        std::fs::write(root.join("latest"), "step-000009").unwrap();
+        prune(root, 2).unwrap();
+        let left: Vec<u64> = step_dirs(root).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(left, vec![1_000_000, 11, 9]);
+    }
 
     /// Checkpoints written before the algorithm registry (`capability`, `agents`) still load.
     #[test]

@@ -32,18 +32,9 @@ impl MetricsSink {
             && path.exists()
         {
             let text = crate::error::read_to_string(&path)?;
-            let kept: Vec<&str> = text
-                .lines()
-                .filter(|l| {
-                    serde_json::from_str::<serde_json::Value>(l)
-                        .ok()
-                        .and_then(|v| v["step"].as_u64())
-                        .is_some_and(|s| s <= last)
-                })
-                .collect();
-            let mut body = kept.join("\n");
-            if !body.is_empty() {
-                body.push('\n');
+            let (body, notes) = cut_back(&text, last);
+            for n in notes {
+                eprintln!("note: {}: {n}", path.display());
             }
             write_atomic(&path, body.as_bytes())?;
         } else if keep_through.is_none() {
@@ -69,5 +60,54 @@ impl MetricsSink {
             tb.flush()?;
         }
         Ok(())
+    }
+}
+
+/// `metrics.jsonl` cut back to the records of steps up to `last` (a resumed run repeats the
+/// later ones). A last line cut off by a kill mid-write is removed and said so; other lines
+/// that are not records are kept as they are (never lose data), also said.
+fn cut_back(text: &str, last: u64) -> (String, Vec<String>) {
+    let mut notes = Vec::new();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut kept = Vec::with_capacity(lines.len());
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<serde_json::Value>(l).ok().map(|v| v["step"].as_u64()) {
+            Some(Some(step)) if step <= last => kept.push(*l),
+            Some(Some(_)) => {}
+            _ if i + 1 == lines.len() && !text.ends_with('\n') => {
+                notes.push(format!("its last line was cut off mid-write (line {}); removed it", i + 1));
+            }
+            _ => {
+                notes.push(format!("line {} is not a metrics record; kept as it is", i + 1));
+                kept.push(*l);
+            }
+        }
+    }
+    let mut body = kept.join("\n");
+    if !body.is_empty() {
+        body.push('\n');
+    }
+    (body, notes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_line_cut_off_mid_write_is_repaired_and_said() {
+        let text =
+            "{\"step\":1,\"agent\":\"a\",\"data\":{}}\n{\"step\":2,\"agent\":\"a\",\"data\":{}}\n{\"step\":3,\"ag";
+        let (body, notes) = cut_back(text, 2);
+        assert_eq!(body.lines().count(), 2);
+        assert!(body.ends_with("}\n"));
+        assert_eq!(notes.len(), 1);
+        assert!(notes[0].contains("cut off") && notes[0].contains("line 3"), "{notes:?}");
+        // Steps after the checkpoint go; nothing else is said.
+        let (body, notes) = cut_back(text.rsplit_once('\n').unwrap().0, 1);
+        assert_eq!((body.lines().count(), notes.len()), (1, 0));
     }
 }

@@ -3,6 +3,7 @@
 //! [`tensorboard`]). It knows nothing about which algorithm computes the loss.
 
 pub mod checkpoint;
+pub mod interrupt;
 pub mod metrics;
 pub mod optim;
 pub mod sft;

@@ -31,7 +31,7 @@ use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
 use crate::policy::Policy;
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
-use crate::run_dir::RunDir;
+use crate::run_dir::{RunDir, RunLock};
 use crate::sample::Sample;
 use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
@@ -54,6 +54,8 @@ pub struct RunSummary {
 pub struct Trainer<B: Backend> {
     pub config: TrainConfig,
     pub run: RunDir,
+    /// Held while the trainer lives: no second process trains in the same directory.
+    _lock: RunLock,
     pub policies: Vec<Policy<B>>,
     algorithm: Box<dyn Algorithm<Autodiff<B>>>,
     workload: Box<dyn Workload<B>>,
@@ -114,20 +116,21 @@ impl<B: Backend> Trainer<B> {
             return Err(Error::InvalidArgument("the task has no training prompts".into()));
         }
         let run = RunDir::new(&config.run.out_dir);
-        if run.latest_checkpoint()?.is_some() {
+        run.prepare()?;
+        let lock = run.lock()?;
+        if run.has_checkpoints()? {
             return Err(Error::InvalidArgument(format!(
                 "{} already holds a run; continue it with --resume {} or choose another --out",
                 run.path().display(),
                 run.path().display()
             )));
         }
-        run.prepare()?;
         run.write_config(&config)?;
         let policies = (0..config.policies.len())
             .map(|k| Self::load_policy(&config, k, devices[k].clone(), None))
             .collect::<Result<Vec<_>>>()?;
         let metrics = MetricsSink::open(run.path(), config.run.tensorboard, None)?;
-        Self::assemble(config, run, policies, task, None, metrics)
+        Self::assemble(config, run, lock, policies, task, None, metrics)
     }
 
     /// Resumes the run in `run_dir` from its last complete checkpoint. `requested` (the
@@ -141,6 +144,7 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<Self> {
         let run = RunDir::new(run_dir);
         let saved = run.read_config()?;
+        let lock = run.lock()?;
         let config = match requested {
             Some(req) => {
                 let diff = saved.differences(&req);
@@ -159,24 +163,34 @@ impl<B: Backend> Trainer<B> {
             },
         };
         config.validate()?;
-        let Some(ckpt) = run.latest_checkpoint()? else {
+        let Some(ckpt) = run.resume_point()? else {
             return Err(Error::InvalidArgument(format!(
                 "{} has no complete checkpoint yet; start it again without --resume",
                 run_dir.display()
             )));
         };
         let state = checkpoint::load_state(&ckpt)?;
+        if config.run.steps > 0 && (config.run.steps as u64) < state.step {
+            return Err(Error::InvalidArgument(format!(
+                "--steps {} is below the {} steps {} has completed; give at least {}",
+                config.run.steps,
+                state.step,
+                run_dir.display(),
+                state.step
+            )));
+        }
         let policies = (0..config.policies.len())
             .map(|k| Self::load_policy(&config, k, devices[k].clone(), Some(&ckpt)))
             .collect::<Result<Vec<_>>>()?;
         let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
         tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
-        Self::assemble(config, run, policies, task, Some(state), metrics)
+        Self::assemble(config, run, lock, policies, task, Some(state), metrics)
     }
 
     fn assemble(
         config: TrainConfig,
         run: RunDir,
+        lock: RunLock,
         policies: Vec<Policy<B>>,
         task: Arc<dyn Task>,
         state: Option<TrainerState>,
@@ -236,6 +250,7 @@ impl<B: Backend> Trainer<B> {
         Ok(Trainer {
             config,
             run,
+            _lock: lock,
             policies,
             algorithm,
             workload,
@@ -324,8 +339,17 @@ impl<B: Backend> Trainer<B> {
             bar.set_message(phases);
             let last = self.step == self.total_steps;
             let every = self.config.run.checkpoint_every as u64;
-            if last || (every > 0 && self.step.is_multiple_of(every)) {
+            let interrupted = crate::train::interrupt::requested();
+            if last || interrupted || (every > 0 && self.step.is_multiple_of(every)) {
                 self.save_checkpoint()?;
+            }
+            if interrupted && !last {
+                bar.finish_and_clear();
+                return Err(Error::Interrupted {
+                    step: self.step,
+                    total: self.total_steps,
+                    run_dir: self.run.path().display().to_string(),
+                });
             }
         }
         bar.finish_and_clear();

@@ -1,0 +1,33 @@
+//! Ctrl-C (SIGINT) and SIGTERM during training. The first asks the trainer to stop after the
+//! step in progress, with a checkpoint, so the run resumes where it stopped; a second stops at
+//! once (the last checkpoint is kept; the step in progress is repeated on resume).
+
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+static REQUESTED: AtomicBool = AtomicBool::new(false);
+static INSTALLED: OnceLock<()> = OnceLock::new();
+
+/// The exit code of a run stopped by a signal (128 + SIGINT).
+pub const EXIT_CODE: i32 = 130;
+
+/// Installs the handler (once per process; later calls do nothing).
+pub fn install() {
+    INSTALLED.get_or_init(|| {
+        let installed = ctrlc::set_handler(|| {
+            if REQUESTED.swap(true, Ordering::SeqCst) {
+                eprintln!("\nstopping now; the last checkpoint is kept");
+                std::process::exit(EXIT_CODE);
+            }
+            eprintln!("\ninterrupted: finishing this step and saving a checkpoint (interrupt again to stop at once)");
+        });
+        if let Err(e) = installed {
+            tracing::warn!("cannot handle Ctrl-C ({e}); an interrupt ends training without a final checkpoint");
+        }
+    });
+}
+
+/// Whether a stop was asked for.
+pub fn requested() -> bool {
+    REQUESTED.load(Ordering::SeqCst)
+}

@@ -147,6 +147,26 @@ pub fn root_cause(current: Option<Error>, next: Error) -> Error {
     }
 }
 
+/// Checks, before long work starts, that a file can be written at `path` (its directory exists
+/// and is writable, and `path` is not a directory).
+pub fn check_writable(path: &Path) -> Result<()> {
+    let bad = |why: String| Error::InvalidArgument(format!("cannot write {}: {why}", path.display()));
+    if path.is_dir() {
+        return Err(bad("it is a directory; give a file name".into()));
+    }
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(bad(format!("the directory {} does not exist", parent.display())));
+    }
+    let probe = temp_path_for(path);
+    std::fs::write(&probe, b"").map_err(|e| bad(e.to_string()))?;
+    let _ = std::fs::remove_file(probe);
+    Ok(())
+}
+
 /// Reads a whole file, mapping failures to [`Error`] with the path.
 pub(crate) fn read_to_string(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).map_err(|e| Error::io("read", path, e))

@@ -212,3 +212,50 @@ fn generate_without_chat_template() {
     let out = hacpo(&["generate", "--model", dir.path().to_str().unwrap(), "--chat", "--prompt", "hi"], &[]);
     assert_user_error(&out, &["no chat template"]);
 }
+
+#[test]
+fn non_finite_weights_are_named_at_load() {
+    use hacpo::model::safetensors_io::{SafetensorsSource, write_safetensors};
+    use hacpo::model::{SaveDtype, weights::WeightSource};
+    let dir = tiny_model_dir("qwen3-tiny");
+    let mut src = SafetensorsSource::open_file(&dir.path().join("model.safetensors")).unwrap();
+    let poisoned = "model.layers.0.mlp.up_proj.weight";
+    let tensors: Vec<_> = src
+        .names()
+        .into_iter()
+        .map(|n| {
+            let mut t = src.take(&n).unwrap().unwrap();
+            if n == poisoned {
+                t.data[3] = f32::NAN;
+            }
+            (n.clone(), t)
+        })
+        .collect();
+    drop(src);
+    write_safetensors(dir.path(), tensors, SaveDtype::F32, usize::MAX).unwrap();
+    assert_user_error(&generate(dir.path()), &[poisoned, "non-finite"]);
+}
+
+/// Requests that would exhaust memory or run into the context are refused before any work.
+#[test]
+fn oversized_and_empty_requests_are_refused_up_front() {
+    let dir = tiny_model_dir("llama31-tiny");
+    edit_config(dir.path(), |v| v["max_position_embeddings"] = 64.into());
+    let m = dir.path().to_str().unwrap();
+    let generate_with = |extra: &[&str]| {
+        let mut args = vec!["generate", "--model", m, "--prompt", "hi"];
+        args.extend_from_slice(extra);
+        hacpo(&args, &[])
+    };
+    assert_user_error(&generate_with(&["--max-new-tokens", "100"]), &["--max-new-tokens", "context of 64"]);
+    assert_user_error(&generate_with(&["--num-samples", "1000000"]), &["--num-samples", "1024"]);
+    assert_user_error(&generate_with(&["--stop", ""]), &["--stop"]);
+    let bench = |extra: &[&str]| {
+        let mut args = vec!["bench", "--model", m];
+        args.extend_from_slice(extra);
+        hacpo(&args, &[])
+    };
+    assert_user_error(&bench(&["--prefill-len", "65"]), &["--prefill-len", "context of 64"]);
+    assert_user_error(&bench(&["--reps", "0"]), &["--reps"]);
+    assert_user_error(&bench(&["--decode-batch", "0"]), &["--decode-batch"]);
+}

@@ -74,3 +74,33 @@ fn eval_errors_before_loading_the_model() {
     assert_eq!(out.status.code(), Some(2));
     assert!(stderr.contains("aime25_test.jsonl") && stderr.contains("--bench aime25="), "{stderr}");
 }
+
+/// `eval` checks what it can before loading anything; `grade --input` names a bad line.
+#[test]
+fn eval_and_grade_refuse_bad_input_before_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let shared = common::shared("").to_str().unwrap().to_string();
+    let env = [("HACPO_SHARED", shared.as_str())];
+    let eval = |extra: &[&str]| {
+        let mut args = vec!["eval", "--model", "/no/model/needed/yet", "--bench", "gsm8k"];
+        args.extend_from_slice(extra);
+        hacpo(&args, &env)
+    };
+    let check = |out: std::process::Output, needle: &str| {
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(needle) && !err.contains("panicked"), "{needle}: {err}");
+    };
+    check(eval(&["--limit", "0"]), "--limit 0");
+    check(eval(&["--out", dir.path().to_str().unwrap()]), "is a directory");
+    check(eval(&["--out", "/no/such/dir/report.json"]), "does not exist");
+    let empty = dir.path().join("empty.jsonl");
+    std::fs::write(&empty, "").unwrap();
+    check(eval(&["--bench", &format!("gsm8k={}", empty.display())]), "no problems");
+
+    let bad = dir.path().join("bad.jsonl");
+    std::fs::write(&bad, b"{\"gold\": \"1\", \"response\": \"1\"}\n{\"gold\": \"\xff\", \"response\": \"2\"}\n")
+        .unwrap();
+    check(hacpo(&["grade", "--input", bad.to_str().unwrap()], &[]), "line 2: not valid UTF-8");
+    check(hacpo(&["grade", "--input", dir.path().to_str().unwrap()], &[]), "is a directory");
+}

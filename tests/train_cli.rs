@@ -298,9 +298,11 @@ fn run_directories_are_locked_interruptible_and_repaired_on_resume() {
     let mut text = std::fs::read_to_string(&path).unwrap();
     text.push_str("{\"step\": 99, \"agent\": \"agen");
     std::fs::write(&path, text).unwrap();
-    let out = run(&["train", "--resume", stopped.to_str().unwrap()]);
+    let out = run(&["train", "-v", "--resume", stopped.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(stderr(&out).contains("cut off mid-write"), "{}", stderr(&out));
+    // Logs written to a file carry no colour codes.
+    assert!(stderr(&out).contains("INFO") && !stderr(&out).contains('\u{1b}'), "{}", stderr(&out));
     assert_eq!(deterministic_metrics(&stopped), reference, "interrupted + resumed == uninterrupted");
 
     // Weights are readable like the rest of the run (not the 0600 of a private temp file).

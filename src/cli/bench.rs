@@ -6,7 +6,7 @@ use hacpo::backend::DeviceSpec;
 use hacpo::bench::trainer::TrainerBenchOptions;
 use hacpo::bench::{self, Measurement};
 use hacpo::model::{CausalLm, weights};
-use hacpo::{Result, with_backend};
+use hacpo::{Error, Result, with_backend};
 
 use super::Format;
 
@@ -79,6 +79,12 @@ pub struct BenchArgs {
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let device = DeviceSpec::parse(&args.device)?;
+    if args.reps == 0 {
+        return Err(Error::InvalidArgument("--reps must be at least 1".into()));
+    }
+    if args.decode_batch.contains(&0) {
+        return Err(Error::InvalidArgument("--decode-batch sizes must be at least 1".into()));
+    }
     if args.trainer {
         return with_backend!(device, |B, dev| run_trainer::<B>(&args, &dev));
     }
@@ -98,6 +104,18 @@ fn load<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device)
 fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<()> {
     let name = args.model.clone().unwrap_or_else(|| "tiny-5m (random)".into());
     let model = load::<B>(args, device)?;
+    let context = model.config.max_position_embeddings;
+    for (flag, len) in [
+        ("--prefill-len", args.prefill_len),
+        ("--prompt-len + --new-tokens", args.prompt_len + args.new_tokens),
+        ("--train-len", args.train_len),
+    ] {
+        if len > context {
+            return Err(Error::InvalidArgument(format!(
+                "{flag} ({len} tokens) exceeds the model's context of {context} tokens"
+            )));
+        }
+    }
     let params = model.config.num_parameters();
     eprintln!(
         "benchmarking {name} ({params} parameters) on {} with {} threads",

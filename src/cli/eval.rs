@@ -58,6 +58,13 @@ pub fn run(args: EvalArgs) -> Result<()> {
             "--samples > 1 needs --temperature > 0 (greedy samples are identical)".into(),
         ));
     }
+    if args.limit == Some(0) {
+        return Err(Error::InvalidArgument("--limit 0 evaluates nothing; give at least 1 or leave it out".into()));
+    }
+    // Where the report goes is checked now, not after an evaluation of hours.
+    if let Some(out) = &args.out {
+        hacpo::error::check_writable(out)?;
+    }
     // Resolve every benchmark before loading the model: a typo should fail in a second.
     let mut benches = Vec::new();
     for spec in &args.bench {
@@ -66,7 +73,11 @@ pub fn run(args: EvalArgs) -> Result<()> {
             None => (spec.as_str(), None),
         };
         let bench = Benchmark::parse(name)?;
-        benches.push((bench, load_benchmark(bench, source, args.limit)?));
+        let problems = load_benchmark(bench, source, args.limit)?;
+        if problems.is_empty() {
+            return Err(Error::InvalidArgument(format!("benchmark {spec} has no problems; check its file")));
+        }
+        benches.push((bench, problems));
     }
     with_backend!(device, |B, dev| run_on::<B>(&args, mode, &benches, &dev))
 }

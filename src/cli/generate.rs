@@ -54,6 +54,9 @@ pub struct GenerateArgs {
     pub format: Format,
 }
 
+/// The most samples of one prompt `hacpo generate` draws at once (their KV caches live together).
+const MAX_SAMPLES: usize = 1024;
+
 pub fn run(args: GenerateArgs) -> Result<()> {
     let device = DeviceSpec::parse(&args.model.device)?;
     if !args.greedy && args.temperature <= 0.0 {
@@ -67,6 +70,17 @@ pub fn run(args: GenerateArgs) -> Result<()> {
         seed: args.seed,
     };
     params.validate()?;
+    if args.stop.iter().any(String::is_empty) {
+        return Err(Error::InvalidArgument(
+            "--stop \"\" would stop before the first token; give a non-empty string".into(),
+        ));
+    }
+    if args.num_samples == 0 || args.num_samples > MAX_SAMPLES {
+        return Err(Error::InvalidArgument(format!(
+            "--num-samples must be between 1 and {MAX_SAMPLES} (each sample keeps its own KV cache), got {}",
+            args.num_samples
+        )));
+    }
     with_backend!(device, |B, dev| run_on::<B>(&args, params, &dev))
 }
 
@@ -78,6 +92,19 @@ fn run_on<B: burn::tensor::backend::Backend>(
     let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
     let tok = &pretrained.tokenizer;
     let prompt_ids = encode_prompt(tok, &args.prompt, args.chat, args.system.as_deref())?;
+    let context = pretrained.model.config.max_position_embeddings;
+    if prompt_ids.len() >= context {
+        return Err(Error::PromptTooLong { prompt_tokens: prompt_ids.len(), context });
+    }
+    if prompt_ids.len() + args.max_new_tokens > context {
+        return Err(Error::InvalidArgument(format!(
+            "the prompt ({} tokens) plus --max-new-tokens {} exceeds the model's context of {context} tokens; \
+             lower --max-new-tokens to at most {}",
+            prompt_ids.len(),
+            args.max_new_tokens,
+            context.saturating_sub(prompt_ids.len())
+        )));
+    }
     let prompts = vec![prompt_ids];
     let mut req = GenerateRequest::new(&prompts, params);
     req.num_samples = args.num_samples;

@@ -42,47 +42,64 @@ pub fn run(args: GradeArgs) -> Result<()> {
     }
 }
 
+/// Cases graded together: the file streams through in blocks of this many lines, so memory
+/// stays bounded whatever its size.
+const BLOCK: usize = 4096;
+
 fn grade_file(grader: &Grader, path: &PathBuf) -> Result<()> {
     let name = path.display().to_string();
     let reader: Box<dyn BufRead> = if path.as_os_str() == "-" {
         Box::new(std::io::BufReader::new(std::io::stdin()))
     } else {
+        if path.is_dir() {
+            return Err(Error::InvalidArgument(format!("--input {name} is a directory; give a JSONL file")));
+        }
         Box::new(std::io::BufReader::new(std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?))
     };
-    let mut rows: Vec<serde_json::Map<String, Value>> = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let line = line.map_err(|e| Error::io("read", path, e))?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let bad = |m: String| Error::config(name.clone(), format!("line {}: {m}", i + 1));
-        let v: Value = serde_json::from_str(&line).map_err(|e| bad(format!("not valid JSON: {e}")))?;
-        let Value::Object(obj) = v else { return Err(bad("expected a JSON object".into())) };
-        for field in ["gold", "response"] {
-            match obj.get(field) {
-                Some(Value::String(_)) => {}
-                Some(other) => return Err(bad(format!("field {field:?} must be a string, found {other}"))),
-                None => return Err(bad(format!("field {field:?} is missing"))),
-            }
-        }
-        rows.push(obj);
-    }
     let started = Instant::now();
-    let cases: Vec<(&str, &str)> = rows
-        .iter()
-        .map(|o| (o["gold"].as_str().unwrap_or_default(), o["response"].as_str().unwrap_or_default()))
-        .collect();
-    let verdicts = grader.grade_batch(&cases);
-    let seconds = started.elapsed().as_secs_f64();
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    for (mut row, ok) in rows.into_iter().zip(&verdicts) {
-        row.insert("correct".into(), Value::Bool(*ok));
-        writeln!(out, "{}", Value::Object(row)).map_err(|e| Error::io("write", std::path::Path::new("stdout"), e))?;
+    let (mut n, mut correct) = (0usize, 0usize);
+    let mut rows: Vec<serde_json::Map<String, Value>> = Vec::with_capacity(BLOCK);
+    let mut lines = reader.split(b'\n').enumerate().peekable();
+    while lines.peek().is_some() {
+        rows.clear();
+        for (i, line) in lines.by_ref() {
+            let bad = |m: String| Error::config(name.clone(), format!("line {}: {m}", i + 1));
+            let line = line.map_err(|e| Error::io("read", path, e))?;
+            let line = String::from_utf8(line).map_err(|_| bad("not valid UTF-8".into()))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&line).map_err(|e| bad(format!("not valid JSON: {e}")))?;
+            let Value::Object(obj) = v else { return Err(bad("expected a JSON object".into())) };
+            for field in ["gold", "response"] {
+                match obj.get(field) {
+                    Some(Value::String(_)) => {}
+                    Some(other) => return Err(bad(format!("field {field:?} must be a string, found {other}"))),
+                    None => return Err(bad(format!("field {field:?} is missing"))),
+                }
+            }
+            rows.push(obj);
+            if rows.len() == BLOCK {
+                break;
+            }
+        }
+        let cases: Vec<(&str, &str)> = rows
+            .iter()
+            .map(|o| (o["gold"].as_str().unwrap_or_default(), o["response"].as_str().unwrap_or_default()))
+            .collect();
+        let verdicts = grader.grade_batch(&cases);
+        for (row, ok) in rows.iter_mut().zip(&verdicts) {
+            row.insert("correct".into(), Value::Bool(*ok));
+            writeln!(out, "{}", Value::Object(std::mem::take(row)))
+                .map_err(|e| Error::io("write", std::path::Path::new("stdout"), e))?;
+        }
+        n += verdicts.len();
+        correct += verdicts.iter().filter(|&&c| c).count();
     }
     out.flush().map_err(|e| Error::io("write", std::path::Path::new("stdout"), e))?;
-    let correct = verdicts.iter().filter(|&&c| c).count();
-    let n = verdicts.len();
+    let seconds = started.elapsed().as_secs_f64();
     eprintln!(
         "graded {n} cases: {correct} correct ({:.1}%) in {:.3} s ({:.0} cases/s)",
         100.0 * correct as f64 / n.max(1) as f64,

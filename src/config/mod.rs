@@ -242,6 +242,20 @@ const MOVED: &[(&str, &str)] = &[
     ("algo.grpo_loss_agg", "algo.loss_agg (settings shared by every algorithm live at algo.*)"),
 ];
 
+/// A TOML syntax error with its line and column.
+fn toml_error(text: &str, source: &str, e: &toml::de::Error) -> Error {
+    let at = e
+        .span()
+        .map(|span| {
+            let before = &text[..span.start.min(text.len())];
+            let line = before.matches('\n').count() + 1;
+            let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+            format!(" at line {line}, column {column}")
+        })
+        .unwrap_or_default();
+    Error::config(source, format!("not valid TOML{at}: {}", e.message()))
+}
+
 /// Carries moved keys of a config written by an older hacpo to their new places, keeping what
 /// applied to its algorithm (GSPO's clip band to GSPO-family runs, GRPO's to GRPO runs).
 fn migrate_moved(root: &mut toml::Table) -> Vec<String> {
@@ -326,8 +340,7 @@ impl TrainConfig {
     pub fn load_saved(path: &Path, overrides: &[String]) -> Result<(Self, Vec<String>)> {
         let text = crate::error::read_to_string(path)?;
         let source = path.display().to_string();
-        let mut value: toml::Table =
-            toml::from_str(&text).map_err(|e| Error::config(&source, format!("not valid TOML: {}", e.message())))?;
+        let mut value: toml::Table = toml::from_str(&text).map_err(|e| toml_error(&text, &source, &e))?;
         let notes = migrate_moved(&mut value);
         let text = toml::to_string(&value).expect("a parsed table serialises");
         Ok((Self::from_toml(&text, &source, overrides)?, notes))
@@ -335,8 +348,7 @@ impl TrainConfig {
 
     /// Parses TOML text (`source` names it in errors) and applies overrides.
     pub fn from_toml(text: &str, source: &str, overrides: &[String]) -> Result<Self> {
-        let mut value: toml::Table =
-            toml::from_str(text).map_err(|e| Error::config(source, format!("not valid TOML: {}", e.message())))?;
+        let mut value: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, source, &e))?;
         // `[[agents]]` is the older name of `[[policies]]`.
         if let Some(agents) = value.remove("agents") {
             if value.contains_key("policies") {
@@ -590,6 +602,12 @@ model = "b"
         assert!(c.validate().unwrap_err().to_string().contains("cannot be split"));
         let e = TrainConfig::from_toml("[algo]\nname = \"ppo\"", "t", &[]).unwrap_err().to_string();
         assert!(e.contains("algo.name") && e.contains("unknown algorithm") && e.contains("drgrpo"), "{e}");
+    }
+
+    #[test]
+    fn toml_syntax_errors_give_line_and_column() {
+        let e = TrainConfig::from_toml("[run]\nseed = 1\nsteps = = 4\n", "bad.toml", &[]).unwrap_err().to_string();
+        assert!(e.contains("bad.toml") && e.contains("line 3, column"), "{e}");
     }
 
     #[test]

@@ -142,6 +142,16 @@ impl<B: Backend> Loader<'_, B> {
                 found: t.shape,
             });
         }
+        // A NaN or inf weight would show up much later as `null` log-probs or a "diverged"
+        // training run; name it here instead.
+        if let Some(bad) = t.data.iter().find(|x| !x.is_finite()) {
+            return Err(Error::WeightFile {
+                path: self.source.describe().into(),
+                message: format!(
+                    "weight {name} holds a non-finite value ({bad}); the checkpoint is damaged or was saved from a diverged run"
+                ),
+            });
+        }
         self.progress.inc(1);
         Ok(t)
     }

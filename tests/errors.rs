@@ -184,6 +184,11 @@ fn truncated_gguf() {
     gguf.extend_from_slice(&5u64.to_le_bytes());
     std::fs::write(&path, &gguf).unwrap();
     assert_user_error(&generate(&path), &["broken.gguf", "truncated"]);
+    let mut future = b"GGUF".to_vec();
+    future.extend_from_slice(&7u32.to_le_bytes());
+    future.extend_from_slice(&[0u8; 16]);
+    std::fs::write(&path, &future).unwrap();
+    assert_user_error(&generate(&path), &["broken.gguf", "GGUF version 7"]);
 }
 
 #[test]

@@ -177,6 +177,9 @@ impl GgufFile {
         if version < 2 {
             return Err(err(format!("GGUF version {version} is too old (need 2 or 3)")));
         }
+        if version > 3 {
+            return Err(err(format!("GGUF version {version} is newer than this hacpo reads (2 or 3)")));
+        }
         let n_tensors = c.u64().map_err(err)? as usize;
         let n_kv = c.u64().map_err(err)? as usize;
         let mut metadata = HashMap::new();

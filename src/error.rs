@@ -129,6 +129,10 @@ impl Error {
         if source.kind() == std::io::ErrorKind::NotFound {
             return Error::NotFound { what: "file".into(), path: path.to_path_buf(), hint: "Check the path.".into() };
         }
+        // A directory given where a file is expected is the user's to fix (exit 2).
+        if matches!(action, "read" | "open") && path.is_dir() {
+            return Error::InvalidArgument(format!("{} is a directory; give a file", path.display()));
+        }
         Error::Io { action, path: path.to_path_buf(), source }
     }
 
@@ -169,7 +173,12 @@ pub fn check_writable(path: &Path) -> Result<()> {
 
 /// Reads a whole file, mapping failures to [`Error`] with the path.
 pub(crate) fn read_to_string(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|e| Error::io("read", path, e))
+    let bytes = std::fs::read(path).map_err(|e| Error::io("read", path, e))?;
+    String::from_utf8(bytes).map_err(|e| {
+        let at = e.utf8_error().valid_up_to();
+        let line = e.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count() + 1;
+        Error::InvalidArgument(format!("{}: line {line} is not valid UTF-8; save the file as UTF-8", path.display()))
+    })
 }
 
 /// Writes `bytes` to `path` atomically: a temporary file beside it, then a rename, so a crash
@@ -190,6 +199,17 @@ pub(crate) fn temp_path_for(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_that_are_directories_or_not_utf8_are_user_errors_naming_the_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = read_to_string(dir.path()).unwrap_err();
+        assert!(e.exit_code() == 2 && e.to_string().contains("is a directory"), "{e}");
+        let path = dir.path().join("data.jsonl");
+        std::fs::write(&path, b"{\"a\": 1}\n{\"a\": \"\xff\"}\n").unwrap();
+        let e = read_to_string(&path).unwrap_err();
+        assert!(e.exit_code() == 2 && e.to_string().contains("line 2 is not valid UTF-8"), "{e}");
+    }
 
     #[test]
     fn a_threads_own_error_wins_over_the_echoes_of_it() {

@@ -367,7 +367,17 @@ impl TrainConfig {
         let config: TrainConfig = serde_path_to_error::deserialize(toml::Value::Table(value)).map_err(|e| {
             let path = e.path().to_string();
             let message = e.into_inner().message().to_string();
-            Error::config(source, if path == "." { message } else { format!("{path}: {message}") })
+            // A bad value that came from `--set` is blamed on that argument, not on the file.
+            let dotted = path.replace('[', ".").replace(']', "");
+            let from_set = overrides.iter().rev().find(|o| {
+                let key = o.split_once('=').map_or(o.as_str(), |(k, _)| k).trim();
+                let key = key.strip_prefix("agents.").map(|r| format!("policies.{r}")).unwrap_or(key.to_string());
+                dotted == key || dotted.starts_with(&format!("{key}."))
+            });
+            match from_set {
+                Some(o) => Error::InvalidArgument(format!("--set {o}: {path}: {message}")),
+                None => Error::config(source, if path == "." { message } else { format!("{path}: {message}") }),
+            }
         })?;
         crate::rl::registry::check(&config.algo.name).map_err(|e| Error::config(source, format!("algo.name: {e}")))?;
         Ok(config)
@@ -602,6 +612,14 @@ model = "b"
         assert!(c.validate().unwrap_err().to_string().contains("cannot be split"));
         let e = TrainConfig::from_toml("[algo]\nname = \"ppo\"", "t", &[]).unwrap_err().to_string();
         assert!(e.contains("algo.name") && e.contains("unknown algorithm") && e.contains("drgrpo"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_set_value_blames_the_set_argument() {
+        let e = TrainConfig::from_toml(TOML, "cfg.toml", &["algo.group_size=[1,".into()]).unwrap_err().to_string();
+        assert!(e.contains("--set algo.group_size=[1,") && !e.contains("cfg.toml"), "{e}");
+        let e = TrainConfig::from_toml(TOML, "cfg.toml", &["agents.0.device=3".into()]).unwrap_err().to_string();
+        assert!(e.contains("--set agents.0.device=3"), "{e}");
     }
 
     #[test]

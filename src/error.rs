@@ -165,10 +165,16 @@ pub fn check_writable(path: &Path) -> Result<()> {
     if !parent.is_dir() {
         return Err(bad(format!("the directory {} does not exist", parent.display())));
     }
+    probe_beside(path).map(|_| ()).map_err(|e| bad(e.to_string()))
+}
+
+/// Creates (and removes) an empty file beside `path`, the way any file of ours is created:
+/// whether files can be written there, and with which permissions.
+pub(crate) fn probe_beside(path: &Path) -> std::io::Result<std::fs::Metadata> {
     let probe = temp_path_for(path);
-    std::fs::write(&probe, b"").map_err(|e| bad(e.to_string()))?;
-    let _ = std::fs::remove_file(probe);
-    Ok(())
+    let made = std::fs::File::create(&probe).and_then(|f| f.metadata());
+    let _ = std::fs::remove_file(&probe);
+    made
 }
 
 /// Reads a whole file, mapping failures to [`Error`] with the path.

@@ -91,10 +91,7 @@ impl RunDir {
             ))
         };
         std::fs::create_dir_all(&self.root).map_err(unwritable)?;
-        let probe = self.root.join(".write-test");
-        std::fs::write(&probe, b"").map_err(unwritable)?;
-        let _ = std::fs::remove_file(probe);
-        Ok(())
+        crate::error::probe_beside(&self.config_path()).map(|_| ()).map_err(unwritable)
     }
 
     pub fn write_config(&self, config: &TrainConfig) -> Result<()> {

@@ -110,6 +110,22 @@ fn latest(run_dir: &Path) -> Option<String> {
     std::fs::read_to_string(run_dir.join("checkpoints/latest")).ok().map(|s| s.trim().to_string())
 }
 
+/// Waits (polling every 2 ms, at most 300 s) until the running `child`'s `latest` pointer
+/// satisfies `reached`; fails if the run ends first.
+fn wait_for_checkpoint(
+    child: &mut std::process::Child,
+    run_dir: &Path,
+    reached: impl Fn(Option<&str>) -> bool,
+    what: &str,
+) {
+    let started = Instant::now();
+    while !reached(latest(run_dir).as_deref()) {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before {what}");
+        assert!(started.elapsed() < Duration::from_secs(300), "no {what} after 300 s");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 #[test]
 fn sigkill_and_resume_equals_an_uninterrupted_run() {
     let s = setup(5);
@@ -131,12 +147,7 @@ fn sigkill_and_resume_equals_an_uninterrupted_run() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    while latest(&killed).as_deref() != Some("step-000002") {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before its second checkpoint");
-        assert!(started.elapsed() < Duration::from_secs(300), "no second checkpoint after 300 s");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    wait_for_checkpoint(&mut child, &killed, |l| l == Some("step-000002"), "its second checkpoint");
     child.kill().unwrap(); // SIGKILL
     let status = child.wait().unwrap();
     assert!(!status.success(), "the run finished before it was killed");
@@ -271,12 +282,7 @@ fn run_directories_are_locked_interruptible_and_repaired_on_resume() {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let started = Instant::now();
-    while latest(&stopped).is_none() {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended before its first checkpoint");
-        assert!(started.elapsed() < Duration::from_secs(300), "no checkpoint after 300 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_checkpoint(&mut child, &stopped, |l| l.is_some(), "its first checkpoint");
     let second = run(&["train", "--resume", stopped.to_str().unwrap()]);
     assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
     let pid = child.id().to_string();

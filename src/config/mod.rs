@@ -228,19 +228,54 @@ pub struct RoleConfig {
     pub template: Option<String>,
 }
 
-/// Keys that moved; each names where to and why, so an old config fails with its migration.
-const MOVED: &[(&str, &str)] = &[
-    ("algo.hacpo.kl_coef", "algo.kl_coef (settings shared by every algorithm live at algo.*)"),
-    ("algo.hacpo.eps_low", "algo.clip_low (settings shared by every algorithm live at algo.*)"),
-    ("algo.hacpo.eps_high", "algo.clip_high (settings shared by every algorithm live at algo.*)"),
-    ("algo.hacpo.adv_epsilon", "algo.adv_epsilon (settings shared by every algorithm live at algo.*)"),
-    ("algo.hacpo.normalize_by_std", "algo.normalize_by_std (settings shared by every algorithm live at algo.*)"),
-    ("algo.hacpo.max_abs_log_ratio", "algo.max_abs_log_ratio (settings shared by every algorithm live at algo.*)"),
-    ("algo.hacpo.naive", "algo.name = \"naive\" (naive sharing is an algorithm of its own)"),
-    ("algo.grpo_eps_low", "algo.clip_low (settings shared by every algorithm live at algo.*)"),
-    ("algo.grpo_eps_high", "algo.clip_high (settings shared by every algorithm live at algo.*)"),
-    ("algo.grpo_loss_agg", "algo.loss_agg (settings shared by every algorithm live at algo.*)"),
+/// A key an older hacpo wrote under `[algo]`, and its place now.
+struct Moved {
+    /// Its old path under `[algo]`.
+    old: &'static str,
+    /// Its key under `[algo]` now.
+    new: &'static str,
+    /// Whether its value applied to the algorithm of that name (a migration keeps only those).
+    applies: fn(&str) -> bool,
+}
+
+const fn moved(old: &'static str, new: &'static str, applies: fn(&str) -> bool) -> Moved {
+    Moved { old, new, applies }
+}
+
+/// Every moved key, in the order an old config's first one is reported.
+#[rustfmt::skip]
+const MOVED: &[Moved] = &[
+    moved("hacpo.kl_coef", "kl_coef", |_| true),
+    moved("hacpo.eps_low", "clip_low", |name| name != "grpo"),
+    moved("hacpo.eps_high", "clip_high", |name| name != "grpo"),
+    moved("hacpo.adv_epsilon", "adv_epsilon", |_| true),
+    moved("hacpo.normalize_by_std", "normalize_by_std", |_| true),
+    moved("hacpo.max_abs_log_ratio", "max_abs_log_ratio", |_| true),
+    // `naive = true` became `name = "naive"`; `naive = false` said nothing.
+    moved("hacpo.naive", "name", |_| true),
+    moved("grpo_eps_low", "clip_low", |name| name == "grpo"),
+    moved("grpo_eps_high", "clip_high", |name| name == "grpo"),
+    moved("grpo_loss_agg", "loss_agg", |name| name == "grpo"),
 ];
+
+impl Moved {
+    /// Removes this key from the `[algo]` table, returning its value.
+    fn take(&self, algo: &mut toml::Table) -> Option<toml::Value> {
+        match self.old.split_once('.') {
+            Some((table, key)) => algo.get_mut(table)?.as_table_mut()?.remove(key),
+            None => algo.remove(self.old),
+        }
+    }
+
+    /// Where it lives now, as the error for a config that still uses it says.
+    fn new_place(&self) -> String {
+        if self.new == "name" {
+            "algo.name = \"naive\" (naive sharing is an algorithm of its own)".into()
+        } else {
+            format!("algo.{} (settings shared by every algorithm live at algo.*)", self.new)
+        }
+    }
+}
 
 /// A TOML syntax error with its line and column.
 fn toml_error(text: &str, source: &str, e: &toml::de::Error) -> Error {
@@ -262,39 +297,18 @@ fn migrate_moved(root: &mut toml::Table) -> Vec<String> {
     let mut notes = Vec::new();
     let Some(toml::Value::Table(algo)) = root.get_mut("algo") else { return notes };
     let name = algo.get("name").and_then(|v| v.as_str()).unwrap_or("hacpo").to_string();
-    let grpo = name == "grpo";
-    let mut moved: Vec<(String, &str, Option<toml::Value>)> = Vec::new();
-    if let Some(toml::Value::Table(h)) = algo.get_mut("hacpo") {
-        for (old, new, applies) in [
-            ("kl_coef", "kl_coef", true),
-            ("adv_epsilon", "adv_epsilon", true),
-            ("normalize_by_std", "normalize_by_std", true),
-            ("max_abs_log_ratio", "max_abs_log_ratio", true),
-            ("eps_low", "clip_low", !grpo),
-            ("eps_high", "clip_high", !grpo),
-        ] {
-            if let Some(v) = h.remove(old) {
-                moved.push((format!("algo.hacpo.{old}"), new, applies.then_some(v)));
-            }
-        }
-        if let Some(v) = h.remove("naive") {
-            if v.as_bool() == Some(true) {
-                moved.push(("algo.hacpo.naive".into(), "name", Some(toml::Value::String("naive".into()))));
-            }
-        }
-    }
-    for (old, new) in [("grpo_eps_low", "clip_low"), ("grpo_eps_high", "clip_high"), ("grpo_loss_agg", "loss_agg")] {
-        if let Some(v) = algo.remove(old) {
-            moved.push((format!("algo.{old}"), new, grpo.then_some(v)));
-        }
-    }
-    for (old, new, value) in moved {
-        match value {
-            Some(v) => {
-                notes.push(format!("{old} read as algo.{new}"));
-                algo.insert(new.to_string(), v);
-            }
-            None => notes.push(format!("{old} dropped (it does not apply to {name})")),
+    let taken: Vec<(&Moved, toml::Value)> = MOVED.iter().filter_map(|m| Some((m, m.take(algo)?))).collect();
+    for (m, value) in taken {
+        let value = match m.new {
+            "name" if value.as_bool() == Some(true) => toml::Value::String("naive".into()),
+            "name" => continue,
+            _ => value,
+        };
+        if (m.applies)(&name) {
+            notes.push(format!("algo.{} read as algo.{}", m.old, m.new));
+            algo.insert(m.new.to_string(), value);
+        } else {
+            notes.push(format!("algo.{} dropped (it does not apply to {name})", m.old));
         }
     }
     notes
@@ -302,20 +316,12 @@ fn migrate_moved(root: &mut toml::Table) -> Vec<String> {
 
 /// Fails on the first moved key present in a raw config table.
 fn check_moved(root: &toml::Table, source: &str) -> Result<()> {
-    for (old, new) in MOVED {
-        let mut cur = Some(root);
-        let keys: Vec<&str> = old.split('.').collect();
-        for (i, k) in keys.iter().enumerate() {
-            match cur.and_then(|t| t.get(*k)) {
-                Some(_) if i + 1 == keys.len() => {
-                    return Err(Error::config(source, format!("{old} has moved: write it as {new}")));
-                }
-                Some(toml::Value::Table(t)) => cur = Some(t),
-                _ => break,
-            }
-        }
+    let Some(toml::Value::Table(algo)) = root.get("algo") else { return Ok(()) };
+    let mut algo = algo.clone();
+    match MOVED.iter().find(|m| m.take(&mut algo).is_some()) {
+        Some(m) => Err(Error::config(source, format!("algo.{} has moved: write it as {}", m.old, m.new_place()))),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Overrides of the tiny agents' pre-training budgets (`models/tiny/*.toml`).
@@ -342,13 +348,17 @@ impl TrainConfig {
         let source = path.display().to_string();
         let mut value: toml::Table = toml::from_str(&text).map_err(|e| toml_error(&text, &source, &e))?;
         let notes = migrate_moved(&mut value);
-        let text = toml::to_string(&value).expect("a parsed table serialises");
-        Ok((Self::from_toml(&text, &source, overrides)?, notes))
+        Ok((Self::from_table(value, &source, overrides)?, notes))
     }
 
     /// Parses TOML text (`source` names it in errors) and applies overrides.
     pub fn from_toml(text: &str, source: &str, overrides: &[String]) -> Result<Self> {
-        let mut value: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, source, &e))?;
+        let value: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, source, &e))?;
+        Self::from_table(value, source, overrides)
+    }
+
+    /// A parsed config table with overrides applied, checked and typed.
+    fn from_table(mut value: toml::Table, source: &str, overrides: &[String]) -> Result<Self> {
         // `[[agents]]` is the older name of `[[policies]]`.
         if let Some(agents) = value.remove("agents") {
             if value.contains_key("policies") {
@@ -370,8 +380,7 @@ impl TrainConfig {
             // A bad value that came from `--set` is blamed on that argument, not on the file.
             let dotted = path.replace('[', ".").replace(']', "");
             let from_set = overrides.iter().rev().find(|o| {
-                let key = o.split_once('=').map_or(o.as_str(), |(k, _)| k).trim();
-                let key = key.strip_prefix("agents.").map(|r| format!("policies.{r}")).unwrap_or(key.to_string());
+                let key = policies_key(o.split_once('=').map_or(o.as_str(), |(k, _)| k));
                 dotted == key || dotted.starts_with(&format!("{key}."))
             });
             match from_set {
@@ -521,17 +530,19 @@ fn flatten(c: &TrainConfig) -> std::collections::BTreeMap<String, String> {
     out
 }
 
+/// A `--set` key with `agents.` read as `policies.` (the older name of the list).
+fn policies_key(key: &str) -> String {
+    let key = key.trim();
+    key.strip_prefix("agents.").map_or_else(|| key.to_string(), |rest| format!("policies.{rest}"))
+}
+
 /// `a.b.c=value`: the value parsed as TOML (`4`, `1e-6`, `true`, `"x"`, `[1, 2]`), or as a
 /// bare string when that fails.
 pub fn apply_override(root: &mut toml::Table, assignment: &str) -> Result<()> {
     let (path, raw) = assignment
         .split_once('=')
         .ok_or_else(|| Error::InvalidArgument(format!("--set {assignment:?}: expected key.path=value")))?;
-    // `agents.1.model` reads as `policies.1.model` (the older name of the list).
-    let path = match path.trim().strip_prefix("agents.") {
-        Some(rest) => format!("policies.{rest}"),
-        None => path.trim().to_string(),
-    };
+    let path = policies_key(path);
     let value: toml::Value = match toml::from_str::<toml::Table>(&format!("v = {raw}")) {
         Ok(mut t) => t.remove("v").expect("parsed key"),
         Err(_) => toml::Value::String(raw.to_string()),

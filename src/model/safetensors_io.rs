@@ -163,10 +163,8 @@ impl safetensors::View for &ByteView {
 /// process's umask): the safetensors crate writes through a private temporary file (mode
 /// 0600), which would leave weights unreadable to the group that reads the rest of a run.
 fn ordinary_mode(path: &Path) -> Result<()> {
-    let probe = crate::error::temp_path_for(&path.with_extension("mode-probe"));
-    let made = std::fs::File::create(&probe).and_then(|f| f.metadata());
-    let _ = std::fs::remove_file(&probe);
-    let permissions = made.map_err(|e| Error::io("write", &probe, e))?.permissions();
+    let made = crate::error::probe_beside(&path.with_extension("mode-probe"));
+    let permissions = made.map_err(|e| Error::io("write", path, e))?.permissions();
     std::fs::set_permissions(path, permissions).map_err(|e| Error::io("write", path, e))
 }
 

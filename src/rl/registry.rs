@@ -15,25 +15,23 @@ type Build<B> = fn(&AlgoSettings) -> Result<Box<dyn Algorithm<B>>>;
 /// One registered algorithm.
 pub struct Entry<B: Backend> {
     pub name: &'static str,
-    /// One line for `--help` and error messages.
-    pub about: &'static str,
     pub build: Build<B>,
 }
 
-fn entry<B: Backend>(name: &'static str, about: &'static str, build: Build<B>) -> Entry<B> {
-    Entry { name, about, build }
+fn entry<B: Backend>(name: &'static str, build: Build<B>) -> Entry<B> {
+    Entry { name, build }
 }
 
-/// Every algorithm, in the order `hacpo train --help` lists them: one line each.
+/// Every algorithm, in the order errors list them: one line each.
 #[rustfmt::skip]
 pub fn entries<B: Backend>() -> Vec<Entry<B>> {
     vec![
-        entry("hacpo", "every policy learns from every policy's samples (§2)", |s| Ok(Box::new(Hacpo::new(s, false)?))),
-        entry("gspo", "each policy alone, sequence-level ratio (§1.2)", |s| Ok(Box::new(Gspo::new(s, false)?))),
-        entry("grpo", "each policy alone, token-level ratio (§1.1)", |s| Ok(Box::new(Grpo::new(s)?))),
-        entry("gspo2x", "GSPO with twice the samples and updates", |s| Ok(Box::new(Gspo::new(s, true)?))),
-        entry("naive", "sharing with every HACPO mechanism off", |s| Ok(Box::new(Hacpo::new(s, true)?))),
-        entry("drgrpo", "Dr. GRPO: no std division, token sums / constant", |s| Ok(Box::new(DrGrpo::new(s)?))),
+        entry("hacpo", |s| Ok(Box::new(Hacpo::new(s, false)?))), // every policy learns from every policy's samples (§2)
+        entry("gspo", |s| Ok(Box::new(Gspo::new(s, false)?))),   // each policy alone, sequence-level ratio (§1.2)
+        entry("grpo", |s| Ok(Box::new(Grpo::new(s)?))),          // each policy alone, token-level ratio (§1.1)
+        entry("gspo2x", |s| Ok(Box::new(Gspo::new(s, true)?))),  // GSPO with twice the samples and updates
+        entry("naive", |s| Ok(Box::new(Hacpo::new(s, true)?))),  // sharing with every HACPO mechanism off
+        entry("drgrpo", |s| Ok(Box::new(DrGrpo::new(s)?))),      // no std division, token sums / a constant length
     ]
 }
 

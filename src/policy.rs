@@ -95,3 +95,20 @@ impl<B: Backend> Policy<B> {
         })
     }
 }
+
+/// Runs `work` on each item (one per policy) in its own scoped thread; results in order. A
+/// panicking thread becomes an internal error naming the stage.
+pub fn per_policy<T: Send, R: Send>(
+    items: impl IntoIterator<Item = T>,
+    stage: &str,
+    work: impl Fn(T) -> Result<R> + Sync,
+) -> Vec<Result<R>> {
+    let work = &work;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = items.into_iter().map(|item| s.spawn(move || work(item))).collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal(format!("a policy's {stage} thread panicked")))))
+            .collect()
+    })
+}

@@ -46,6 +46,10 @@ pub struct Sample {
     pub token_logps: Vec<f32>,
     /// Filled by the workload's reward stage.
     pub reward: Option<f64>,
+    /// The workload's format penalty of this output (≤ 0; MHGPO's P_k), 0 where it has none.
+    pub penalty: f64,
+    /// The task score of a final output before any penalty (the search Answerer's F1).
+    pub score: Option<f64>,
     /// Whether any policy learns from it (an upstream singleton is kept for the record only).
     pub train: bool,
     pub policy_version: u64,

@@ -53,11 +53,14 @@ fn train_on<B: Backend>(
         None => Trainer::<B>::start(cfg, task, devices)?,
     };
     announce(&trainer);
-    // Accuracy before training, kept in the run directory so a resumed run still reports it.
+    // The held-out score (accuracy; F1 for the search team) before training, kept in the run
+    // directory so a resumed run still reports it.
+    let key = trainer.validation_key();
+    let label = crate::workload::validation_label(key);
     let before = if trainer.step == 0 && trainer.validates() {
         let acc = trainer.accuracies()?;
         for (name, a) in &acc {
-            eprintln!("  {name}: held-out accuracy before training {:.1}%", a * 100.0);
+            eprintln!("  {name}: held-out {label} before training {:.1}%", a * 100.0);
         }
         trainer.run.write_before(&acc)?;
         Some(acc)
@@ -79,8 +82,8 @@ fn train_on<B: Backend>(
         return Ok(());
     }
     // The last step validates when validation is on; otherwise measure now.
-    let after = if summary.last.iter().all(|(_, m)| m.contains_key("val/accuracy")) {
-        summary.last.iter().map(|(n, m)| (n.clone(), m["val/accuracy"])).collect()
+    let after = if summary.last.iter().all(|(_, m)| m.contains_key(key)) {
+        summary.last.iter().map(|(n, m)| (n.clone(), m[key])).collect()
     } else {
         trainer.accuracies()?
     };
@@ -89,12 +92,12 @@ fn train_on<B: Backend>(
         let b = before.as_ref().and_then(|b| b.get(name)).copied();
         match b {
             Some(b) => println!(
-                "  {name}: held-out accuracy {:.1}% → {:.1}% ({:+.1} points)",
+                "  {name}: held-out {label} {:.1}% → {:.1}% ({:+.1} points)",
                 b * 100.0,
                 a * 100.0,
                 (a - b) * 100.0
             ),
-            None => println!("  {name}: held-out accuracy {:.1}%", a * 100.0),
+            None => println!("  {name}: held-out {label} {:.1}%", a * 100.0),
         }
         agents.insert(name.clone(), AccuracyChange { before: b, after: a });
     }

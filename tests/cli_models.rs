@@ -34,7 +34,11 @@ fn every_config_file_parses_and_validates() {
         }
     }
     seen.sort();
-    assert_eq!(seen, ["hacpo-math.toml", "tiny-duo.toml"], "a new config is checked here too");
+    assert_eq!(
+        seen,
+        ["hacpo-math.toml", "mhgpo-hotpotqa.toml", "search-smollm2.toml", "tiny-duo.toml"],
+        "a new config is checked here too"
+    );
 }
 
 /// A hub cache holding `repo` as hf-hub and huggingface_hub lay it out, with `files` from `src`.
@@ -90,7 +94,10 @@ fn models_lists_the_zoo_and_a_zoo_id_resolves_from_the_hub_cache_offline() {
     let args = ["generate", "--model", "qwen-1.5b", "--prompt", "hi", "--max-new-tokens", "3", "--greedy"];
     let out = hacpo(&args, &env);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let by_path = hacpo(&["generate", "--model", agent.path().to_str().unwrap(), "--prompt", "hi", "--max-new-tokens", "3", "--greedy"], &[]);
+    let by_path = hacpo(
+        &["generate", "--model", agent.path().to_str().unwrap(), "--prompt", "hi", "--max-new-tokens", "3", "--greedy"],
+        &[],
+    );
     assert_eq!(out.stdout, by_path.stdout, "the cached snapshot is the model");
 }
 
@@ -114,7 +121,8 @@ fn convert_to_bf16_writes_bf16_weights_that_load_as_the_rounded_model() {
     let out_dir = tempfile::tempdir().unwrap();
     let (f32_dir, bf16_dir) = (out_dir.path().join("f32"), out_dir.path().join("bf16"));
     for (dir, dtype) in [(&f32_dir, "f32"), (&bf16_dir, "bf16")] {
-        let args = ["convert", "--model", agent.path().to_str().unwrap(), "--out", dir.to_str().unwrap(), "--dtype", dtype];
+        let args =
+            ["convert", "--model", agent.path().to_str().unwrap(), "--out", dir.to_str().unwrap(), "--dtype", dtype];
         let out = hacpo(&args, &[]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     }

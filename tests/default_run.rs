@@ -215,7 +215,8 @@ fn pretrain_is_reproducible_bit_for_bit_and_never_replaces_an_agent() {
         }
         // The record differs only in its wall time.
         let record = |d: &std::path::Path| {
-            let mut v: Value = serde_json::from_str(&std::fs::read_to_string(d.join(&agent).join("pretrain.json")).unwrap()).unwrap();
+            let mut v: Value =
+                serde_json::from_str(&std::fs::read_to_string(d.join(&agent).join("pretrain.json")).unwrap()).unwrap();
             v["report"]["wall_s"] = Value::Null;
             v
         };

@@ -107,7 +107,10 @@ fn eval_and_grade_refuse_bad_input_before_working() {
 
 #[test]
 fn grade_qa_scores_em_and_f1_per_line_and_names_bad_lines() {
-    let out = hacpo(&["grade", "--task", "qa", "--gold", "President Barack Obama", "--gold", "Obama", "--response", "Barack Obama"], &[]);
+    let out = hacpo(
+        &["grade", "--task", "qa", "--gold", "President Barack Obama", "--gold", "Obama", "--response", "Barack Obama"],
+        &[],
+    );
     assert_eq!(String::from_utf8(out.stdout).unwrap(), "em 0 f1 0.8000\n");
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("p.jsonl");
@@ -121,7 +124,10 @@ fn grade_qa_scores_em_and_f1_per_line_and_names_bad_lines() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let lines: Vec<serde_json::Value> =
         String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!((lines[0]["em"].as_f64(), lines[0]["f1"].as_f64(), lines[0]["id"].as_i64()), (Some(1.0), Some(1.0), Some(7)));
+    assert_eq!(
+        (lines[0]["em"].as_f64(), lines[0]["f1"].as_f64(), lines[0]["id"].as_i64()),
+        (Some(1.0), Some(1.0), Some(7))
+    );
     assert_eq!((lines[1]["em"].as_f64(), lines[1]["f1"].as_f64()), (Some(0.0), Some(0.0)));
     assert!(String::from_utf8_lossy(&out.stderr).contains("EM 50.0%, F1 50.0%"));
 

@@ -380,7 +380,9 @@ fn adversarial_and_random_inputs_never_panic_hang_or_match_wrongly() {
     });
     match finished.recv_timeout(std::time::Duration::from_secs(900)) {
         Ok(()) => {}
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("grading random inputs did not finish in 15 minutes: a hang"),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("grading random inputs did not finish in 15 minutes: a hang")
+        }
         Err(e) => panic!("the grading thread stopped: {e:?} (see its panic above)"),
     }
     let false_positives = worker.join().expect("grading thread");
@@ -527,7 +529,11 @@ const MATH_VERIFY_CASES: &[(&str, &str, bool)] = &[
     (r#"x > 5"#, r#"Therefore $x < 5$ is the solution."#, false),
     (r#"x < 1"#, r#"\boxed{x > -1}"#, false),
     (r#"[0,1)"#, r#"Final Answer: The final answer is $(0, 1)$. I hope it is correct."#, false),
-    (r#"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}"#, r#"The matrix is $\begin{pmatrix}1 & 2 \\ 3 & 5\end{pmatrix}$"#, false),
+    (
+        r#"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}"#,
+        r#"The matrix is $\begin{pmatrix}1 & 2 \\ 3 & 5\end{pmatrix}$"#,
+        false,
+    ),
     (r#"1112112_3"#, r#"\boxed{1112122_3}"#, false),
     (r#"52_8"#, r#"\boxed{53}"#, false),
     (r#"52_8"#, r#"\boxed{52_9}"#, false),
@@ -566,7 +572,11 @@ const MATH_VERIFY_CASES: &[(&str, &str, bool)] = &[
     (r#"\pm 2021"#, r#"${-2021, 2021}$"#, true),
     (r#"1,-2"#, r#"The integers are \[ \boxed{-2} \quad \text{and} \quad \boxed{1}. \]"#, true),
     (r#"\frac{1}{2}"#, r#"We compute this and get $$\frac{1}{2}$$"#, true),
-    (r#"10455"#, r#"So he has $10,200 + $255 = $10,455 and $\boxed{255}$ was the interest. Final Answer: The final answer is $10,455$. I hope it is correct."#, true),
+    (
+        r#"10455"#,
+        r#"So he has $10,200 + $255 = $10,455 and $\boxed{255}$ was the interest. Final Answer: The final answer is $10,455$. I hope it is correct."#,
+        true,
+    ),
     (r#"34"#, r#"Final Answer: The largest $n$ is 34."#, true),
     (r#"14916"#, r#"Final Answer: The final answer is $14 {, }916$. I hope it is correct."#, true),
     (r#"11111111100"#, r#"is $\boxed{11,\! 111,\! 111,\! 100}$"#, true),
@@ -583,13 +593,24 @@ const MATH_VERIFY_CASES: &[(&str, &str, bool)] = &[
     (r#"90^\circ"#, r#"Hence $\boxed{90^\circ}$."#, true),
     (r#"1 \pm \sqrt{19}"#, r#"$x = \boxed{1 \pm \sqrt{19}}$"#, true),
     (r#"(6,31,-1)"#, r#"$(p,q,r) = \boxed{(6,31,-1)}$."#, true),
-    (r#"[-1, -\frac{1}{2}) \cup (-\frac{1}{2}, 0) \cup (0, 1) \cup (1, \infty)"#, r#"$\boxed{[-1, -\tfrac12) \cup (-\tfrac12, 0) \cup (0, 1) \cup (1, \infty)}$"#, true),
-    (r#"\begin{bmatrix}0 & 0 \\ 0 & 0\end{bmatrix}"#, r#"Here is a zero matrix: $ \begin{pmatrix}0 & 0 \\0 & 0\end{pmatrix} $"#, true),
-    (r#"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}"#, r#"$ \left[\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right] $"#, true),
+    (
+        r#"[-1, -\frac{1}{2}) \cup (-\frac{1}{2}, 0) \cup (0, 1) \cup (1, \infty)"#,
+        r#"$\boxed{[-1, -\tfrac12) \cup (-\tfrac12, 0) \cup (0, 1) \cup (1, \infty)}$"#,
+        true,
+    ),
+    (
+        r#"\begin{bmatrix}0 & 0 \\ 0 & 0\end{bmatrix}"#,
+        r#"Here is a zero matrix: $ \begin{pmatrix}0 & 0 \\0 & 0\end{pmatrix} $"#,
+        true,
+    ),
+    (
+        r#"\begin{pmatrix}1 & 2 \\ 3 & 4\end{pmatrix}"#,
+        r#"$ \left[\begin{array}{cc}1 & 2 \\ 3 & 4\end{array}\right] $"#,
+        true,
+    ),
     (r#"(37,3,3,13),(17,3,3,7),(3,37,3,13)"#, r#"$\boxed{(3, 37, 3, 13), (17,3,3,7), (37,3,3,13)}$"#, true),
     (r#"p = -1 \text{ and } p = \dfrac{15}{8}"#, r#"$p=-1,p=\frac{15}{8}$"#, true),
     (r#"(5, 8), (8, 5)"#, r#"$$\boxed{(x, y) = (5, 8) \quad \text{and} \quad (8, 5)}$$"#, true),
-
     // --- the issue's categories, more renderings ---
     (r#"4210_{5}"#, r#"\boxed{4210_{(5)}}"#, true),
     (r#"10110_2"#, r#"\boxed{10110}"#, true),
@@ -627,5 +648,11 @@ fn math_verify_behaviours() {
         .filter(|(gold, response, want)| g.grade(gold, response) != *want)
         .map(|(gold, response, want)| format!("{gold:?} vs {response:?}: expected {want}"))
         .collect();
-    assert!(failures.is_empty(), "{} of {} cases wrong:\n{}", failures.len(), MATH_VERIFY_CASES.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases wrong:\n{}",
+        failures.len(),
+        MATH_VERIFY_CASES.len(),
+        failures.join("\n")
+    );
 }

@@ -475,9 +475,15 @@ fn settings() -> hacpo::rl::AlgoSettings {
 #[test]
 fn registry_lists_algorithms_and_reshapes_batches() {
     use hacpo::rl::{BatchShape, registry};
-    assert_eq!(registry::names(), vec!["hacpo", "gspo", "grpo", "gspo2x", "naive", "drgrpo"]);
+    let names = ["hacpo", "gspo", "grpo", "gspo2x", "naive", "drgrpo", "mhgpo-is", "mhgpo-fof", "mhgpo-rr"];
+    assert_eq!(registry::names(), names);
     let e = registry::build::<Ad>("ppo", &settings()).err().unwrap().to_string();
-    assert!(e.contains("unknown algorithm") && e.contains("hacpo, gspo, grpo, gspo2x, naive, drgrpo"), "{e}");
+    assert!(e.contains("unknown algorithm") && e.contains(&names.join(", ")), "{e}");
+    // Only MHGPO's entries train rollout trees.
+    for name in names {
+        let tree = registry::build::<Ad>(name, &settings()).unwrap().tree();
+        assert_eq!(tree.is_some(), name.starts_with("mhgpo"), "{name}");
+    }
     let shape = BatchShape { policies: 2, group_size: 8, minibatch_prompts: 4, norm_length: 96 };
     let doubled = registry::batch_shape("gspo2x", &settings(), shape).unwrap();
     assert_eq!((doubled.group_size, doubled.minibatch_prompts), (16, 2));
@@ -556,7 +562,10 @@ fn rl_inspect_explains_an_mhgpo_tree() {
     assert!(rewards.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{rewards:?}");
     let in_loss: Vec<bool> = rows.iter().map(|r| r["in_loss"].as_bool().unwrap()).collect();
     assert_eq!(in_loss, [false, true, true, true, true, true]);
-    let table = Command::new(common::hacpo_bin()).args(["rl", "inspect", "--input", fixture.to_str().unwrap()]).output().unwrap();
+    let table = Command::new(common::hacpo_bin())
+        .args(["rl", "inspect", "--input", fixture.to_str().unwrap()])
+        .output()
+        .unwrap();
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(table.contains("advantage") && table.lines().count() == 7, "{table}");
 }

@@ -10,7 +10,12 @@ use std::process::{Command, Output};
 fn hacpo(args: &[&str]) -> Output {
     let shared = common::shared("data/qa");
     let root = shared.parent().unwrap().parent().unwrap();
-    Command::new(common::hacpo_bin()).args(args).env("HACPO_SHARED", root).env_remove("HACPO_DATA_DIR").output().unwrap()
+    Command::new(common::hacpo_bin())
+        .args(args)
+        .env("HACPO_SHARED", root)
+        .env_remove("HACPO_DATA_DIR")
+        .output()
+        .unwrap()
 }
 
 fn stderr(o: &Output) -> String {
@@ -23,8 +28,19 @@ fn the_pipeline_runs_end_to_end_with_a_tiny_model_on_hotpotqa() {
     let dir = tempfile::tempdir().unwrap();
     let report = dir.path().join("search.json");
     let out = hacpo(&[
-        "eval", "--workload", "search", "--model", agent.path().to_str().unwrap(), "--data", "hotpotqa",
-        "--limit", "3", "--max-new-tokens", "12", "--out", report.to_str().unwrap(),
+        "eval",
+        "--workload",
+        "search",
+        "--model",
+        agent.path().to_str().unwrap(),
+        "--data",
+        "hotpotqa",
+        "--limit",
+        "3",
+        "--max-new-tokens",
+        "12",
+        "--out",
+        report.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -53,6 +53,8 @@ fn sample(policy: &Policy<Cpu>, group: &str, text: &str, sample_index: usize) ->
         response_ids,
         token_logps,
         reward: Some((sample_index % 2) as f64),
+        penalty: 0.0,
+        score: None,
         train: true,
         policy_version: 0,
         finish_reason: FinishReason::Stop,
@@ -130,7 +132,7 @@ fn micro_batches_accumulate_to_the_one_pass_update() {
             let settings = UpdateSettings {
                 step: 1,
                 total_updates: 1,
-                minibatch_sequences: routed.indices.len(),
+                minibatches: 1,
                 micro_batch_sequences: micro,
                 inv_temperature: 1.0,
                 kl_coef: 0.05,

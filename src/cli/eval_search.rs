@@ -24,10 +24,14 @@ fn role_budget(role: Role, cap: usize) -> usize {
 
 pub fn run(args: &EvalArgs) -> Result<()> {
     if !args.bench.is_empty() {
-        return Err(Error::InvalidArgument("--bench is for the math workload; the search workload takes --data".into()));
+        return Err(Error::InvalidArgument(
+            "--bench is for the math workload; the search workload takes --data".into(),
+        ));
     }
     if args.samples != 1 || args.temperature != 0.0 {
-        return Err(Error::InvalidArgument("the search workload is evaluated greedily: leave out --samples and --temperature".into()));
+        return Err(Error::InvalidArgument(
+            "the search workload is evaluated greedily: leave out --samples and --temperature".into(),
+        ));
     }
     if args.limit == Some(0) {
         return Err(Error::InvalidArgument("--limit 0 evaluates nothing; give at least 1 or leave it out".into()));
@@ -36,7 +40,9 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         hacpo::error::check_writable(out)?;
     }
     let data = args.data.as_deref().ok_or_else(|| {
-        Error::InvalidArgument("the search workload needs --data hotpotqa, musique or questions.jsonl (with --corpus)".into())
+        Error::InvalidArgument(
+            "the search workload needs --data hotpotqa, musique or questions.jsonl (with --corpus)".into(),
+        )
     })?;
     let (mut questions, corpus) = match (QaSet::parse(data), &args.corpus) {
         (Some(set), None) => set.load()?,
@@ -89,7 +95,14 @@ fn run_on<B: burn::tensor::backend::Backend>(
                 Ok(ids)
             })
             .collect::<Result<_>>()?;
-        let out = hacpo::generate::greedy_responses(&agent.model, &agent.tokenizer, &agent.eos_token_ids, &ids, max_new, args.batch_size)?;
+        let out = hacpo::generate::greedy_responses(
+            &agent.model,
+            &agent.tokenizer,
+            &agent.eos_token_ids,
+            &ids,
+            max_new,
+            args.batch_size,
+        )?;
         progress.inc(1);
         Ok(out)
     };
@@ -97,7 +110,10 @@ fn run_on<B: burn::tensor::backend::Backend>(
     progress.finish();
     let seconds = started.elapsed().as_secs_f64();
     let s = pipeline::summarize(&traces);
-    println!("{:<10} {:>5} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>9}", "data", "n", "EM", "F1", "rewr pen", "rank pen", "ans pen", "recall", "s/quest");
+    println!(
+        "{:<10} {:>5} {:>7} {:>7} {:>9} {:>9} {:>9} {:>8} {:>9}",
+        "data", "n", "EM", "F1", "rewr pen", "rank pen", "ans pen", "recall", "s/quest"
+    );
     println!(
         "{:<10} {:>5} {:>6.1}% {:>6.1}% {:>8.1}% {:>8.1}% {:>8.1}% {:>7.1}% {:>9.2}",
         data.chars().take(10).collect::<String>(),

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, LossAggregation};
+use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, LossAggregation, MhgpoConfig};
 pub use crate::task::{TaskConfig, TaskKind};
 use crate::train::optim::{AdamWConfig, LrSchedule};
 
@@ -62,7 +62,8 @@ impl Default for RunConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AlgoConfig {
-    /// A name in the algorithm registry (`hacpo`, `gspo`, `grpo`, `gspo2x`, `naive`, `drgrpo`).
+    /// A name in the algorithm registry (`hacpo`, `gspo`, `grpo`, `gspo2x`, `naive`, `drgrpo`;
+    /// the search workload's `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr`).
     pub name: String,
     /// Samples per prompt per policy (G).
     pub group_size: usize,
@@ -93,6 +94,7 @@ pub struct AlgoConfig {
     pub hacpo: HacpoSettings,
     pub capability: CapabilityConfig,
     pub drgrpo: DrGrpoSettings,
+    pub mhgpo: MhgpoConfig,
     pub compute_dtype: ComputeDtype,
 }
 
@@ -117,6 +119,7 @@ impl Default for AlgoConfig {
             hacpo: HacpoSettings::default(),
             capability: CapabilityConfig::default(),
             drgrpo: DrGrpoSettings::default(),
+            mhgpo: MhgpoConfig::default(),
             compute_dtype: ComputeDtype::F32,
         }
     }
@@ -136,6 +139,7 @@ impl AlgoConfig {
             hacpo: self.hacpo.clone(),
             capability: self.capability.clone(),
             drgrpo: self.drgrpo.clone(),
+            mhgpo: self.mhgpo.clone(),
         }
     }
 }
@@ -204,6 +208,9 @@ pub struct TrainConfig {
     pub rollout: RolloutConfig,
     #[serde(default)]
     pub task: TaskConfig,
+    /// What produces a step's samples (`[workload]`): the HACPO exchange or the search pipeline.
+    #[serde(default)]
+    pub workload: crate::workload::WorkloadConfig,
     #[serde(default)]
     pub pretrain: PretrainConfig,
     /// The policies (`[[agents]]` in configs written before roles existed).
@@ -451,6 +458,7 @@ impl TrainConfig {
         if self.task.kind == TaskKind::Arith {
             self.task.arith.validate()?;
         }
+        self.workload.validate(self)?;
         let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
         for (i, p) in self.policies.iter().enumerate() {
             crate::backend::DeviceSpec::parse(&p.device)

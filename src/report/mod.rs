@@ -44,6 +44,8 @@ pub struct RunReport {
 const CURVES: &[&str] = &[
     "critic/score/mean",
     "val/accuracy",
+    "val/f1",
+    "search/f1",
     "hacpo/capability",
     "hacpo/omega_mean",
     "hacpo/cross_clip_frac",
@@ -106,7 +108,7 @@ pub fn read(dir: &Path) -> Result<RunReport> {
                 before: change.and_then(|c| c.before),
                 after: change
                     .map(|c| c.after)
-                    .or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").copied())),
+                    .or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").or(m.get("val/f1")).copied())),
                 final_reward: (!last.is_empty()).then(|| last.iter().sum::<f64>() / last.len() as f64),
                 rollouts: steps * (cfg.algo.prompts_per_step * group) as u64,
             }

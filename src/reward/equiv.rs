@@ -198,7 +198,9 @@ impl Ctx {
             // The digits of a base-n gold without the subscript (`52` for `52_8`): the base is
             // the question's, the answer names the same numeral.
             (Expr::Based { digits, .. }, Expr::Num(n)) => {
-                n.is_integer() && !num_traits::Signed::is_negative(n) && n.to_integer().to_string() == digits.to_uppercase()
+                n.is_integer()
+                    && !num_traits::Signed::is_negative(n)
+                    && n.to_integer().to_string() == digits.to_uppercase()
             }
             (Expr::Based { .. }, _) | (_, Expr::Based { .. }) => false,
             (

@@ -423,7 +423,8 @@ mod tests {
 
     #[test]
     fn huge_numbers_fall_back_to_floating_point_or_are_unknown() {
-        let none = |s: &str| eval(&parse(s, &Budget::default()).unwrap(), &HashMap::new(), &EvalBudget::default()).is_none();
+        let none =
+            |s: &str| eval(&parse(s, &Budget::default()).unwrap(), &HashMap::new(), &EvalBudget::default()).is_none();
         assert!(matches!(v("e^{100}"), Value::Approx(_)));
         // Beyond f64 (overflow, underflow) or where f64 rounding decides the value: unknown,
         // never a number that would equal another (`2^{10^{10}}` = `3^{10^{10}}` = inf).

@@ -133,9 +133,9 @@ fn is_connector(gap: &str) -> bool {
     for t in ["\\text{", "\\quad", "\\qquad", "\\[", "\\]", "\\(", "\\)", "\\,", "\\;", "\\!", "\\\\", "}", "{"] {
         g = g.replace(t, " ");
     }
-    g.split(|c: char| c.is_whitespace() || "$,;.&=".contains(c)).filter(|w| !w.is_empty()).all(|w| {
-        matches!(w, "and" | "or") || (w.chars().count() == 1 && w.chars().all(|c| c.is_ascii_alphabetic()))
-    })
+    g.split(|c: char| c.is_whitespace() || "$,;.&=".contains(c))
+        .filter(|w| !w.is_empty())
+        .all(|w| matches!(w, "and" | "or") || (w.chars().count() == 1 && w.chars().all(|c| c.is_ascii_alphabetic())))
 }
 
 fn after_phrase(text: &str, phrases: &[&str]) -> Option<String> {
@@ -269,8 +269,7 @@ fn last_number(text: &str) -> Option<String> {
         }
         let before = start.checked_sub(1).map(|k| chars[k]);
         let before_sign = start.checked_sub(2).map(|k| chars[k]);
-        let negative = before == Some('-')
-            && before_sign.is_none_or(|c| c.is_whitespace() || "(=[{,:$".contains(c));
+        let negative = before == Some('-') && before_sign.is_none_or(|c| c.is_whitespace() || "(=[{,:$".contains(c));
         return Some(if negative { format!("-{body}") } else { body });
     }
     None

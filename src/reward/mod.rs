@@ -162,7 +162,15 @@ fn compact(s: &str) -> String {
 fn strip_text(s: &str) -> String {
     let mut out = s.to_string();
     for cmd in [
-        "\\text", "\\textbf", "\\mbox", "\\mathrm", "\\textit", "\\textrm", "\\mathbf", "\\textsc", "\\mathit",
+        "\\text",
+        "\\textbf",
+        "\\mbox",
+        "\\mathrm",
+        "\\textit",
+        "\\textrm",
+        "\\mathbf",
+        "\\textsc",
+        "\\mathit",
         "\\textnormal",
     ] {
         while let Some(k) = out.find(&format!("{cmd}{{")) {

@@ -40,6 +40,7 @@ pub struct AlgoSettings {
     pub hacpo: HacpoSettings,
     pub capability: CapabilityConfig,
     pub drgrpo: DrGrpoSettings,
+    pub mhgpo: MhgpoConfig,
 }
 
 /// HACPO's mechanisms (`[algo.hacpo]`; ALGORITHMS.md §2.10 defaults).
@@ -93,6 +94,26 @@ impl Default for HacpoSettings {
 pub struct DrGrpoSettings {
     /// The constant each response's token sum is divided by; 0: `rollout.max_new_tokens`.
     pub norm_length: usize,
+}
+
+/// MHGPO's settings (`[algo.mhgpo]`, ALGORITHMS.md §3; the ⚠ items of the spec as options).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MhgpoConfig {
+    /// How a node's successors' rewards combine: `mean` (default), `max` or `min` (§3.3).
+    pub aggregate: super::mhgpo::Aggregate,
+    /// Propagate the successors' format penalties upwards (the recursion of §3.3) or only
+    /// their task reward.
+    pub propagate_penalties: bool,
+    /// `mhgpo-rr`: the probability of forking at the Rewriter, Reranker and Answerer (§3.5).
+    pub rr_probabilities: [f64; 3],
+}
+
+impl Default for MhgpoConfig {
+    fn default() -> Self {
+        let super::mhgpo::Sampling::Rr { probabilities } = super::mhgpo::Sampling::RR_DEFAULT else { unreachable!() };
+        MhgpoConfig { aggregate: Default::default(), propagate_penalties: true, rr_probabilities: probabilities }
+    }
 }
 
 /// The batch shape a run asks for, which an algorithm may reshape or reject.
@@ -155,6 +176,12 @@ pub trait Algorithm<B: Backend>: Send + Sync {
         Ok(requested)
     }
 
+    /// How a multi-stage workload branches each question's rollouts and carries rewards up the
+    /// tree (MHGPO); `None`: the algorithm trains single-stage workloads only.
+    fn tree(&self) -> Option<super::mhgpo::TreeRollout> {
+        None
+    }
+
     /// Sees every sample of the step (with rewards) before any advantage: HACPO updates its
     /// capability estimates here.
     fn observe(&mut self, _samples: &[PoolSample], _policies: usize) {}
@@ -196,9 +223,10 @@ pub trait Algorithm<B: Backend>: Send + Sync {
     }
 }
 
-/// `count` equal mini-batches of `n` items in order (the caller checks divisibility).
+/// `count` mini-batches of `n` items in order, as equal as can be (sizes differ by at most
+/// one when `count` does not divide `n`; a workload whose sample count varies, such as the
+/// search tree, gets no empty mini-batch unless `n < count`).
 pub fn contiguous_minibatches(n: usize, count: usize) -> Vec<Vec<usize>> {
     let count = count.max(1);
-    let per = n / count;
-    (0..count).map(|m| (m * per..(m + 1) * per).collect()).collect()
+    (0..count).map(|m| (m * n / count..(m + 1) * n / count).collect()).collect()
 }

@@ -113,7 +113,8 @@ pub fn propagate(nodes: &[Node], settings: &MhgpoSettings) -> Result<Vec<f64>, S
             reward[i] = score + n.penalty;
             continue;
         }
-        let kids: Vec<f64> = children[i].iter().map(|&c| if settings.propagate_penalties { reward[c] } else { task[c] }).collect();
+        let kids: Vec<f64> =
+            children[i].iter().map(|&c| if settings.propagate_penalties { reward[c] } else { task[c] }).collect();
         let kid_tasks: Vec<f64> = children[i].iter().map(|&c| task[c]).collect();
         task[i] = settings.aggregate.apply(&kid_tasks);
         reward[i] = settings.aggregate.apply(&kids) + n.penalty;
@@ -165,6 +166,13 @@ pub enum Sampling {
 impl Sampling {
     /// RR with the paper summary's probabilities (Rewriter, Reranker, Answerer).
     pub const RR_DEFAULT: Sampling = Sampling::Rr { probabilities: [0.7, 0.1, 0.2] };
+}
+
+/// What an MHGPO algorithm asks of a multi-stage workload: how to branch, how to propagate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TreeRollout {
+    pub sampling: Sampling,
+    pub settings: MhgpoSettings,
 }
 
 /// A node of a plan: what the rollout executor generates, in an order where parents come

@@ -1,4 +1,4 @@
-//! The RL algorithm core: GRPO, GSPO and HACPO (ALGORITHMS.md §1–2).
+//! The RL algorithm core: GRPO, GSPO, HACPO and MHGPO (ALGORITHMS.md §1–3).
 //!
 //! - [`stats`]: group statistics, GRPO advantages;
 //! - [`capability`]: the capability tracker P̂ and ratios ω;
@@ -9,7 +9,9 @@
 //! - [`tensor`]: the same losses as burn tensor expressions for autodiff training;
 //! - [`inspect`]: `hacpo rl inspect`, which explains what HACPO does to a batch;
 //! - [`algorithm`]: the [`Algorithm`] trait the trainer uses, [`registry`] the algorithms
-//!   by name, [`algos`] one file per algorithm (HACPO, naive, GSPO, GSPO×2, GRPO, Dr. GRPO).
+//!   by name, [`algos`] one file per algorithm (HACPO, naive, GSPO, GSPO×2, GRPO, Dr. GRPO,
+//!   MHGPO's three samplings);
+//! - [`mhgpo`]: MHGPO's rollout trees, reward propagation and heterogeneous-group advantages.
 //!
 //! The scalar core is plain f64 Rust, testable without a model; the tensor side is checked
 //! against it. Nothing here knows about threads or files (inspect parses a string).
@@ -25,7 +27,7 @@ pub mod registry;
 pub mod stats;
 pub mod tensor;
 
-pub use algorithm::{AlgoSettings, Algorithm, BatchShape, DrGrpoSettings, HacpoSettings, Routing};
+pub use algorithm::{AlgoSettings, Algorithm, BatchShape, DrGrpoSettings, HacpoSettings, MhgpoConfig, Routing};
 pub use capability::{Capabilities, CapabilityConfig, CapabilityTracker};
 pub use hacpo::{HacpoConfig, MinibatchOrder, PoolSample, SampleTerms};
 pub use objective::LossAggregation;

@@ -6,7 +6,7 @@
 use burn::tensor::backend::Backend;
 
 use super::algorithm::{AlgoSettings, Algorithm};
-use super::algos::{drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo};
+use super::algos::{drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mhgpo::Mhgpo};
 use crate::error::{Error, Result};
 
 /// Builds an algorithm from the run's settings.
@@ -32,6 +32,9 @@ pub fn entries<B: Backend>() -> Vec<Entry<B>> {
         entry("gspo2x", |s| Ok(Box::new(Gspo::new(s, true)?))),  // GSPO with twice the samples and updates
         entry("naive", |s| Ok(Box::new(Hacpo::new(s, true)?))),  // sharing with every HACPO mechanism off
         entry("drgrpo", |s| Ok(Box::new(DrGrpo::new(s)?))),      // no std division, token sums / a constant length
+        entry("mhgpo-is", |s| Ok(Box::new(Mhgpo::new(s, "is")?))),   // search workload: fork G at every role (§3.5)
+        entry("mhgpo-fof", |s| Ok(Box::new(Mhgpo::new(s, "fof")?))), // search workload: fork G at the Rewriter
+        entry("mhgpo-rr", |s| Ok(Box::new(Mhgpo::new(s, "rr")?))),   // search workload: fork at a random role
     ]
 }
 

@@ -124,7 +124,8 @@ impl QaSet {
     }
 
     fn question(self, r: &Value, index: usize) -> std::result::Result<Question, String> {
-        let text = |k: &str| r.get(k).and_then(Value::as_str).map(String::from).ok_or(format!("field {k:?} is missing"));
+        let text =
+            |k: &str| r.get(k).and_then(Value::as_str).map(String::from).ok_or(format!("field {k:?} is missing"));
         let id = text("_id").or_else(|_| text("id")).unwrap_or_else(|_| index.to_string());
         let mut answers = vec![text("answer")?];
         if let Some(aliases) = r.get("answer_aliases").and_then(Value::as_array) {
@@ -144,7 +145,10 @@ fn check_not_empty(questions: &[Question], documents: &[Document], qpath: &Path,
         return Err(Error::config(qpath.display().to_string(), "holds no questions".to_string()));
     }
     if documents.is_empty() {
-        return Err(Error::config(cpath.display().to_string(), "holds no passages: retrieval needs a corpus".to_string()));
+        return Err(Error::config(
+            cpath.display().to_string(),
+            "holds no passages: retrieval needs a corpus".to_string(),
+        ));
     }
     Ok(())
 }
@@ -156,15 +160,20 @@ fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path, what: &str) -> Result<V
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {
-            serde_json::from_str(l).map_err(|e| {
-                Error::config(path.display().to_string(), format!("line {}: not a {what}: {e}", i + 1))
-            })
+            serde_json::from_str(l)
+                .map_err(|e| Error::config(path.display().to_string(), format!("line {}: not a {what}: {e}", i + 1)))
         })
         .collect()
 }
 
 /// A user corpus and question file (JSON Lines).
 pub fn load_files(questions: &Path, corpus: &Path) -> Result<(Vec<Question>, Vec<Document>)> {
+    Ok((read_questions(questions)?, read_corpus(corpus)?))
+}
+
+/// A user question file (JSON Lines `{"id", "question", "answers": [...]}`): not empty, and
+/// every question with an answer that has a word in it.
+pub fn read_questions(questions: &Path) -> Result<Vec<Question>> {
     let qs: Vec<Question> = read_jsonl(questions, r#"question {"id", "question", "answers": [...]}"#)?;
     let no_answer = |q: &Question| q.answers.iter().all(|a| super::metric::normalize_answer(a).is_empty());
     if let Some((i, q)) = qs.iter().enumerate().find(|(_, q)| no_answer(q)) {
@@ -177,9 +186,22 @@ pub fn load_files(questions: &Path, corpus: &Path) -> Result<(Vec<Question>, Vec
             ),
         ));
     }
+    if qs.is_empty() {
+        return Err(Error::config(questions.display().to_string(), "holds no questions".to_string()));
+    }
+    Ok(qs)
+}
+
+/// A user corpus (JSON Lines `{"id", "title", "text"}`), not empty.
+pub fn read_corpus(corpus: &Path) -> Result<Vec<Document>> {
     let docs: Vec<Document> = read_jsonl(corpus, r#"passage {"id", "title", "text"}"#)?;
-    check_not_empty(&qs, &docs, questions, corpus)?;
-    Ok((qs, docs))
+    if docs.is_empty() {
+        return Err(Error::config(
+            corpus.display().to_string(),
+            "holds no passages: retrieval needs a corpus".to_string(),
+        ));
+    }
+    Ok(docs)
 }
 
 /// A five-passage corpus for the search modules' unit tests: a two-hop chain (Jaws → its

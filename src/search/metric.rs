@@ -55,7 +55,8 @@ pub fn score_one(prediction: &str, gold: &str) -> QaScore {
     if (special.contains(&p.as_str()) || special.contains(&g.as_str())) && p != g {
         return QaScore { em, f1: 0.0 };
     }
-    let (pt, gt): (Vec<&str>, Vec<&str>) = (p.split(' ').filter(|w| !w.is_empty()).collect(), g.split(' ').filter(|w| !w.is_empty()).collect());
+    let (pt, gt): (Vec<&str>, Vec<&str>) =
+        (p.split(' ').filter(|w| !w.is_empty()).collect(), g.split(' ').filter(|w| !w.is_empty()).collect());
     let mut counts: std::collections::HashMap<&str, i64> = Default::default();
     for w in &gt {
         *counts.entry(w).or_default() += 1;
@@ -83,10 +84,9 @@ pub fn score_one(prediction: &str, gold: &str) -> QaScore {
 /// would match them exactly.
 pub fn score(prediction: &str, answers: &[String]) -> QaScore {
     let usable = answers.iter().filter(|a| !normalize_answer(a).is_empty());
-    usable.map(|a| score_one(prediction, a)).fold(QaScore::default(), |best, s| QaScore {
-        em: best.em.max(s.em),
-        f1: best.f1.max(s.f1),
-    })
+    usable
+        .map(|a| score_one(prediction, a))
+        .fold(QaScore::default(), |best, s| QaScore { em: best.em.max(s.em), f1: best.f1.max(s.f1) })
 }
 
 #[cfg(test)]

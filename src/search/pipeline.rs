@@ -66,6 +66,18 @@ pub struct Trace {
 /// Generates one output per prompt for `role`.
 pub type Generate<'a> = dyn FnMut(Role, &[Vec<Message>]) -> Result<Vec<String>> + 'a;
 
+/// The messages `role` sees for `question`: the Reranker with `passages` as its candidates,
+/// the Answerer with them as its chosen passages (corpus positions); the Rewriter with none.
+pub fn messages(role: Role, question: &str, corpus: &[Document], passages: &[usize]) -> Vec<Message> {
+    let docs = || -> Vec<Passage> { passages.iter().map(|&i| passage(&corpus[i])).collect() };
+    let (system, user) = match role {
+        Role::Rewriter => (prompts::REWRITER_SYSTEM, prompts::rewriter(question)),
+        Role::Reranker => (prompts::RERANKER_SYSTEM, prompts::reranker(question, &docs())),
+        Role::Answerer => (prompts::ANSWERER_SYSTEM, prompts::answerer(question, &docs())),
+    };
+    vec![Message::system(system), Message::user(user)]
+}
+
 fn passage(d: &Document) -> Passage {
     let text: String = d.text.chars().take(PASSAGE_CHARS).collect();
     Passage { id: d.id.clone(), title: d.title.clone(), text }
@@ -94,10 +106,8 @@ pub fn run(
     penalties: &Penalties,
 ) -> Result<Vec<Trace>> {
     let n = questions.len();
-    let ask = |system: &str, user: String| vec![Message::system(system), Message::user(user)];
-
     let rewrites: Vec<Vec<Message>> =
-        questions.iter().map(|q| ask(prompts::REWRITER_SYSTEM, prompts::rewriter(&q.question))).collect();
+        questions.iter().map(|q| messages(Role::Rewriter, &q.question, corpus, &[])).collect();
     let rewriter_out = checked(Role::Rewriter, generate(Role::Rewriter, &rewrites)?, n)?;
 
     let mut found = Vec::with_capacity(n);
@@ -106,14 +116,8 @@ pub fn run(
         let cands = candidates(retriever, &q.question, &queries)?;
         found.push((queries, penalty, cands));
     }
-    let reranks: Vec<Vec<Message>> = questions
-        .iter()
-        .zip(&found)
-        .map(|(q, (_, _, c))| {
-            let docs: Vec<Passage> = c.iter().map(|&i| passage(&corpus[i])).collect();
-            ask(prompts::RERANKER_SYSTEM, prompts::reranker(&q.question, &docs))
-        })
-        .collect();
+    let reranks: Vec<Vec<Message>> =
+        questions.iter().zip(&found).map(|(q, (_, _, c))| messages(Role::Reranker, &q.question, corpus, c)).collect();
     let reranker_out = checked(Role::Reranker, generate(Role::Reranker, &reranks)?, n)?;
 
     let chosen: Vec<(Vec<usize>, f64)> =
@@ -122,8 +126,8 @@ pub fn run(
         .iter()
         .zip(found.iter().zip(&chosen))
         .map(|(q, ((_, _, c), (sel, _)))| {
-            let docs: Vec<Passage> = sel.iter().map(|&k| passage(&corpus[c[k]])).collect();
-            ask(prompts::ANSWERER_SYSTEM, prompts::answerer(&q.question, &docs))
+            let chosen: Vec<usize> = sel.iter().map(|&k| c[k]).collect();
+            messages(Role::Answerer, &q.question, corpus, &chosen)
         })
         .collect();
     let answerer_out = checked(Role::Answerer, generate(Role::Answerer, &answers)?, n)?;
@@ -224,7 +228,9 @@ mod tests {
         assert_eq!(t.selected, [0, 1]);
         // The Answerer saw exactly the selected passages, the Reranker all candidates.
         let answerer_prompt = &seen[2].1;
-        assert!(answerer_prompt.contains(&c[t.candidates[0]].title) && answerer_prompt.contains(&c[t.candidates[1]].title));
+        assert!(
+            answerer_prompt.contains(&c[t.candidates[0]].title) && answerer_prompt.contains(&c[t.candidates[1]].title)
+        );
         assert_eq!(seen[1].1.matches("Document ").count(), t.candidates.len());
         let s = summarize(&[t]);
         assert_eq!((s.em, s.f1, s.retrieval_recall, s.mean_sub_queries), (1.0, 1.0, 1.0, 2.0));

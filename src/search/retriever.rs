@@ -45,7 +45,9 @@ impl Bm25 {
         // One thread: one segment, documents in corpus order, the same index on every run.
         let mut writer = index.writer_with_num_threads::<TantivyDocument>(1, 50_000_000).map_err(search_error)?;
         for (i, d) in corpus.iter().enumerate() {
-            writer.add_document(doc!(title => d.title.as_str(), text => d.text.as_str(), position => i as u64)).map_err(search_error)?;
+            writer
+                .add_document(doc!(title => d.title.as_str(), text => d.text.as_str(), position => i as u64))
+                .map_err(search_error)?;
         }
         writer.commit().map_err(search_error)?;
         let reader = index.reader().map_err(search_error)?;

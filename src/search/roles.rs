@@ -52,13 +52,13 @@ pub struct Passage {
 /// The Rewriter's sub-queries (one per non-empty line, list markers removed, at most 4) and
 /// its penalty.
 pub fn read_rewriter(output: &str, p: &Penalties) -> (Vec<String>, f64) {
-    let lines: Vec<String> = output
-        .lines()
-        .map(|l| strip_list_marker(l.trim()).trim().to_string())
-        .filter(|l| !l.is_empty())
-        .collect();
-    let penalty =
-        if lines.len() > MAX_SUB_QUERIES || output.trim().chars().count() > p.rewriter_max_chars { p.rewriter } else { 0.0 };
+    let lines: Vec<String> =
+        output.lines().map(|l| strip_list_marker(l.trim()).trim().to_string()).filter(|l| !l.is_empty()).collect();
+    let penalty = if lines.len() > MAX_SUB_QUERIES || output.trim().chars().count() > p.rewriter_max_chars {
+        p.rewriter
+    } else {
+        0.0
+    };
     (lines.into_iter().take(MAX_SUB_QUERIES).collect(), penalty)
 }
 

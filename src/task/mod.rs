@@ -30,13 +30,16 @@ pub enum TaskKind {
     Math,
     /// Generated arithmetic word problems (`[task.arith]`).
     Arith,
+    /// Questions answered from passages (`train`/`validation`: `hotpotqa`, `musique` or a
+    /// questions file with `corpus`), played by the search workload.
+    Qa,
 }
 
 impl TaskKind {
     /// `--task` on the command line.
     pub fn parse(s: &str) -> Result<Self> {
         serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
-            .map_err(|_| crate::Error::InvalidArgument(format!("unknown task {s:?}; use math or arith")))
+            .map_err(|_| crate::Error::InvalidArgument(format!("unknown task {s:?}; use math, arith or qa")))
     }
 }
 
@@ -55,6 +58,9 @@ pub struct TaskConfig {
     pub val_max_new_tokens: usize,
     /// The generator of the `arith` task.
     pub arith: ArithConfig,
+    /// `qa`: the passages to search (JSON Lines `{"id", "title", "text"}`); empty: the
+    /// built-in sets' own.
+    pub corpus: String,
 }
 
 impl Default for TaskConfig {
@@ -68,6 +74,7 @@ impl Default for TaskConfig {
             val_limit: None,
             val_max_new_tokens: 4096,
             arith: Default::default(),
+            corpus: String::new(),
         }
     }
 }
@@ -77,6 +84,7 @@ pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
     Ok(match cfg.kind {
         TaskKind::Arith => Arc::new(MathTask::arith(cfg)?),
         TaskKind::Math => Arc::new(MathTask::from_config(cfg)?),
+        TaskKind::Qa => Arc::new(crate::search::task::QaTask::from_config(cfg)?),
     })
 }
 
@@ -98,6 +106,10 @@ pub trait Task: Send + Sync {
     fn validation(&self) -> &[TaskPrompt];
     /// The reward of `response` (the decoded text, special tokens removed).
     fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64;
+    /// The passages a question is answered from, for tasks that have them (`qa`).
+    fn passages(&self) -> Option<Arc<crate::search::task::Passages>> {
+        None
+    }
 }
 
 /// Math problems graded by the answer grader: reward 1 for a correct final answer, else 0.

@@ -71,8 +71,7 @@ macro_rules! shipped {
 }
 
 /// The embedded default's agents, pre-trained (`hacpo pretrain --out models/tiny/pretrained`).
-const SHIPPED: &[Shipped] =
-    &[shipped!("tiny-qwen-4d6251e7ff849352"), shipped!("tiny-llama-d0a1f7271ecb55ac")];
+const SHIPPED: &[Shipped] = &[shipped!("tiny-qwen-4d6251e7ff849352"), shipped!("tiny-llama-d0a1f7271ecb55ac")];
 
 /// Names of the shipped agent directories.
 pub fn shipped_dirs() -> Vec<&'static str> {
@@ -363,12 +362,13 @@ pub fn pretrain_agents<B: Backend>(
 ) -> Result<Vec<PathBuf>> {
     let tiny = tiny_specs(cfg)?;
     if cfg.task.kind != crate::config::TaskKind::Arith {
-        return Err(Error::config("training config", "the tiny agents are pre-trained on the arith task; set task.kind = \"arith\""));
+        return Err(Error::config(
+            "training config",
+            "the tiny agents are pre-trained on the arith task; set task.kind = \"arith\"",
+        ));
     }
-    let dirs: Vec<PathBuf> = tiny
-        .iter()
-        .map(|s| out.join(cache_dir(s, &cfg.task.arith).file_name().expect("cache dir name")))
-        .collect();
+    let dirs: Vec<PathBuf> =
+        tiny.iter().map(|s| out.join(cache_dir(s, &cfg.task.arith).file_name().expect("cache dir name"))).collect();
     if let Some(d) = dirs.iter().find(|d| d.exists()) {
         return Err(Error::InvalidArgument(format!(
             "{} already exists; remove it or choose another --out (pre-training never replaces an agent)",

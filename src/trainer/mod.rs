@@ -36,8 +36,7 @@ use crate::sample::Sample;
 use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
 use crate::train::metrics::{Metrics, MetricsSink};
-use crate::workload::exchange::Exchange;
-use crate::workload::{Role, RolloutSettings, RolloutTimings, Workload, mix_seed};
+use crate::workload::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
 use update::{LearnerBatch, UpdateSettings, update_policy};
 
 /// What a finished run reports.
@@ -59,8 +58,6 @@ pub struct Trainer<B: Backend> {
     pub policies: Vec<Policy<B>>,
     algorithm: Box<dyn Algorithm<Autodiff<B>>>,
     workload: Box<dyn Workload<B>>,
-    /// The role validation puts held-out prompts to.
-    role: Role,
     task: Arc<dyn Task>,
     /// The batch shape after the algorithm's say (GSPO×2 doubles the group).
     shape: BatchShape,
@@ -86,25 +83,6 @@ fn timed<T>(timing: &mut Metrics, name: &str, stage: impl FnOnce() -> Result<T>)
     let out = stage();
     timing.insert(name.into(), started.elapsed().as_secs_f64());
     out
-}
-
-/// The roles of a config: `[[roles]]`, or every policy in the one role `solver`.
-pub fn roles(cfg: &TrainConfig) -> Vec<Role> {
-    if cfg.roles.is_empty() {
-        return vec![Role { name: "solver".into(), policies: (0..cfg.policies.len()).collect(), template: None }];
-    }
-    cfg.roles
-        .iter()
-        .map(|r| Role {
-            name: r.name.clone(),
-            policies: if r.policies.is_empty() {
-                (0..cfg.policies.len()).collect()
-            } else {
-                r.policies.iter().filter_map(|p| cfg.policy_index(p)).collect()
-            },
-            template: r.template.clone(),
-        })
-        .collect()
 }
 
 impl<B: Backend> Trainer<B> {
@@ -197,41 +175,20 @@ impl<B: Backend> Trainer<B> {
         metrics: MetricsSink,
     ) -> Result<Self> {
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
-        let mut roles = roles(&config);
-        if roles.len() != 1 {
+        let workload = crate::workload::build::<B>(&config, task.clone(), algorithm.tree(), algorithm.name())?;
+        if policies.len() < algorithm.min_policies() {
             return Err(Error::config(
                 "training config",
                 format!(
-                    "roles: the exchange workload has one role (every policy answers the task), found {}",
-                    roles.len()
-                ),
-            ));
-        }
-        let role = roles.remove(0);
-        if let Some(k) = (0..policies.len()).find(|k| !role.policies.contains(k)) {
-            return Err(Error::config(
-                "training config",
-                format!(
-                    "roles[0].policies: every policy plays the exchange workload's one role, but {:?} does not; \
-                     add it to the role or remove it from [[policies]]",
-                    policies[k].name
-                ),
-            ));
-        }
-        if role.policies.len() < algorithm.min_policies() {
-            return Err(Error::config(
-                "training config",
-                format!(
-                    "algo.name: {} needs at least {} policies in role {:?}, found {}",
+                    "algo.name: {} needs at least {} policies, found {}",
                     algorithm.name(),
                     algorithm.min_policies(),
-                    role.name,
-                    role.policies.len()
+                    policies.len()
                 ),
             ));
         }
         let shape = algorithm.shape(BatchShape {
-            policies: role.policies.len(),
+            policies: policies.len(),
             group_size: config.algo.group_size,
             minibatch_prompts: config.algo.minibatch_prompts,
             norm_length: config.rollout.max_new_tokens,
@@ -246,7 +203,6 @@ impl<B: Backend> Trainer<B> {
             }
             None => (SamplerState::default(), 0),
         };
-        let workload: Box<dyn Workload<B>> = Box::new(Exchange { task: task.clone(), role: role.clone() });
         Ok(Trainer {
             config,
             run,
@@ -254,7 +210,6 @@ impl<B: Backend> Trainer<B> {
             policies,
             algorithm,
             workload,
-            role,
             task,
             shape,
             sampler,
@@ -320,7 +275,7 @@ impl<B: Backend> Trainer<B> {
     fn updates_per_step(&self) -> u64 {
         let sources = match self.algorithm.routing() {
             Routing::Own => 1,
-            Routing::Shared => self.role.policies.len(),
+            Routing::Shared => self.policies.len(),
         };
         (sources * self.config.algo.prompts_per_step / self.shape.minibatch_prompts.max(1)) as u64
     }
@@ -368,15 +323,25 @@ impl<B: Backend> Trainer<B> {
         let (mut samples, generation) =
             self.workload.rollout(&self.policies, &prompts, &self.rollout_settings(step))?;
         timed(&mut timing, "timing_s/reward", || self.workload.assign_rewards(&mut samples, &prompts))?;
-        samples.sort_by_key(|s| (s.policy, s.prompt, s.sample_index));
+        // Step order: by policy, prompt and position. Parents (multi-stage workloads) follow.
         for (i, s) in samples.iter_mut().enumerate() {
             s.id = i;
+        }
+        samples.sort_by_key(|s| (s.policy, s.prompt, s.sample_index));
+        let mut moved_to = vec![0; samples.len()];
+        for (i, s) in samples.iter().enumerate() {
+            moved_to[s.id] = i;
+        }
+        for (i, s) in samples.iter_mut().enumerate() {
+            s.id = i;
+            s.parent = s.parent.map(|p| moved_to[p]);
         }
         let scored = self.score(step, &mut samples, &mut timing)?;
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;
         let reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;
         timing.insert("timing_s/step".into(), started.elapsed().as_secs_f64());
+        timing.extend(self.workload.metrics(&samples, &prompts));
         let summary = format!(
             "gen {:.1}s | old-logp {:.1}s | retok {:.2}s | update {:.1}s",
             generation.iter().map(|t| t.generate).fold(0.0, f64::max),
@@ -474,7 +439,7 @@ impl<B: Backend> Trainer<B> {
         let settings = UpdateSettings {
             step,
             total_updates: self.total_steps * self.updates_per_step(),
-            minibatch_sequences: self.shape.minibatch_prompts * self.shape.group_size,
+            minibatches: self.updates_per_step() as usize,
             micro_batch_sequences: a.micro_batch_sequences,
             inv_temperature: 1.0 / self.config.rollout.temperature.max(1e-6),
             kl_coef: a.kl_coef,
@@ -494,9 +459,11 @@ impl<B: Backend> Trainer<B> {
                 .collect();
         }
         let settings = &settings;
-        per_policy(self.policies.iter_mut().zip(batches), "update", |(p, b)| update_policy(p, algorithm, b, settings))
-            .into_iter()
-            .collect()
+        crate::policy::per_policy(self.policies.iter_mut().zip(batches), "update", |(p, b)| {
+            update_policy(p, algorithm, b, settings)
+        })
+        .into_iter()
+        .collect()
     }
 
     /// One metrics record per policy: the stage timings, its samples' statistics, its update's
@@ -535,7 +502,7 @@ impl<B: Backend> Trainer<B> {
                 (generation[k].generated_tokens + report.tokens) as f64 / step_s.max(1e-9),
             );
             if let Some(v) = &validation {
-                m.insert("val/accuracy".into(), v[k]);
+                m.extend(v[k].iter().map(|(k, v)| (k.clone(), *v)));
             }
             self.metrics.record(step, &self.policies[k].name, &report.metrics)?;
             self.last_metrics.push((self.policies[k].name.clone(), report.metrics));
@@ -548,36 +515,36 @@ impl<B: Backend> Trainer<B> {
         !self.task.validation().is_empty() && every > 0 && (step.is_multiple_of(every) || step == self.total_steps)
     }
 
-    /// The validation prompts in `policy`'s chat template.
-    fn validation_prompts(&self, policy: &Policy<B>) -> Result<Vec<Vec<u32>>> {
-        let max = self.config.rollout.max_prompt_tokens;
-        self.task.validation().iter().map(|p| policy.encode_prompt(&self.role.messages(p), max)).collect()
+    /// Greedy held-out metrics of every policy, as the workload measures them.
+    fn validate_all(&self) -> Result<Vec<Metrics>> {
+        self.workload.validate(
+            &self.policies,
+            &ValidationSettings {
+                max_prompt_tokens: self.config.rollout.max_prompt_tokens,
+                max_new_tokens: self.config.task.val_max_new_tokens,
+                batch_prompts: self.config.rollout.batch_prompts,
+            },
+        )
     }
 
-    fn validation_accuracy(&self, texts: &[String]) -> f64 {
-        let prompts = self.task.validation();
-        let correct: f64 = prompts.iter().zip(texts).map(|(p, t)| self.task.reward(p, t)).sum();
-        correct / prompts.len().max(1) as f64
+    /// The held-out metric that summarises the run (`val/accuracy`, or `val/f1` for search).
+    pub fn validation_key(&self) -> &'static str {
+        self.workload.validation_key()
     }
 
-    /// Greedy accuracy of every policy, generated concurrently (one thread per policy, as the
-    /// scoring stage does: one policy's generation does not fill the cores on its own).
-    fn validate_all(&self) -> Result<Vec<f64>> {
-        let prompts: Vec<Vec<Vec<u32>>> =
-            self.policies.iter().map(|p| self.validation_prompts(p)).collect::<Result<_>>()?;
-        let (max_new, batch) = (self.config.task.val_max_new_tokens, self.config.rollout.batch_prompts);
-        let texts = per_policy(self.policies.iter().zip(&prompts), "validation", |(p, ids)| {
-            validation_responses(p, ids, max_new, batch)
-        });
-        texts.into_iter().map(|t| Ok(self.validation_accuracy(&t?))).collect()
-    }
-
-    /// Greedy held-out accuracy of every policy, by name.
+    /// Greedy held-out score ([`Trainer::validation_key`]) of every policy, by name.
     pub fn accuracies(&self) -> Result<crate::run_dir::Accuracies> {
-        let progress = crate::progress::Progress::new("held-out accuracy", 0);
-        let accuracy = self.validate_all()?;
+        let key = self.validation_key();
+        let progress =
+            crate::progress::Progress::new(format!("held-out {}", crate::workload::validation_label(key)), 0);
+        let metrics = self.validate_all()?;
         progress.finish();
-        Ok(self.policies.iter().map(|p| p.name.clone()).zip(accuracy).collect())
+        Ok(self
+            .policies
+            .iter()
+            .map(|p| p.name.clone())
+            .zip(metrics.iter().map(|m| m.get(key).copied().unwrap_or(0.0)))
+            .collect())
     }
 
     /// Whether the task has held-out prompts.
@@ -605,28 +572,6 @@ impl<B: Backend> Trainer<B> {
         };
         checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
     }
-}
-
-/// Runs `work` on each item (one per policy) in its own scoped thread; results in order. A
-/// panicking thread becomes an internal error naming the stage.
-pub(crate) fn per_policy<T: Send, R: Send>(
-    items: impl IntoIterator<Item = T>,
-    stage: &str,
-    work: impl Fn(T) -> Result<R> + Sync,
-) -> Vec<Result<R>> {
-    let work = &work;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = items.into_iter().map(|item| s.spawn(move || work(item))).collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal(format!("a policy's {stage} thread panicked")))))
-            .collect()
-    })
-}
-
-/// Greedy responses of `policy` to `prompts`.
-fn validation_responses<B: Backend>(policy: &Policy<B>, prompts: &[Vec<u32>], max_new: usize, batch: usize) -> Result<Vec<String>> {
-    crate::generate::greedy_responses(&policy.inference_model(), &policy.tokenizer, &policy.eos_token_ids, prompts, max_new, batch)
 }
 
 /// Tests of crash recovery: `HACPO_TEST_KILL_AFTER_CHECKPOINT=N` ends the process abruptly (no

@@ -114,6 +114,8 @@ mod tests {
             response_ids: vec![2],
             token_logps: vec![-1.0],
             reward: Some(reward),
+            penalty: 0.0,
+            score: None,
             train: true,
             policy_version: 0,
             finish_reason: FinishReason::Stop,

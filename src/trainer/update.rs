@@ -46,8 +46,9 @@ pub struct UpdateSettings {
     pub step: u64,
     /// Optimizer updates of this policy over the whole run (for the schedule).
     pub total_updates: u64,
-    /// Sequences per mini-batch and per forward/backward pass.
-    pub minibatch_sequences: usize,
+    /// Optimizer updates per step (mini-batches of the routed samples, as equal as can be).
+    pub minibatches: usize,
+    /// Sequences per forward/backward pass.
     pub micro_batch_sequences: usize,
     pub inv_temperature: f32,
     pub kl_coef: f64,
@@ -79,14 +80,12 @@ pub fn update_policy<B: Backend>(
     let started = Instant::now();
     let mut report = UpdateReport::default();
     let n = batch.indices.len();
-    let per_minibatch = settings.minibatch_sequences;
-    if per_minibatch == 0 || !n.is_multiple_of(per_minibatch) {
-        return Err(Error::InvalidArgument(format!(
-            "policy {}: {n} samples cannot be split into mini-batches of {per_minibatch} sequences",
-            policy.name
-        )));
+    if n == 0 {
+        // Nothing to learn from this step (a search policy whose outputs were all singletons).
+        report.update_s = started.elapsed().as_secs_f64();
+        return Ok(report);
     }
-    let minibatches = algo.minibatches(&batch.pool, learner, n / per_minibatch)?;
+    let minibatches = algo.minibatches(&batch.pool, learner, settings.minibatches.clamp(1, n))?;
     let (mut pg_sum, mut kl_sum, mut norm_sum, mut lr_last) = (0.0, 0.0, 0.0, 0.0);
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {

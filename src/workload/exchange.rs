@@ -2,8 +2,7 @@
 //! prompt G times on its own thread and publishes its samples to the [`RolloutPool`], so each
 //! policy receives everyone's; rewards come from the task's verifier.
 //!
-//! EOS handling follows ALGORITHMS.md §2.6: a terminal EOS is removed before anything else
-//! (the text is decoded without it); a response that is only EOS keeps that single token.
+//! EOS handling follows ALGORITHMS.md §2.6 ([`super::response`]).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -12,12 +11,14 @@ use burn::tensor::backend::Backend;
 use rayon::prelude::*;
 
 use super::pool::RolloutPool;
-use super::{Role, RolloutSettings, RolloutTimings, Workload, mix_seed};
+use super::{Role, RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
+use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::generate::{GenerateRequest, generate};
-use crate::policy::Policy;
+use crate::generate::{GenerateRequest, generate, greedy_responses};
+use crate::policy::{Policy, per_policy};
 use crate::sample::{GroupKey, Sample};
 use crate::task::{Task, TaskPrompt};
+use crate::train::metrics::Metrics;
 
 /// Every policy of one role answers every prompt; all samples go to everyone.
 pub struct Exchange {
@@ -25,7 +26,52 @@ pub struct Exchange {
     pub role: Role,
 }
 
+/// The roles of a config: `[[roles]]`, or every policy in the one role `solver`.
+pub fn roles(cfg: &TrainConfig) -> Vec<Role> {
+    if cfg.roles.is_empty() {
+        return vec![Role { name: "solver".into(), policies: (0..cfg.policies.len()).collect(), template: None }];
+    }
+    cfg.roles
+        .iter()
+        .map(|r| Role {
+            name: r.name.clone(),
+            policies: if r.policies.is_empty() {
+                (0..cfg.policies.len()).collect()
+            } else {
+                r.policies.iter().filter_map(|p| cfg.policy_index(p)).collect()
+            },
+            template: r.template.clone(),
+        })
+        .collect()
+}
+
 impl Exchange {
+    /// The exchange of `cfg`: one role, played by every policy.
+    pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>) -> Result<Self> {
+        let mut roles = roles(cfg);
+        if roles.len() != 1 {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "roles: the exchange workload has one role (every policy answers the task), found {}",
+                    roles.len()
+                ),
+            ));
+        }
+        let role = roles.remove(0);
+        if let Some(k) = (0..cfg.policies.len()).find(|k| !role.policies.contains(k)) {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "roles[0].policies: every policy plays the exchange workload's one role, but {:?} does not; \
+                     add it to the role or remove it from [[policies]]",
+                    cfg.policy_name(k)
+                ),
+            ));
+        }
+        Ok(Exchange { task, role })
+    }
+
     /// The group of a prompt's answers: the task's id, the role, and the prompt's position in
     /// the step (an epoch boundary may put one task twice into a step).
     pub fn group_key(&self, prompt: &TaskPrompt, position: usize) -> GroupKey {
@@ -36,6 +82,39 @@ impl Exchange {
 impl<B: Backend> Workload<B> for Exchange {
     fn name(&self) -> &str {
         "exchange"
+    }
+
+    fn validation_key(&self) -> &'static str {
+        "val/accuracy"
+    }
+
+    /// Greedy accuracy of every policy on the held-out prompts, generated concurrently (one
+    /// thread per policy, as scoring does: one policy's generation does not fill the cores).
+    fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>> {
+        let held_out = self.task.validation();
+        let prompts: Vec<Vec<Vec<u32>>> = policies
+            .iter()
+            .map(|p| {
+                held_out.iter().map(|q| p.encode_prompt(&self.role.messages(q), settings.max_prompt_tokens)).collect()
+            })
+            .collect::<Result<_>>()?;
+        let texts = per_policy(policies.iter().zip(&prompts), "validation", |(p, ids)| {
+            greedy_responses(
+                &p.inference_model(),
+                &p.tokenizer,
+                &p.eos_token_ids,
+                ids,
+                settings.max_new_tokens,
+                settings.batch_prompts,
+            )
+        });
+        texts
+            .into_iter()
+            .map(|t| {
+                let correct: f64 = held_out.iter().zip(&t?).map(|(p, t)| self.task.reward(p, t)).sum();
+                Ok(Metrics::from([("val/accuracy".to_string(), correct / held_out.len().max(1) as f64)]))
+            })
+            .collect()
     }
 
     fn rollout(
@@ -129,16 +208,7 @@ impl Exchange {
             timings.generated_tokens += stats.generated_tokens;
             for c in completions {
                 let p = first + c.prompt_index;
-                let mut ids = c.token_ids;
-                if ids.last().is_some_and(|t| policy.eos_token_ids.contains(t)) {
-                    ids.pop();
-                }
-                let (response_ids, text) = if ids.is_empty() {
-                    (vec![policy.eos()?], String::new())
-                } else {
-                    let text = policy.tokenizer.decode(&ids, true)?;
-                    (ids, text)
-                };
+                let (response_ids, text) = super::response(policy, c.token_ids)?;
                 out.push(Sample {
                     id: 0,
                     policy: policy.index,
@@ -154,6 +224,8 @@ impl Exchange {
                     response_ids,
                     token_logps: vec![],
                     reward: None,
+                    penalty: 0.0,
+                    score: None,
                     train: true,
                     policy_version: policy.version,
                     finish_reason: c.finish_reason,

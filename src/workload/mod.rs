@@ -3,20 +3,70 @@
 //! The trainer hands a [`Workload`] the policies and the step's prompts; it gets back
 //! [`Sample`]s, each naming its policy, role and group key, and then asks the workload for
 //! their rewards. Generation, tool calls and environment steps live here; advantages, routing
-//! and updates do not. [`exchange::Exchange`] is HACPO's workload: every policy answers every
-//! prompt in the role `solver`, and everything goes to one pool.
+//! and updates do not. Held-out evaluation is the workload's too: it knows how its policies
+//! answer together.
+//!
+//! - [`exchange::Exchange`] is HACPO's workload: every policy answers every prompt in the role
+//!   `solver`, and everything goes to one pool.
+//! - [`search::Search`] is the multi-agent search pipeline (Rewriter → BM25 → Reranker →
+//!   Answerer) rolled out as MHGPO trees, rewards propagated from the Answerer upwards.
+//!
+//! [`build`] picks the workload of a config and checks its roles.
 
 pub mod exchange;
 pub mod pool;
+pub mod search;
+
+use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
 
-use crate::error::Result;
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
 use crate::generate::SamplingParams;
 use crate::policy::Policy;
+use crate::rl::mhgpo::TreeRollout;
 use crate::sample::Sample;
-use crate::task::TaskPrompt;
+use crate::task::{Task, TaskKind, TaskPrompt};
 use crate::tokenizer::Message;
+use crate::train::metrics::Metrics;
+
+/// The workloads `workload.kind` selects.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkloadKind {
+    /// HACPO's: every policy answers every prompt, all samples in one pool.
+    #[default]
+    Exchange,
+    /// The multi-agent search pipeline, trained with `mhgpo-is`, `mhgpo-fof` or `mhgpo-rr`.
+    Search,
+}
+
+/// `[workload]`: which workload, and each workload's settings.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkloadConfig {
+    pub kind: WorkloadKind,
+    pub search: search::SearchConfig,
+}
+
+impl WorkloadConfig {
+    /// The pairing of workload and task, and the search workload's settings.
+    pub fn validate(&self, cfg: &TrainConfig) -> Result<()> {
+        let bad = |m: String| Err(Error::config("training config", m));
+        match (self.kind, cfg.task.kind) {
+            (WorkloadKind::Search, TaskKind::Qa) => self.search.validate(),
+            (WorkloadKind::Search, other) => bad(format!(
+                "workload.kind = \"search\" answers questions from passages: set task.kind = \"qa\" (it is {other:?})"
+            )),
+            (WorkloadKind::Exchange, TaskKind::Qa) => {
+                bad("task.kind = \"qa\" is played by the search pipeline: set [workload] kind = \"search\"".into())
+            }
+            _ => Ok(()),
+        }
+    }
+}
 
 /// A role of a workload: its name, the policies that play it and how a prompt is put to it.
 #[derive(Clone, Debug, PartialEq)]
@@ -62,9 +112,21 @@ pub struct RolloutTimings {
     pub generated_tokens: usize,
 }
 
+/// How held-out evaluation generates (greedy).
+#[derive(Clone, Copy, Debug)]
+pub struct ValidationSettings {
+    pub max_prompt_tokens: usize,
+    pub max_new_tokens: usize,
+    /// Prompts generated together.
+    pub batch_prompts: usize,
+}
+
 /// A workload the trainer can host.
 pub trait Workload<B: Backend>: Send + Sync {
     fn name(&self) -> &str;
+
+    /// The held-out metric that summarises a run (`val/accuracy`, `val/f1`).
+    fn validation_key(&self) -> &'static str;
 
     /// The step's samples (rewards and old log-probs not yet filled in) and each policy's
     /// timings, indexed like `policies`.
@@ -75,8 +137,71 @@ pub trait Workload<B: Backend>: Send + Sync {
         settings: &RolloutSettings,
     ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)>;
 
-    /// Fills in every sample's reward.
+    /// Fills in every sample's reward (and, for trees, which samples are trained: MHGPO masks
+    /// singletons). `samples` are in rollout order: a sample's `parent` indexes this slice.
     fn assign_rewards(&self, samples: &mut [Sample], prompts: &[TaskPrompt]) -> Result<()>;
+
+    /// Metrics of the step's samples that every policy's record carries (the team's F1).
+    fn metrics(&self, _samples: &[Sample], _prompts: &[TaskPrompt]) -> Metrics {
+        Metrics::new()
+    }
+
+    /// Greedy held-out metrics of every policy (indexed like `policies`), including
+    /// [`Workload::validation_key`].
+    fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>>;
+}
+
+/// How people name a held-out metric: `val/accuracy` → accuracy, `val/f1` → F1.
+pub fn validation_label(key: &str) -> &str {
+    match key.strip_prefix("val/").unwrap_or(key) {
+        "f1" => "F1",
+        other => other,
+    }
+}
+
+/// The workload of `cfg`, its roles checked against the policies and the algorithm.
+pub fn build<B: Backend>(
+    cfg: &TrainConfig,
+    task: Arc<dyn Task>,
+    tree: Option<TreeRollout>,
+    algorithm: &str,
+) -> Result<Box<dyn Workload<B>>> {
+    match cfg.workload.kind {
+        WorkloadKind::Exchange => {
+            if tree.is_some() {
+                return Err(Error::config(
+                    "training config",
+                    format!("algo.name: {algorithm} trains the search pipeline; set [workload] kind = \"search\""),
+                ));
+            }
+            Ok(Box::new(exchange::Exchange::new(cfg, task)?))
+        }
+        WorkloadKind::Search => {
+            let Some(tree) = tree else {
+                return Err(Error::config(
+                    "training config",
+                    format!(
+                        "algo.name: the search workload trains with mhgpo-is, mhgpo-fof or mhgpo-rr, not {algorithm}"
+                    ),
+                ));
+            };
+            Ok(Box::new(search::Search::new(cfg, task, tree)?))
+        }
+    }
+}
+
+/// A generated completion as a sample stores it (ALGORITHMS.md §2.6): the terminal EOS removed
+/// before anything else, the text decoded without special tokens; a response that is only EOS
+/// keeps that single token and has empty text.
+pub fn response<B: Backend>(policy: &Policy<B>, mut ids: Vec<u32>) -> Result<(Vec<u32>, String)> {
+    if ids.last().is_some_and(|t| policy.eos_token_ids.contains(t)) {
+        ids.pop();
+    }
+    if ids.is_empty() {
+        return Ok((vec![policy.eos()?], String::new()));
+    }
+    let text = policy.tokenizer.decode(&ids, true)?;
+    Ok((ids, text))
 }
 
 /// SplitMix64: independent seeds from (run seed, step, policy, chunk).

@@ -4,4 +4,5 @@ pub mod drgrpo;
 pub mod grpo;
 pub mod gspo;
 pub mod hacpo;
+pub mod mhgpo;
 pub mod sequence;

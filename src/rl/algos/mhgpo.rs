@@ -1,0 +1,132 @@
+//! MHGPO (ALGORITHMS.md §3): critic-free training of a multi-agent pipeline. The workload
+//! branches each question's rollouts as the sampling says (IS, FoF or RR), carries rewards up
+//! the tree and masks singletons ([`crate::rl::mhgpo`]); what reaches the algorithm is every
+//! trained output with its propagated reward and its (question, role, fork) group. The loss is
+//! GRPO's token-level clipped surrogate (§3.4), each output with its own role's prompt; a shared
+//! policy gets all roles' outputs in one batch.
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use super::grpo::TokenClip;
+use super::gspo::group_advantages;
+use crate::error::{Error, Result};
+use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing};
+use crate::rl::hacpo::PoolSample;
+use crate::rl::mhgpo::{MhgpoSettings, Sampling, TreeRollout};
+use crate::rl::objective::LossAggregation;
+
+/// The three MHGPO variants differ only in how the rollouts branch.
+pub struct Mhgpo {
+    name: &'static str,
+    clip: TokenClip,
+    tree: TreeRollout,
+}
+
+impl Mhgpo {
+    /// `sampling` is `is`, `fof` or `rr` (RR's probabilities from `algo.mhgpo`).
+    pub fn new(s: &AlgoSettings, sampling: &str) -> Result<Self> {
+        let (name, sampling) = match sampling {
+            "is" => ("mhgpo-is", Sampling::Is),
+            "fof" => ("mhgpo-fof", Sampling::Fof),
+            "rr" => ("mhgpo-rr", Sampling::Rr { probabilities: s.mhgpo.rr_probabilities }),
+            other => return Err(Error::Internal(format!("no MHGPO sampling {other:?}"))),
+        };
+        sampling
+            .validate(3)
+            .map_err(|e| Error::config("training config", format!("algo.mhgpo.rr_probabilities: {e}")))?;
+        let settings = MhgpoSettings {
+            aggregate: s.mhgpo.aggregate,
+            propagate_penalties: s.mhgpo.propagate_penalties,
+            // ε must be positive for the tree arithmetic; 0 would divide a uniform group by 0.
+            epsilon: s.adv_epsilon.max(f64::MIN_POSITIVE),
+        };
+        Ok(Mhgpo {
+            name,
+            clip: TokenClip {
+                eps_low: s.clip_low.unwrap_or(0.2),
+                eps_high: s.clip_high.unwrap_or(0.28),
+                aggregation: s.loss_agg.unwrap_or(LossAggregation::TokenMean),
+                adv_epsilon: settings.epsilon,
+                normalize_by_std: true,
+            },
+            tree: TreeRollout { sampling, settings },
+        })
+    }
+}
+
+impl<B: Backend> Algorithm<B> for Mhgpo {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn routing(&self) -> Routing {
+        Routing::Own
+    }
+
+    fn tree(&self) -> Option<TreeRollout> {
+        Some(self.tree)
+    }
+
+    /// `(R − mean) / (std + ε)` within each (question, role, fork) group. The workload has
+    /// already left out singletons and untrained continuations, so every group that reaches
+    /// here is whole and has at least two members: this equals `rl::mhgpo::advantages`.
+    fn advantages(&self, samples: &[PoolSample], _learner: usize) -> Result<Vec<f64>> {
+        Ok(group_advantages(samples, self.clip.adv_epsilon, true))
+    }
+
+    fn policy_loss(&self, batch: &MicroBatch<B>) -> Tensor<B, 1> {
+        self.clip.loss(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rl::mhgpo::{Node, advantages, propagate};
+
+    fn settings() -> AlgoSettings {
+        crate::config::AlgoConfig::default().settings()
+    }
+
+    #[test]
+    fn the_three_variants_branch_as_named() {
+        let tree = |s: &str| <Mhgpo as Algorithm<crate::backend::Cpu>>::tree(&Mhgpo::new(&settings(), s).unwrap());
+        assert_eq!(tree("is").unwrap().sampling, Sampling::Is);
+        assert_eq!(tree("fof").unwrap().sampling, Sampling::Fof);
+        assert_eq!(tree("rr").unwrap().sampling, Sampling::RR_DEFAULT);
+        let mut bad = settings();
+        bad.mhgpo.rr_probabilities = [0.0, 0.0, 0.0];
+        assert!(Mhgpo::new(&bad, "rr").is_err());
+    }
+
+    /// The trainer's advantages over the trained outputs equal the tree arithmetic's.
+    #[test]
+    fn advantages_match_the_tree_arithmetic() {
+        let algo = Mhgpo::new(&settings(), "fof").unwrap();
+        let node = |role, parent, score: Option<f64>, penalty| Node {
+            role,
+            parent,
+            penalty,
+            score,
+            group: format!("fork0/role{role}"),
+            trained: true,
+        };
+        // FoF with G = 2 over two roles: two Rewriter outputs, each with one Answerer output.
+        let nodes = vec![
+            node(0, None, None, 0.0),
+            node(1, Some(0), Some(0.5), 0.0),
+            node(0, None, None, -0.5),
+            node(1, Some(2), Some(1.0), -1.0),
+        ];
+        let rewards = propagate(&nodes, &algo.tree.settings).unwrap();
+        let (expected, mask) = advantages(&nodes, &rewards, &algo.tree.settings);
+        assert!(mask.iter().all(|&m| m));
+        let pool: Vec<PoolSample> =
+            nodes.iter().zip(&rewards).map(|(n, &r)| PoolSample { agent: 0, group: n.role, reward: r }).collect();
+        let got = <Mhgpo as Algorithm<crate::backend::Cpu>>::advantages(&algo, &pool, 0).unwrap();
+        for (g, e) in got.iter().zip(&expected) {
+            assert!((g - e).abs() < 1e-12, "{got:?} vs {expected:?}");
+        }
+    }
+}

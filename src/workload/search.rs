@@ -1,0 +1,491 @@
+//! The multi-agent search workload (`workload.kind = "search"`, ALGORITHMS.md §3): each
+//! question's rollouts form an MHGPO tree over the pipeline Rewriter → BM25 retriever →
+//! Reranker → Answerer, branched as the algorithm's sampling says (IS, FoF or RR).
+//!
+//! ```text
+//! plan trees (seeded per question) ─▶ Rewriter outputs of every tree ─▶ retrieval
+//!   ─▶ Reranker outputs ─▶ Answerer outputs ─▶ F1 + penalties ─▶ rewards propagated upwards
+//! ```
+//!
+//! Roles run level by level over all questions at once, so each level is one batched
+//! generation by the policy that plays the role: one policy for all three roles (the paper's
+//! setting) or one per role through `[[roles]]` (say a Qwen Rewriter with a Llama Answerer).
+//! Every output is a [`Sample`] whose group is (question, fork, role) and whose parent is the
+//! output it read. The reward stage propagates `R = Aggr(successors' R) + P` from the
+//! Answerer's F1 upwards and marks which outputs train: singletons (RR's upstream chain) and
+//! IS's downstream continuations only carry rewards.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use burn::tensor::backend::Backend;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use super::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::generate::{FinishReason, GenerateRequest, generate, greedy_responses};
+use crate::policy::Policy;
+use crate::rl::mhgpo::{self, Node, TreeRollout};
+use crate::sample::{GroupKey, Sample};
+use crate::search::corpus::Question;
+use crate::search::metric::score;
+use crate::search::pipeline::{self, Role};
+use crate::search::retriever::candidates;
+use crate::search::roles::{Penalties, read_answerer, read_reranker, read_rewriter};
+use crate::search::task::{Passages, answers, question_text};
+use crate::task::{Task, TaskPrompt};
+use crate::tokenizer::Message;
+use crate::train::metrics::Metrics;
+
+/// `[workload.search]`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SearchConfig {
+    /// Format penalties (`[workload.search.penalties]`; MMOA-RAG's values by default).
+    pub penalties: Penalties,
+}
+
+impl SearchConfig {
+    pub fn validate(&self) -> Result<()> {
+        let p = &self.penalties;
+        let bad =
+            |key: &str, m: &str| Err(Error::config("training config", format!("workload.search.penalties.{key}: {m}")));
+        for (key, v) in [("rewriter", p.rewriter), ("reranker", p.reranker), ("answerer", p.answerer)] {
+            if !(v.is_finite() && v <= 0.0) {
+                return bad(key, &format!("a penalty is a number ≤ 0, not {v}"));
+            }
+        }
+        if p.rewriter_max_chars == 0 || p.answerer_max_words == 0 {
+            return bad("rewriter_max_chars", "rewriter_max_chars and answerer_max_words must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// Seeds the tree plans apart from generation.
+const TREE_STREAM: u64 = 0x7EE5;
+const GENERATE_STREAM: u64 = 0x5EA2C4;
+
+/// The pipeline as a workload.
+pub struct Search {
+    task: Arc<dyn Task>,
+    passages: Arc<Passages>,
+    /// The policy that plays each role, in [`Role::ALL`] order.
+    players: [usize; 3],
+    tree: TreeRollout,
+    penalties: Penalties,
+}
+
+/// The role of a sample (its name as the pipeline gives it).
+fn role_index(name: &str) -> Option<usize> {
+    Role::ALL.iter().position(|r| r.name() == name)
+}
+
+/// Who plays what: one policy for every role, or `[[roles]]` naming each role once with one
+/// policy; every policy plays something.
+fn players(cfg: &TrainConfig) -> Result<[usize; 3]> {
+    let bad = |m: String| Err(Error::config("training config", m));
+    let names = || Role::ALL.map(|r| r.name()).join(", ");
+    if cfg.roles.is_empty() {
+        if cfg.policies.len() != 1 {
+            return bad(format!(
+                "roles: with {} policies the search workload needs [[roles]] entries for {} naming the one policy that plays each",
+                cfg.policies.len(),
+                names()
+            ));
+        }
+        return Ok([0; 3]);
+    }
+    let mut players = [None; 3];
+    for (i, r) in cfg.roles.iter().enumerate() {
+        let Some(k) = role_index(&r.name) else {
+            return bad(format!("roles[{i}].name: the search workload's roles are {}, not {:?}", names(), r.name));
+        };
+        if players[k].is_some() {
+            return bad(format!("roles[{i}].name: {:?} is given twice", r.name));
+        }
+        if r.template.is_some() {
+            return bad(format!("roles[{i}].template: the search roles' prompts are built in; leave it out"));
+        }
+        let policy = match r.policies.as_slice() {
+            [] if cfg.policies.len() == 1 => 0,
+            [p] => cfg
+                .policy_index(p)
+                .ok_or_else(|| Error::config("training config", format!("roles[{i}].policies: no policy {p:?}")))?,
+            _ => return bad(format!("roles[{i}].policies: one policy plays the {} role; name exactly one", r.name)),
+        };
+        players[k] = Some(policy);
+    }
+    let Some(players) = players.iter().copied().collect::<Option<Vec<usize>>>() else {
+        let missing: Vec<&str> =
+            Role::ALL.iter().zip(&players).filter(|(_, p)| p.is_none()).map(|(r, _)| r.name()).collect();
+        return bad(format!("roles: no [[roles]] entry for {}", missing.join(", ")));
+    };
+    if let Some(k) = (0..cfg.policies.len()).find(|k| !players.contains(k)) {
+        return bad(format!(
+            "roles: policy {:?} plays no role; give it one or remove it from [[policies]]",
+            cfg.policy_name(k)
+        ));
+    }
+    Ok([players[0], players[1], players[2]])
+}
+
+/// One output of a tree while it is being rolled out.
+struct TreeNode {
+    prompt: usize,
+    local: usize,
+    role: usize,
+    parent: Option<usize>,
+    group: String,
+    trained: bool,
+    /// Rewriter: the retrieved candidates; Reranker: the chosen ones (corpus positions).
+    passages: Vec<usize>,
+    /// Its position in the step's samples.
+    sample: usize,
+}
+
+/// One generated output in the generating policy's tokens.
+struct Generated {
+    prompt_ids: Vec<u32>,
+    response_ids: Vec<u32>,
+    text: String,
+    finish_reason: FinishReason,
+}
+
+impl Search {
+    pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>, tree: TreeRollout) -> Result<Self> {
+        let passages = task.passages().ok_or_else(|| {
+            Error::config("training config", "the search workload needs a task with passages: task.kind = \"qa\"")
+        })?;
+        Ok(Search { players: players(cfg)?, task, passages, tree, penalties: cfg.workload.search.penalties })
+    }
+
+    /// The messages of tree node `i`.
+    fn messages(&self, nodes: &[TreeNode], i: usize, prompts: &[TaskPrompt]) -> Vec<Message> {
+        let n = &nodes[i];
+        let upstream = n.parent.map_or(&[][..], |p| nodes[p].passages.as_slice());
+        pipeline::messages(Role::ALL[n.role], question_text(&prompts[n.prompt]), &self.passages.documents, upstream)
+    }
+
+    /// Penalty, score and passages of an output of node `i` (retrieval after the Rewriter).
+    fn read(
+        &self,
+        nodes: &[TreeNode],
+        i: usize,
+        text: &str,
+        prompt: &TaskPrompt,
+    ) -> Result<(f64, Option<f64>, Vec<usize>)> {
+        let n = &nodes[i];
+        let upstream = n.parent.map_or(&[][..], |p| nodes[p].passages.as_slice());
+        Ok(match Role::ALL[n.role] {
+            Role::Rewriter => {
+                let (queries, penalty) = read_rewriter(text, &self.penalties);
+                (penalty, None, candidates(&self.passages.retriever, question_text(prompt), &queries)?)
+            }
+            Role::Reranker => {
+                let (selected, penalty) = read_reranker(text, upstream.len(), &self.penalties);
+                (penalty, None, selected.iter().map(|&k| upstream[k]).collect())
+            }
+            Role::Answerer => {
+                let (answer, penalty) = read_answerer(text, &self.penalties);
+                (penalty, Some(score(&answer, &answers(prompt)).f1), vec![])
+            }
+        })
+    }
+
+    /// One sampled output per prompt of role `role`, `batch_prompts` at a time.
+    fn sample_level<B: Backend>(
+        policy: &Policy<B>,
+        role: usize,
+        messages: &[Vec<Message>],
+        settings: &RolloutSettings,
+        timings: &mut RolloutTimings,
+    ) -> Result<Vec<Generated>> {
+        let ids: Vec<Vec<u32>> = messages
+            .iter()
+            .map(|m| encode(policy, Role::ALL[role], m, settings.max_prompt_tokens))
+            .collect::<Result<_>>()?;
+        let model = policy.inference_model();
+        let per_chunk = settings.batch_prompts.max(1);
+        let mut out = Vec::with_capacity(ids.len());
+        for (c, chunk) in ids.chunks(per_chunk).enumerate() {
+            let mut params = settings.sampling.clone();
+            params.seed = mix_seed(&[settings.run_seed, settings.step, GENERATE_STREAM, role as u64, c as u64]);
+            let mut req = GenerateRequest::new(chunk, params);
+            req.stop_token_ids = policy.eos_token_ids.clone();
+            let started = Instant::now();
+            let (completions, stats) = generate(&model, &req)?;
+            timings.generate += started.elapsed().as_secs_f64();
+            timings.generated_tokens += stats.generated_tokens;
+            for done in completions {
+                let (response_ids, text) = super::response(policy, done.token_ids)?;
+                out.push(Generated {
+                    prompt_ids: chunk[done.prompt_index].clone(),
+                    response_ids,
+                    text,
+                    finish_reason: done.finish_reason,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// `messages` in `policy`'s chat template; a prompt longer than `max_tokens` is an error
+/// rather than a cut (a cut would drop the instructions and the question, not the passages).
+fn encode<B: Backend>(policy: &Policy<B>, role: Role, messages: &[Message], max_tokens: usize) -> Result<Vec<u32>> {
+    let ids = policy.encode_prompt(messages, usize::MAX)?;
+    if ids.len() > max_tokens {
+        return Err(Error::InvalidArgument(format!(
+            "a {} prompt of policy {} has {} tokens, above rollout.max_prompt_tokens = {max_tokens}; raise it \
+             (the Reranker sees up to {} passages of up to {} characters) or use a corpus with shorter passages",
+            role.name(),
+            policy.name,
+            ids.len(),
+            crate::search::roles::RETRIEVAL_BUDGET,
+            pipeline::PASSAGE_CHARS
+        )));
+    }
+    Ok(ids)
+}
+
+impl<B: Backend> Workload<B> for Search {
+    fn name(&self) -> &str {
+        "search"
+    }
+
+    fn validation_key(&self) -> &'static str {
+        "val/f1"
+    }
+
+    fn rollout(
+        &self,
+        policies: &[Policy<B>],
+        prompts: &[TaskPrompt],
+        settings: &RolloutSettings,
+    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)> {
+        let mut nodes: Vec<TreeNode> = Vec::new();
+        for p in 0..prompts.len() {
+            let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(&[
+                settings.run_seed,
+                settings.step,
+                TREE_STREAM,
+                p as u64,
+            ]));
+            let plan = mhgpo::plan(self.tree.sampling, Role::ALL.len(), settings.group_size, &mut rng)
+                .map_err(|e| Error::config("training config", e))?;
+            let base = nodes.len();
+            nodes.extend(plan.into_iter().enumerate().map(|(local, n)| TreeNode {
+                prompt: p,
+                local,
+                role: n.role,
+                parent: n.parent.map(|q| base + q),
+                group: n.group,
+                trained: n.trained,
+                passages: vec![],
+                sample: 0,
+            }));
+        }
+        let mut samples = Vec::with_capacity(nodes.len());
+        let mut timings = vec![RolloutTimings::default(); policies.len()];
+        for (role, r) in Role::ALL.iter().enumerate() {
+            let level: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].role == role).collect();
+            let messages: Vec<Vec<Message>> = level.iter().map(|&i| self.messages(&nodes, i, prompts)).collect();
+            let policy = &policies[self.players[role]];
+            let _span =
+                tracing::info_span!("rollout", policy = %policy.name, role = r.name(), step = settings.step).entered();
+            let outputs = Self::sample_level(policy, role, &messages, settings, &mut timings[self.players[role]])?;
+            for ((&i, messages), out) in level.iter().zip(messages).zip(outputs) {
+                let prompt = &prompts[nodes[i].prompt];
+                let (penalty, score, passages) = self.read(&nodes, i, &out.text, prompt)?;
+                let n = &mut nodes[i];
+                n.passages = passages;
+                n.sample = samples.len();
+                let (parent, p, local, trained) = (n.parent, n.prompt, n.local, n.trained);
+                let group = GroupKey::new(&[&prompt.id, &p.to_string(), &n.group]);
+                samples.push(Sample {
+                    id: 0,
+                    policy: policy.index,
+                    role: r.name().to_string(),
+                    group,
+                    parent: parent.map(|q| nodes[q].sample),
+                    turn: role as u32,
+                    prompt: p,
+                    sample_index: local,
+                    messages,
+                    text: out.text,
+                    prompt_ids: out.prompt_ids,
+                    response_ids: out.response_ids,
+                    token_logps: vec![],
+                    reward: None,
+                    penalty,
+                    score,
+                    train: trained,
+                    policy_version: policy.version,
+                    finish_reason: out.finish_reason,
+                });
+            }
+        }
+        Ok((samples, timings))
+    }
+
+    /// Propagates each tree's rewards upwards and masks what has no baseline (§3.3, §3.5).
+    fn assign_rewards(&self, samples: &mut [Sample], prompts: &[TaskPrompt]) -> Result<()> {
+        let mut trees: Vec<Vec<usize>> = vec![vec![]; prompts.len()];
+        for (i, s) in samples.iter().enumerate() {
+            trees[s.prompt].push(i);
+        }
+        for members in &mut trees {
+            // Plan order: a parent before its children, and a node's index is its sample_index.
+            members.sort_by_key(|&i| samples[i].sample_index);
+            let nodes: Vec<Node> = members
+                .iter()
+                .map(|&i| {
+                    let s = &samples[i];
+                    Node {
+                        role: s.turn as usize,
+                        parent: s.parent.map(|q| samples[q].sample_index),
+                        penalty: s.penalty,
+                        score: s.score,
+                        group: s.group.0.clone(),
+                        trained: s.train,
+                    }
+                })
+                .collect();
+            let rewards = mhgpo::propagate(&nodes, &self.tree.settings).map_err(Error::Internal)?;
+            let (_, mask) = mhgpo::advantages(&nodes, &rewards, &self.tree.settings);
+            for (k, &i) in members.iter().enumerate() {
+                samples[i].reward = Some(rewards[k]);
+                samples[i].train = mask[k];
+            }
+        }
+        Ok(())
+    }
+
+    /// The team's answers (F1, EM over every Answerer output) and each role's rewards,
+    /// penalty rate and number of trained outputs.
+    fn metrics(&self, samples: &[Sample], prompts: &[TaskPrompt]) -> Metrics {
+        let mut m = Metrics::new();
+        let mean = |xs: &[f64]| if xs.is_empty() { 0.0 } else { xs.iter().sum::<f64>() / xs.len() as f64 };
+        let answerer: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == 2).collect();
+        let f1: Vec<f64> = answerer.iter().filter_map(|s| s.score).collect();
+        let em: Vec<f64> = answerer
+            .iter()
+            .map(|s| score(&read_answerer(&s.text, &self.penalties).0, &answers(&prompts[s.prompt])).em)
+            .collect();
+        m.insert("search/f1".into(), mean(&f1));
+        m.insert("search/em".into(), mean(&em));
+        for (k, role) in Role::ALL.iter().enumerate() {
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == k).collect();
+            let rewards: Vec<f64> = mine.iter().map(|s| s.reward()).collect();
+            let penalised: Vec<f64> = mine.iter().map(|s| (s.penalty < 0.0) as u8 as f64).collect();
+            m.insert(format!("search/{}/reward", role.name()), mean(&rewards));
+            m.insert(format!("search/{}/penalty_rate", role.name()), mean(&penalised));
+            m.insert(format!("search/{}/trained", role.name()), mine.iter().filter(|s| s.train).count() as f64);
+        }
+        let queries: Vec<f64> = samples
+            .iter()
+            .filter(|s| s.turn == 0)
+            .map(|s| read_rewriter(&s.text, &self.penalties).0.len() as f64)
+            .collect();
+        m.insert("search/sub_queries".into(), mean(&queries));
+        m
+    }
+
+    /// The team answers the held-out questions greedily; every policy gets the team's numbers.
+    fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>> {
+        let questions: Vec<Question> = self
+            .task
+            .validation()
+            .iter()
+            .map(|p| Question { id: p.id.clone(), question: question_text(p).to_string(), answers: answers(p) })
+            .collect();
+        let mut generate = |role: Role, prompts: &[Vec<Message>]| -> Result<Vec<String>> {
+            let policy = &policies[self.players[role_index(role.name()).expect("a pipeline role")]];
+            let ids: Vec<Vec<u32>> =
+                prompts.iter().map(|m| encode(policy, role, m, settings.max_prompt_tokens)).collect::<Result<_>>()?;
+            greedy_responses(
+                &policy.inference_model(),
+                &policy.tokenizer,
+                &policy.eos_token_ids,
+                &ids,
+                settings.max_new_tokens,
+                settings.batch_prompts,
+            )
+        };
+        let traces = pipeline::run(
+            &mut generate,
+            &self.passages.retriever,
+            &self.passages.documents,
+            &questions,
+            &self.penalties,
+        )?;
+        let s = pipeline::summarize(&traces);
+        let team = Metrics::from([
+            ("val/f1".to_string(), s.f1),
+            ("val/em".to_string(), s.em),
+            ("val/retrieval_recall".to_string(), s.retrieval_recall),
+            ("val/selected_recall".to_string(), s.selected_recall),
+            ("val/rewriter_penalty_rate".to_string(), s.rewriter_penalty_rate),
+            ("val/reranker_penalty_rate".to_string(), s.reranker_penalty_rate),
+            ("val/answerer_penalty_rate".to_string(), s.answerer_penalty_rate),
+        ]);
+        Ok(vec![team; policies.len()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{PolicyConfig, RoleConfig};
+
+    fn cfg(policies: &[&str], roles: &[(&str, &[&str])]) -> TrainConfig {
+        let mut c = TrainConfig::default();
+        c.policies = policies
+            .iter()
+            .map(|m| PolicyConfig {
+                model: m.to_string(),
+                name: Some(m.to_string()),
+                device: "cpu".into(),
+                chat_template_kwargs: Default::default(),
+            })
+            .collect();
+        c.roles = roles
+            .iter()
+            .map(|(n, p)| RoleConfig {
+                name: n.to_string(),
+                policies: p.iter().map(|s| s.to_string()).collect(),
+                template: None,
+            })
+            .collect();
+        c
+    }
+
+    #[test]
+    fn roles_map_to_one_policy_each() {
+        assert_eq!(players(&cfg(&["a"], &[])).unwrap(), [0, 0, 0]);
+        let per_role = cfg(&["a", "b"], &[("rewriter", &["a"]), ("reranker", &["a"]), ("answerer", &["b"])]);
+        assert_eq!(players(&per_role).unwrap(), [0, 0, 1]);
+        let err = |c: TrainConfig| players(&c).unwrap_err().to_string();
+        assert!(err(cfg(&["a", "b"], &[])).contains("[[roles]]"));
+        assert!(err(cfg(&["a"], &[("solver", &[])])).contains("not \"solver\""));
+        assert!(err(cfg(&["a"], &[("rewriter", &[]), ("answerer", &[])])).contains("no [[roles]] entry for reranker"));
+        assert!(
+            err(cfg(&["a", "b"], &[("rewriter", &["c"]), ("reranker", &["a"]), ("answerer", &["b"])]))
+                .contains("no policy \"c\"")
+        );
+        let idle = cfg(&["a", "b"], &[("rewriter", &["a"]), ("reranker", &["a"]), ("answerer", &["a"])]);
+        assert!(err(idle).contains("\"b\" plays no role"));
+        assert!(err(cfg(&["a"], &[("rewriter", &[]), ("rewriter", &[])])).contains("twice"));
+    }
+
+    #[test]
+    fn penalties_must_be_non_positive() {
+        let mut s = SearchConfig::default();
+        assert!(s.validate().is_ok());
+        s.penalties.reranker = 0.5;
+        assert!(s.validate().unwrap_err().to_string().contains("reranker"));
+    }
+}

@@ -1,0 +1,305 @@
+//! `hacpo train` on the search workload as a user runs it: tiny random policies around the
+//! real Qwen3 and Llama-3.1 tokenizers, a JSON Lines corpus and questions, the real BM25
+//! retriever, MHGPO's three samplings, checkpoints, SIGKILL and `--resume`, and the errors
+//! (exit code 2) for bad input.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+struct Setup {
+    _agents: [tempfile::TempDir; 2],
+    data: tempfile::TempDir,
+    qwen: PathBuf,
+    llama: PathBuf,
+}
+
+/// Policies that favour the answer's tokens (so F1 varies between outputs) and a two-hop
+/// corpus with distractors.
+fn setup() -> Setup {
+    let words = &[" Cincinnati", " Ohio", ","];
+    let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, words);
+    let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, words);
+    let data = tempfile::tempdir().unwrap();
+    let passages = [
+        ("0", "Jaws (film)", "Jaws is a 1975 thriller film directed by Steven Spielberg."),
+        ("1", "Steven Spielberg", "Steven Spielberg was born in Cincinnati, Ohio, in 1946."),
+        ("2", "Cincinnati", "Cincinnati is a city in Ohio on the Ohio River."),
+        ("3", "Shark", "Sharks are fish with a cartilaginous skeleton."),
+        ("4", "Jaws (novel)", "Jaws is a 1974 novel by Peter Benchley about a shark."),
+        ("5", "Peter Benchley", "Peter Benchley was born in New York City in 1940."),
+    ];
+    let corpus: Vec<String> =
+        passages.iter().map(|(id, t, x)| serde_json::json!({"id": id, "title": t, "text": x}).to_string()).collect();
+    std::fs::write(data.path().join("corpus.jsonl"), corpus.join("\n")).unwrap();
+    let questions = [
+        ("q1", "Where was the director of Jaws born?", vec!["Cincinnati", "Cincinnati, Ohio"]),
+        ("q2", "In which state is the birthplace of Steven Spielberg?", vec!["Ohio"]),
+        ("q3", "Where was the author of the novel Jaws born?", vec!["New York City"]),
+        ("q4", "Which river flows past the city where Spielberg was born?", vec!["Ohio River"]),
+    ];
+    let rows: Vec<String> = questions
+        .iter()
+        .map(|(id, q, a)| serde_json::json!({"id": id, "question": q, "answers": a}).to_string())
+        .collect();
+    std::fs::write(data.path().join("questions.jsonl"), rows.join("\n")).unwrap();
+    let (q, l) = (qwen.path().to_path_buf(), llama.path().to_path_buf());
+    Setup { _agents: [qwen, llama], data, qwen: q, llama: l }
+}
+
+impl Setup {
+    fn path(&self, name: &str) -> String {
+        self.data.path().join(name).display().to_string()
+    }
+
+    /// A config: `algo` with the Qwen policy playing every role, or (`per_role`) the Qwen
+    /// policy as Rewriter and Reranker and the Llama one as Answerer.
+    fn config(&self, algo: &str, per_role: bool, extra: &str) -> PathBuf {
+        let policies = if per_role {
+            format!(
+                r#"
+[[policies]]
+name = "qwen"
+model = "{}"
+chat_template_kwargs = {{ enable_thinking = false }}
+
+[[policies]]
+name = "llama"
+model = "{}"
+
+[[roles]]
+name = "rewriter"
+policies = ["qwen"]
+
+[[roles]]
+name = "reranker"
+policies = ["qwen"]
+
+[[roles]]
+name = "answerer"
+policies = ["llama"]
+"#,
+                self.qwen.display(),
+                self.llama.display()
+            )
+        } else {
+            format!(
+                "[[policies]]\nname = \"qwen\"\nmodel = \"{}\"\nchat_template_kwargs = {{ enable_thinking = false }}\n",
+                self.qwen.display()
+            )
+        };
+        let toml = format!(
+            r#"
+[run]
+seed = 7
+steps = 3
+checkpoint_every = 1
+
+[workload]
+kind = "search"
+
+[algo]
+name = "{algo}"
+group_size = 2
+prompts_per_step = 2
+minibatch_prompts = 1
+micro_batch_sequences = 8
+kl_coef = 0.01
+
+[algo.optimizer]
+lr = 1e-3
+
+[rollout]
+max_new_tokens = 6
+batch_prompts = 8
+max_prompt_tokens = 1024
+
+[task]
+kind = "qa"
+train = "{questions}"
+corpus = "{corpus}"
+validation = "{questions}"
+val_limit = 2
+val_every = 3
+val_max_new_tokens = 6
+{extra}
+{policies}"#,
+            questions = self.path("questions.jsonl"),
+            corpus = self.path("corpus.jsonl"),
+        );
+        let path = self.data.path().join(format!("{algo}-{per_role}.toml"));
+        std::fs::write(&path, toml).unwrap();
+        path
+    }
+}
+
+fn hacpo(args: &[&str]) -> Command {
+    let mut c = Command::new(common::hacpo_bin());
+    c.args(args).env("HF_HUB_OFFLINE", "1").env("RAYON_NUM_THREADS", "2");
+    c
+}
+
+fn run(args: &[&str]) -> Output {
+    hacpo(args).output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn ok(o: Output) -> Output {
+    assert!(o.status.success(), "{}", text(&o));
+    o
+}
+
+/// metrics.jsonl without wall-clock figures.
+fn metrics(run_dir: &Path) -> Vec<Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["data"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
+            v
+        })
+        .collect()
+}
+
+fn get(record: &Value, key: &str) -> f64 {
+    record["data"][key].as_f64().unwrap_or_else(|| panic!("no {key} in {record}"))
+}
+
+#[test]
+fn fork_on_first_trains_resumes_after_sigkill_and_reports_f1() {
+    let s = setup();
+    let cfg = s.config("mhgpo-fof", false, "");
+    let cfg = cfg.to_str().unwrap();
+    let reference = s.data.path().join("reference");
+    let out = ok(run(&["train", "--config", cfg, "--out", reference.to_str().unwrap()]));
+    let log = text(&out);
+    assert!(log.contains("held-out F1 before training") && log.contains("held-out F1"), "{log}");
+    let m = metrics(&reference);
+    assert_eq!(m.len(), 3, "one record per step for the one policy");
+    for r in &m {
+        // FoF, G = 2, 2 questions: every role has 2 groups of 2, all trained.
+        for role in ["rewriter", "reranker", "answerer"] {
+            assert_eq!(get(r, &format!("search/{role}/trained")), 4.0, "{role}: {r}");
+        }
+        let f1 = get(r, "search/f1");
+        assert!((0.0..=1.0).contains(&f1));
+        assert!(get(r, "actor/grad_norm").is_finite());
+        // FoF continues 1-to-1, so mean aggregation makes each role's mean reward its
+        // successor's plus its own mean penalty (MMOA-RAG's −1, −1, −0.5).
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-9, "{a} vs {b} in {r}");
+        let rate = |role: &str| get(r, &format!("search/{role}/penalty_rate"));
+        let reward = |role: &str| get(r, &format!("search/{role}/reward"));
+        close(reward("answerer"), f1 - rate("answerer"));
+        close(reward("reranker"), reward("answerer") - rate("reranker"));
+        close(reward("rewriter"), reward("reranker") - 0.5 * rate("rewriter"));
+    }
+    // The policies favour the answer's words, so F1 differs within groups and the policy
+    // gradient is not zero.
+    assert!(m.iter().any(|r| get(r, "search/f1") > 0.0), "{m:?}");
+    assert!(m.iter().any(|r| get(r, "actor/pg_loss") != 0.0), "{m:?}");
+    assert!((0.0..=1.0).contains(&get(&m[2], "val/f1")) && m[2]["data"].get("val/em").is_some());
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(reference.join("summary.json")).unwrap()).unwrap();
+    assert!(summary["agents"]["qwen"]["before"].is_number(), "{summary}");
+
+    // Killed right after the checkpoint of step 2, then resumed: the same three records.
+    let killed = s.data.path().join("killed");
+    let status = hacpo(&["train", "--config", cfg, "--out", killed.to_str().unwrap()])
+        .env("HACPO_TEST_KILL_AFTER_CHECKPOINT", "2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the run was not killed");
+    ok(run(&["train", "--resume", killed.to_str().unwrap()]));
+    assert_eq!(metrics(&killed), m);
+}
+
+#[test]
+fn per_role_policies_with_different_tokenizers_train_with_independent_sampling() {
+    let s = setup();
+    let cfg = s.config("mhgpo-is", true, "");
+    let out_dir = s.data.path().join("is");
+    ok(run(&["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--steps", "1"]));
+    let m = metrics(&out_dir);
+    let by_agent = |a: &str| m.iter().find(|r| r["agent"] == a).unwrap_or_else(|| panic!("no {a} record"));
+    let (qwen, llama) = (by_agent("qwen"), by_agent("llama"));
+    // IS, G = 2, 2 questions: each role's homogeneous fork group (2 per question) trains; the
+    // chains before a fork and the continuations after it only carry rewards.
+    for role in ["rewriter", "reranker", "answerer"] {
+        assert_eq!(get(qwen, &format!("search/{role}/trained")), 4.0, "{role}");
+    }
+    // The Llama Answerer learns from its own outputs, the Qwen policy from two roles'.
+    assert!(get(llama, "actor/grad_norm").is_finite() && get(qwen, "actor/grad_norm").is_finite());
+}
+
+#[test]
+fn round_robin_masks_the_chain_before_its_fork() {
+    let s = setup();
+    // RR forking always at the Answerer: the Rewriter and Reranker outputs are singletons.
+    let cfg = s.config("mhgpo-rr", false, "[algo.mhgpo]\nrr_probabilities = [0.0, 0.0, 1.0]\naggregate = \"max\"\n");
+    let out_dir = s.data.path().join("rr");
+    ok(run(&["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--steps", "1"]));
+    let r = &metrics(&out_dir)[0];
+    assert_eq!(get(r, "search/rewriter/trained"), 0.0);
+    assert_eq!(get(r, "search/reranker/trained"), 0.0);
+    assert_eq!(get(r, "search/answerer/trained"), 4.0);
+}
+
+/// Exit code 2 with a message that contains every part of `expect`.
+fn rejects(args: &[&str], expect: &[&str]) {
+    let out = run(args);
+    let log = text(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {log}");
+    for e in expect {
+        assert!(log.contains(e), "{args:?}: expected {e:?} in {log}");
+    }
+}
+
+#[test]
+fn bad_search_input_gets_clear_errors() {
+    let s = setup();
+    let out = s.data.path().join("bad");
+    let out = out.to_str().unwrap();
+    let edit = |from: &str, to: &str, name: &str| {
+        let cfg = std::fs::read_to_string(s.config("mhgpo-fof", true, "")).unwrap();
+        assert!(cfg.contains(from), "{from}");
+        let path = s.data.path().join(name);
+        std::fs::write(&path, cfg.replace(from, to)).unwrap();
+        path.display().to_string()
+    };
+    // A role mapped to a policy that does not exist.
+    let cfg = edit("policies = [\"llama\"]", "policies = [\"mistral\"]", "unknown.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["roles[2].policies", "mistral"]);
+    // A role that is not the pipeline's.
+    let cfg = edit("name = \"answerer\"", "name = \"solver\"", "solver.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["rewriter, reranker, answerer", "solver"]);
+    // An algorithm that does not train trees, and the QA task without the search workload.
+    let cfg = edit("name = \"mhgpo-fof\"", "name = \"grpo\"", "grpo.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["mhgpo-is, mhgpo-fof or mhgpo-rr"]);
+    let cfg = edit("kind = \"search\"", "kind = \"exchange\"", "exchange.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["kind = \"search\""]);
+    // A corpus with a malformed line, an empty corpus, a question without an answer.
+    std::fs::write(s.data.path().join("bad.jsonl"), "{\"id\": \"0\", \"title\": \"A\", \"text\": \"a\"}\n{\"id\": 1\n")
+        .unwrap();
+    let cfg = edit(&s.path("corpus.jsonl"), &s.path("bad.jsonl"), "badcorpus.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["bad.jsonl", "line 2"]);
+    std::fs::write(s.data.path().join("empty.jsonl"), "").unwrap();
+    let cfg = edit(&s.path("corpus.jsonl"), &s.path("empty.jsonl"), "empty.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["no passages"]);
+    std::fs::write(s.data.path().join("noanswer.jsonl"), "{\"id\": \"1\", \"question\": \"Who?\", \"answers\": []}\n")
+        .unwrap();
+    let cfg = edit(&s.path("questions.jsonl"), &s.path("noanswer.jsonl"), "noanswer.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["has no answer"]);
+    // Prompts longer than the limit are refused, not cut.
+    let cfg = edit("max_prompt_tokens = 1024", "max_prompt_tokens = 16", "short.toml");
+    rejects(&["train", "--config", &cfg, "--out", out], &["rollout.max_prompt_tokens = 16"]);
+    assert!(!Path::new(out).join("checkpoints/latest").exists());
+}

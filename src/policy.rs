@@ -29,6 +29,8 @@ pub struct Policy<B: Backend> {
     /// Extra chat-template variables.
     pub chat_kwargs: Map<String, Value>,
     pub optimizer: AdamW<B>,
+    /// The value head on this policy's trunk (actor-critic algorithms only).
+    pub value_head: Option<crate::train::critic::ValueHead>,
     /// Completed updates (samples carry the version they were drawn with).
     pub version: u64,
 }
@@ -57,6 +59,7 @@ impl<B: Backend> Policy<B> {
             eos_token_ids: pretrained.eos_token_ids,
             chat_kwargs,
             optimizer: AdamW::new(optimizer),
+            value_head: None,
             version: 0,
         }
     }

@@ -44,6 +44,9 @@ pub struct Sample {
     pub response_ids: Vec<u32>,
     /// Its log-prob of each response id at step start (old policy), filled by the trainer.
     pub token_logps: Vec<f32>,
+    /// The value head's estimate at each response token at step start (actor-critic
+    /// algorithms; empty otherwise), filled by the trainer.
+    pub values: Vec<f32>,
     /// Filled by the workload's reward stage.
     pub reward: Option<f64>,
     /// The workload's format penalty of this output (≤ 0; MHGPO's P_k), 0 where it has none.

@@ -475,14 +475,15 @@ fn settings() -> hacpo::rl::AlgoSettings {
 #[test]
 fn registry_lists_algorithms_and_reshapes_batches() {
     use hacpo::rl::{BatchShape, registry};
-    let names = ["hacpo", "gspo", "grpo", "gspo2x", "naive", "drgrpo", "mhgpo-is", "mhgpo-fof", "mhgpo-rr"];
+    let names = ["hacpo", "gspo", "grpo", "gspo2x", "naive", "drgrpo", "mhgpo-is", "mhgpo-fof", "mhgpo-rr", "mappo"];
     assert_eq!(registry::names(), names);
     let e = registry::build::<Ad>("ppo", &settings()).err().unwrap().to_string();
     assert!(e.contains("unknown algorithm") && e.contains(&names.join(", ")), "{e}");
-    // Only MHGPO's entries train rollout trees.
+    // Only the search workload's algorithms train rollout trees, and only MAPPO has a critic.
     for name in names {
-        let tree = registry::build::<Ad>(name, &settings()).unwrap().tree();
-        assert_eq!(tree.is_some(), name.starts_with("mhgpo"), "{name}");
+        let algo = registry::build::<Ad>(name, &settings()).unwrap();
+        assert_eq!(algo.tree().is_some(), name.starts_with("mhgpo") || name == "mappo", "{name}");
+        assert_eq!(algo.critic().is_some(), name == "mappo", "{name}");
     }
     let shape = BatchShape { policies: 2, group_size: 8, minibatch_prompts: 4, norm_length: 96 };
     let doubled = registry::batch_shape("gspo2x", &settings(), shape).unwrap();
@@ -527,6 +528,7 @@ fn drgrpo_advantages_and_loss_match_a_hand_computation() {
         old_logp: ad_matrix(&old, len),
         mean_logp_source: old.iter().map(|r| stats::mean(r)).collect(),
         advantages: adv.clone(),
+        token_advantages: None,
         sources: vec![0; n],
         learner: 0,
         minibatch_index: 0,

@@ -253,6 +253,50 @@ fn round_robin_masks_the_chain_before_its_fork() {
     assert_eq!(get(r, "search/answerer/trained"), 4.0);
 }
 
+#[test]
+fn mappo_trains_a_value_head_and_resumes_it_exactly() {
+    let s = setup();
+    let cfg = s.config("mappo", false, "");
+    let cfg = cfg.to_str().unwrap();
+    let reference = s.data.path().join("mappo");
+    ok(run(&["train", "--config", cfg, "--out", reference.to_str().unwrap(), "--set", "task.val_every=0"]));
+    let m = metrics(&reference);
+    assert_eq!(m.len(), 3);
+    for r in &m {
+        // G independent trajectories per question, every output trained, no group baseline.
+        for role in ["rewriter", "reranker", "answerer"] {
+            assert_eq!(get(r, &format!("search/{role}/trained")), 4.0, "{role}: {r}");
+        }
+        // Each output's reward is its trajectory's F1 plus its own penalty only.
+        let rate = |role: &str| get(r, &format!("search/{role}/penalty_rate"));
+        let reward = |role: &str| get(r, &format!("search/{role}/reward"));
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-9, "{a} vs {b} in {r}");
+        close(reward("reranker"), get(r, "search/f1") - rate("reranker"));
+        close(reward("rewriter"), get(r, "search/f1") - 0.5 * rate("rewriter"));
+        assert!(get(r, "critic/vf_loss").is_finite());
+    }
+    // The value head starts at zero and learns: the value loss changes between steps.
+    assert!(m.windows(2).any(|w| get(&w[0], "critic/vf_loss") != get(&w[1], "critic/vf_loss")), "{m:?}");
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(reference.join("checkpoints/step-000003/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    let head = &state["value_heads"][0];
+    assert!(head["weight"].as_array().unwrap().iter().any(|w| w.as_f64() != Some(0.0)), "{head}");
+
+    // Killed after step 2, resumed: the value head and its moments come back bit for bit.
+    let killed = s.data.path().join("mappo-killed");
+    let status = hacpo(&["train", "--config", cfg, "--out", killed.to_str().unwrap(), "--set", "task.val_every=0"])
+        .env("HACPO_TEST_KILL_AFTER_CHECKPOINT", "2")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the run was not killed");
+    ok(run(&["train", "--resume", killed.to_str().unwrap()]));
+    assert_eq!(metrics(&killed), m);
+}
+
 /// Exit code 2 with a message that contains every part of `expect`.
 fn rejects(args: &[&str], expect: &[&str]) {
     let out = run(args);
@@ -283,7 +327,7 @@ fn bad_search_input_gets_clear_errors() {
     rejects(&["train", "--config", &cfg, "--out", out], &["rewriter, reranker, answerer", "solver"]);
     // An algorithm that does not train trees, and the QA task without the search workload.
     let cfg = edit("name = \"mhgpo-fof\"", "name = \"grpo\"", "grpo.toml");
-    rejects(&["train", "--config", &cfg, "--out", out], &["mhgpo-is, mhgpo-fof or mhgpo-rr"]);
+    rejects(&["train", "--config", &cfg, "--out", out], &["mhgpo-is, mhgpo-fof, mhgpo-rr or mappo"]);
     let cfg = edit("kind = \"search\"", "kind = \"exchange\"", "exchange.toml");
     rejects(&["train", "--config", &cfg, "--out", out], &["kind = \"search\""]);
     // A corpus with a malformed line, an empty corpus, a question without an answer.

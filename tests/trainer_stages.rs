@@ -52,6 +52,7 @@ fn sample(policy: &Policy<Cpu>, group: &str, text: &str, sample_index: usize) ->
         prompt_ids,
         response_ids,
         token_logps,
+        values: vec![],
         reward: Some((sample_index % 2) as f64),
         penalty: 0.0,
         score: None,
@@ -128,6 +129,7 @@ fn micro_batches_accumulate_to_the_one_pass_update() {
                 views: views(&p, &samples, &routed.indices, 512, 64).unwrap(),
                 samples: &samples,
                 ref_logps: &refs,
+                critic: None,
             };
             let settings = UpdateSettings {
                 step: 1,

@@ -63,7 +63,7 @@ impl Default for RunConfig {
 #[serde(default, deny_unknown_fields)]
 pub struct AlgoConfig {
     /// A name in the algorithm registry (`hacpo`, `gspo`, `grpo`, `gspo2x`, `naive`, `drgrpo`;
-    /// the search workload's `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr`).
+    /// the search workload's `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr` and `mappo`).
     pub name: String,
     /// Samples per prompt per policy (G).
     pub group_size: usize,
@@ -95,6 +95,8 @@ pub struct AlgoConfig {
     pub capability: CapabilityConfig,
     pub drgrpo: DrGrpoSettings,
     pub mhgpo: MhgpoConfig,
+    /// MAPPO's critic (`[algo.mappo]`: gamma, lam, vf_coef, cliprange_value, whiten).
+    pub mappo: crate::rl::mappo::CriticSettings,
     pub compute_dtype: ComputeDtype,
 }
 
@@ -120,6 +122,7 @@ impl Default for AlgoConfig {
             capability: CapabilityConfig::default(),
             drgrpo: DrGrpoSettings::default(),
             mhgpo: MhgpoConfig::default(),
+            mappo: Default::default(),
             compute_dtype: ComputeDtype::F32,
         }
     }
@@ -140,6 +143,7 @@ impl AlgoConfig {
             capability: self.capability.clone(),
             drgrpo: self.drgrpo.clone(),
             mhgpo: self.mhgpo.clone(),
+            mappo: self.mappo,
         }
     }
 }

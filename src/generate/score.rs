@@ -259,13 +259,30 @@ pub fn score<B: Backend>(
     temperature: f32,
 ) -> crate::error::Result<Vec<Vec<f32>>> {
     let (hidden, targets, lens) = response_hidden(model, requests)?;
-    let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature)
-        .into_data()
-        .into_vec::<f32>()
-        .map_err(|e| crate::error::Error::Internal(format!("{e:?}")))?;
+    let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature);
+    split_rows(flat, &lens)
+}
+
+/// [`score`], plus a per-token reading `read` of the same hidden states (a value head's
+/// values), from one forward pass.
+pub fn score_and_read<B: Backend>(
+    model: &crate::model::CausalLm<B>,
+    requests: &[(Vec<u32>, Vec<u32>)],
+    temperature: f32,
+    read: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 1>,
+) -> crate::error::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+    let (hidden, targets, lens) = response_hidden(model, requests)?;
+    let readings = read(hidden.clone());
+    let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature);
+    Ok((split_rows(flat, &lens)?, split_rows(readings, &lens)?))
+}
+
+/// A flat per-token tensor as one row per response.
+fn split_rows<B: Backend>(flat: Tensor<B, 1>, lens: &[usize]) -> crate::error::Result<Vec<Vec<f32>>> {
+    let flat = flat.into_data().into_vec::<f32>().map_err(|e| crate::error::Error::Internal(format!("{e:?}")))?;
     let mut out = Vec::with_capacity(lens.len());
     let mut at = 0;
-    for l in lens {
+    for &l in lens {
         out.push(flat[at..at + l].to_vec());
         at += l;
     }

@@ -315,7 +315,7 @@ fn base_in_parentheses(s: &str) -> String {
 /// Cleans an answer string for parsing.
 pub fn clean(answer: &str) -> String {
     let mut s = strip_delimiters(answer).replace('\n', " ");
-    if s.chars().any(|c| !c.is_ascii()) {
+    if !s.is_ascii() {
         for (letter, tex) in GREEK {
             if s.contains(letter) {
                 s = s.replace(letter, &format!("{tex} "));

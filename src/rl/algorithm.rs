@@ -41,6 +41,7 @@ pub struct AlgoSettings {
     pub capability: CapabilityConfig,
     pub drgrpo: DrGrpoSettings,
     pub mhgpo: MhgpoConfig,
+    pub mappo: super::mappo::CriticSettings,
 }
 
 /// HACPO's mechanisms (`[algo.hacpo]`; ALGORITHMS.md §2.10 defaults).
@@ -138,6 +139,8 @@ pub struct MicroBatch<B: Backend> {
     /// The producing policy's mean old log-prob per response (own and cross).
     pub mean_logp_source: Vec<f64>,
     pub advantages: Vec<f64>,
+    /// Per-token advantages `[n, L]` of an actor-critic algorithm (GAE), else `None`.
+    pub token_advantages: Option<Tensor<B, 2>>,
     /// The policy that produced each row.
     pub sources: Vec<usize>,
     pub learner: usize,
@@ -179,6 +182,14 @@ pub trait Algorithm<B: Backend>: Send + Sync {
     /// How a multi-stage workload branches each question's rollouts and carries rewards up the
     /// tree (MHGPO); `None`: the algorithm trains single-stage workloads only.
     fn tree(&self) -> Option<super::mhgpo::TreeRollout> {
+        None
+    }
+
+    /// The critic an actor-critic algorithm trains beside the policy (MAPPO's value head);
+    /// `None` for critic-free algorithms. With one, the trainer estimates every own token's
+    /// value at step start and hands the loss per-token advantages (GAE) instead of
+    /// [`Algorithm::advantages`]' per-response ones, and adds the value loss.
+    fn critic(&self) -> Option<super::mappo::CriticSettings> {
         None
     }
 

@@ -21,6 +21,7 @@ pub mod algos;
 pub mod capability;
 pub mod hacpo;
 pub mod inspect;
+pub mod mappo;
 pub mod mhgpo;
 pub mod objective;
 pub mod registry;

@@ -6,7 +6,7 @@
 use burn::tensor::backend::Backend;
 
 use super::algorithm::{AlgoSettings, Algorithm};
-use super::algos::{drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mhgpo::Mhgpo};
+use super::algos::{drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mappo::Mappo, mhgpo::Mhgpo};
 use crate::error::{Error, Result};
 
 /// Builds an algorithm from the run's settings.
@@ -35,6 +35,7 @@ pub fn entries<B: Backend>() -> Vec<Entry<B>> {
         entry("mhgpo-is", |s| Ok(Box::new(Mhgpo::new(s, "is")?))),   // search workload: fork G at every role (§3.5)
         entry("mhgpo-fof", |s| Ok(Box::new(Mhgpo::new(s, "fof")?))), // search workload: fork G at the Rewriter
         entry("mhgpo-rr", |s| Ok(Box::new(Mhgpo::new(s, "rr")?))),   // search workload: fork at a random role
+        entry("mappo", |s| Ok(Box::new(Mappo::new(s)?))),             // search workload: PPO with a value head, GAE
     ]
 }
 

@@ -192,8 +192,32 @@ pub fn grpo_surrogate<B: Backend>(
     eps_high: f64,
 ) -> Tensor<B, 2> {
     let adv = advantage_column::<B>(advantage, &logp.device());
+    clipped_surrogate(logp, old_logp, adv, eps_low, eps_high)
+}
+
+/// PPO's per-token clipped surrogate `min(ρ·A, clip(ρ)·A)` `[n, L]`, with one advantage per
+/// response (`[n, 1]`, broadcast) or per token (`[n, L]`, GAE).
+pub fn clipped_surrogate<B: Backend>(
+    logp: Tensor<B, 2>,
+    old_logp: Tensor<B, 2>,
+    advantage: Tensor<B, 2>,
+    eps_low: f64,
+    eps_high: f64,
+) -> Tensor<B, 2> {
     let ratio = (logp - old_logp).exp();
-    (ratio.clone() * adv.clone()).min_pair(ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
+    (ratio.clone() * advantage.clone()).min_pair(ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantage)
+}
+
+/// PPO's clipped value loss per token: `½·max((V − R)², (V_old + clip(V − V_old, ±c) − R)²)`.
+pub fn clipped_value_loss<B: Backend>(
+    values: Tensor<B, 2>,
+    old_values: Tensor<B, 2>,
+    returns: Tensor<B, 2>,
+    cliprange: f64,
+) -> Tensor<B, 2> {
+    let clipped = old_values.clone() + (values.clone() - old_values).clamp(-cliprange, cliprange);
+    let plain = (values - returns.clone()).powi_scalar(2);
+    plain.max_pair((clipped - returns).powi_scalar(2)).mul_scalar(0.5)
 }
 
 /// GRPO's per-token clipped surrogate, aggregated: the objective to maximise.

@@ -36,6 +36,9 @@ pub struct TrainerState {
     pub algorithm: serde_json::Value,
     #[serde(alias = "agents")]
     pub policies: Vec<String>,
+    /// Each policy's value head (actor-critic algorithms), with its optimizer state.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub value_heads: Vec<Option<super::critic::ValueHead>>,
 }
 
 /// One policy's part of a checkpoint.
@@ -104,7 +107,7 @@ pub fn step_dirs(root: &Path) -> Result<Vec<(u64, PathBuf)>> {
             p.is_dir().then_some((step, p))
         })
         .collect();
-    dirs.sort_by(|a, b| b.0.cmp(&a.0));
+    dirs.sort_by_key(|d| std::cmp::Reverse(d.0));
     Ok(dirs)
 }
 
@@ -248,6 +251,7 @@ mod tests {
             sampler: SamplerState::default(),
             algorithm: serde_json::Value::Null,
             policies: vec!["a".into()],
+            value_heads: vec![],
         };
         std::fs::write(dir.join("trainer_state.json"), serde_json::to_string(&state).unwrap()).unwrap();
         for f in ["config.json", "tokenizer.json"] {

@@ -1,8 +1,10 @@
 //! Training machinery shared by every algorithm: the optimizer and schedule
 //! ([`optim`]), checkpoints and resume ([`checkpoint`]), metrics sinks ([`metrics`],
-//! [`tensorboard`]). It knows nothing about which algorithm computes the loss.
+//! [`tensorboard`]), the value head of actor-critic algorithms ([`critic`]). It knows nothing
+//! about which algorithm computes the loss.
 
 pub mod checkpoint;
+pub mod critic;
 pub mod interrupt;
 pub mod metrics;
 pub mod optim;

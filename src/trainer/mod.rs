@@ -37,7 +37,14 @@ use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
 use crate::train::metrics::{Metrics, MetricsSink};
 use crate::workload::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
-use update::{LearnerBatch, UpdateSettings, update_policy};
+use update::{CriticBatch, LearnerBatch, UpdateSettings, update_policy};
+
+/// A learner's routed samples with their advantages (and the critic's per-token ones).
+struct Advantaged {
+    routed: routing::Routed,
+    advantages: Vec<f64>,
+    critic: Option<CriticBatch>,
+}
 
 /// What a finished run reports.
 #[derive(Clone, Debug, serde::Serialize)]
@@ -169,7 +176,7 @@ impl<B: Backend> Trainer<B> {
         config: TrainConfig,
         run: RunDir,
         lock: RunLock,
-        policies: Vec<Policy<B>>,
+        mut policies: Vec<Policy<B>>,
         task: Arc<dyn Task>,
         state: Option<TrainerState>,
         metrics: MetricsSink,
@@ -196,6 +203,21 @@ impl<B: Backend> Trainer<B> {
         let per_step = config.algo.prompts_per_step as u64;
         let epoch_steps = (task.train().len() as u64).div_ceil(per_step).max(1);
         let total_steps = if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps };
+        if algorithm.critic().is_some() {
+            let saved = state.as_ref().map(|s| s.value_heads.clone());
+            for (k, p) in policies.iter_mut().enumerate() {
+                p.value_head = Some(match &saved {
+                    None => crate::train::critic::ValueHead::new(p.model.config.hidden_size),
+                    Some(heads) => heads.get(k).cloned().flatten().ok_or_else(|| {
+                        Error::InvalidArgument(format!(
+                            "the checkpoint holds no value head for policy {}: it was not written by {}",
+                            p.name,
+                            algorithm.name()
+                        ))
+                    })?,
+                });
+            }
+        }
         let (sampler, step) = match state {
             Some(s) => {
                 algorithm.restore(s.algorithm)?;
@@ -391,17 +413,39 @@ impl<B: Backend> Trainer<B> {
         Ok(scored)
     }
 
-    /// The algorithm sees the whole step, then each policy's routed samples get advantages.
-    fn advantages(&mut self, samples: &[Sample]) -> Result<Vec<(routing::Routed, Vec<f64>)>> {
+    /// The algorithm sees the whole step, then each policy's routed samples get advantages:
+    /// per response from the algorithm, or per token from the critic (GAE over the values the
+    /// scoring stage read, the response's advantage then being its tokens' mean).
+    fn advantages(&mut self, samples: &[Sample]) -> Result<Vec<Advantaged>> {
         let everything: Vec<PoolSample> =
             samples.iter().map(|s| PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
         self.algorithm.observe(&everything, self.policies.len());
         let routing = self.algorithm.routing();
+        let critic = self.algorithm.critic();
         (0..self.policies.len())
             .map(|k| {
                 let routed = routing::route(samples, k, routing);
-                let advantages = self.algorithm.advantages(&routed.pool, k)?;
-                Ok((routed, advantages))
+                let mut advantages = self.algorithm.advantages(&routed.pool, k)?;
+                let critic = match critic {
+                    None => None,
+                    Some(settings) => {
+                        let rewards: Vec<f64> = routed.indices.iter().map(|&i| samples[i].reward()).collect();
+                        let values: Vec<&[f32]> = routed.indices.iter().map(|&i| samples[i].values.as_slice()).collect();
+                        if let Some(&i) = routed.indices.iter().find(|&&i| samples[i].values.len() != samples[i].response_ids.len()) {
+                            return Err(Error::Internal(format!(
+                                "sample {i} of policy {} has {} values for {} tokens: a critic learns from its own samples only",
+                                samples[i].policy,
+                                samples[i].values.len(),
+                                samples[i].response_ids.len()
+                            )));
+                        }
+                        let (tokens, returns) = crate::rl::mappo::token_advantages(&rewards, &values, &settings);
+                        advantages =
+                            tokens.iter().map(|a| a.iter().map(|&x| x as f64).sum::<f64>() / a.len().max(1) as f64).collect();
+                        Some(CriticBatch { advantages: tokens, returns, settings })
+                    }
+                };
+                Ok(Advantaged { routed, advantages, critic })
             })
             .collect()
     }
@@ -410,13 +454,13 @@ impl<B: Backend> Trainer<B> {
     fn route<'a>(
         &self,
         samples: &'a [Sample],
-        advantages: Vec<(routing::Routed, Vec<f64>)>,
+        advantages: Vec<Advantaged>,
         ref_logps: &'a [Option<Vec<f32>>],
     ) -> Result<(Vec<LearnerBatch<'a>>, Vec<f64>)> {
         let r = &self.config.rollout;
         let mut batches = Vec::with_capacity(self.policies.len());
         let mut seconds = Vec::with_capacity(self.policies.len());
-        for (policy, (routed, advantages)) in self.policies.iter().zip(advantages) {
+        for (policy, Advantaged { routed, advantages, critic }) in self.policies.iter().zip(advantages) {
             let t = Instant::now();
             let views =
                 routing::views(policy, samples, &routed.indices, r.cross_max_prompt_tokens, r.max_response_tokens)?;
@@ -428,6 +472,7 @@ impl<B: Backend> Trainer<B> {
                 views,
                 samples,
                 ref_logps,
+                critic,
             });
         }
         Ok((batches, seconds))
@@ -569,6 +614,11 @@ impl<B: Backend> Trainer<B> {
             sampler: self.sampler,
             algorithm: self.algorithm.state(),
             policies: self.policies.iter().map(|p| p.name.clone()).collect(),
+            value_heads: if self.policies.iter().any(|p| p.value_head.is_some()) {
+                self.policies.iter().map(|p| p.value_head.clone()).collect()
+            } else {
+                vec![]
+            },
         };
         checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
     }

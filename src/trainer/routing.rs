@@ -113,6 +113,7 @@ mod tests {
             prompt_ids: vec![1],
             response_ids: vec![2],
             token_logps: vec![-1.0],
+            values: vec![],
             reward: Some(reward),
             penalty: 0.0,
             score: None,

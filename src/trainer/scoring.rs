@@ -8,7 +8,7 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 
 use crate::error::{Error, Result};
-use crate::generate::score::score;
+use crate::generate::score::{score, score_and_read};
 use crate::policy::Policy;
 use crate::sample::Sample;
 
@@ -30,9 +30,11 @@ pub struct Scored {
     pub ref_s: f64,
 }
 
-type PolicyScores = (Vec<(usize, Vec<f32>)>, Vec<(usize, Vec<f32>)>, f64, f64);
+/// Old log-probs (and values, with a value head), reference log-probs, seconds of each.
+type PolicyScores = (Vec<(usize, Vec<f32>, Vec<f32>)>, Vec<(usize, Vec<f32>)>, f64, f64);
 
-/// Fills `token_logps` of every sample and returns the reference log-probs.
+/// Fills `token_logps` (and, for policies with a value head, `values`) of every sample and
+/// returns the reference log-probs.
 pub fn score_samples<B: Backend>(
     policies: &[Policy<B>],
     samples: &mut [Sample],
@@ -43,8 +45,9 @@ pub fn score_samples<B: Backend>(
     let mut out = Scored { ref_logps: vec![None; samples.len()], old_s: 0.0, ref_s: 0.0 };
     for r in results {
         let (old, reference, old_s, ref_s) = r?;
-        for (i, lp) in old {
+        for (i, lp, values) in old {
             samples[i].token_logps = lp;
+            samples[i].values = values;
         }
         for (i, lp) in reference {
             out.ref_logps[i] = Some(lp);
@@ -59,12 +62,19 @@ pub fn score_samples<B: Backend>(
 fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &ScoreSettings) -> Result<PolicyScores> {
     let own: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].policy == policy.index).collect();
     let temperature = settings.temperature.max(1e-6);
-    let run = |model: &crate::model::CausalLm<B>| -> Result<Vec<(usize, Vec<f32>)>> {
+    // The value head reads the old policy's hidden states in the same forward pass.
+    let run = |model: &crate::model::CausalLm<B>,
+               head: Option<&crate::train::critic::ValueHead>|
+     -> Result<Vec<(usize, Vec<f32>, Vec<f32>)>> {
         let mut out = Vec::with_capacity(own.len());
         for chunk in own.chunks(settings.batch.max(1)) {
             let requests: Vec<(Vec<u32>, Vec<u32>)> =
                 chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
-            for (&i, lp) in chunk.iter().zip(score(model, &requests, temperature)?) {
+            let (logps, values) = match head {
+                Some(h) => score_and_read(model, &requests, temperature, &|hidden| h.values(hidden))?,
+                None => (score(model, &requests, temperature)?, vec![vec![]; requests.len()]),
+            };
+            for ((&i, lp), values) in chunk.iter().zip(logps).zip(values) {
                 // A diverged model (NaN/inf weights or activations) shows here first.
                 if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
                     return Err(Error::NonFinite {
@@ -74,17 +84,17 @@ fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &S
                         value: bad as f64,
                     });
                 }
-                out.push((i, lp));
+                out.push((i, lp, values));
             }
         }
         Ok(out)
     };
     let t = Instant::now();
-    let old = run(&policy.inference_model())?;
+    let old = run(&policy.inference_model(), policy.value_head.as_ref())?;
     let old_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let reference = match (&policy.reference, settings.with_reference) {
-        (Some(r), true) => run(r)?,
+        (Some(r), true) => run(r, None)?.into_iter().map(|(i, lp, _)| (i, lp)).collect(),
         _ => Vec::new(),
     };
     Ok((old, reference, old_s, t.elapsed().as_secs_f64()))

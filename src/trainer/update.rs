@@ -18,7 +18,9 @@ use crate::error::{Error, Result};
 use crate::generate::score::{response_hidden, token_logprobs_autodiff};
 use crate::policy::Policy;
 use crate::rl::algorithm::{Algorithm, MicroBatch, SequenceRecord};
-use crate::rl::tensor::{AggregationScope, aggregate_scoped, kl_k3_tokens, pad_host, pad_tokens, sequence_mean};
+use crate::rl::tensor::{
+    AggregationScope, aggregate_scoped, clipped_value_loss, kl_k3_tokens, pad_host, pad_tokens, sequence_mean,
+};
 use crate::rl::{LossAggregation, PoolSample, SampleTerms};
 use crate::sample::Sample;
 use crate::train::metrics::Metrics;
@@ -39,6 +41,15 @@ pub struct LearnerBatch<'a> {
     /// … and the step's samples themselves (old log-probs, reference log-probs of own ones).
     pub samples: &'a [Sample],
     pub ref_logps: &'a [Option<Vec<f32>>],
+    /// An actor-critic's per-token advantages and returns (in routed order) and settings.
+    pub critic: Option<CriticBatch>,
+}
+
+/// What the critic adds to a learner's batch (`rl::mappo`).
+pub struct CriticBatch {
+    pub advantages: Vec<Vec<f32>>,
+    pub returns: Vec<Vec<f32>>,
+    pub settings: crate::rl::mappo::CriticSettings,
 }
 
 /// The settings of an update.
@@ -86,7 +97,7 @@ pub fn update_policy<B: Backend>(
         return Ok(report);
     }
     let minibatches = algo.minibatches(&batch.pool, learner, settings.minibatches.clamp(1, n))?;
-    let (mut pg_sum, mut kl_sum, mut norm_sum, mut lr_last) = (0.0, 0.0, 0.0, 0.0);
+    let (mut pg_sum, mut kl_sum, mut norm_sum, mut lr_last, mut vf_sum) = (0.0, 0.0, 0.0, 0.0, 0.0);
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {
         let lr = settings.schedule.lr(settings.lr, policy.optimizer.updates, settings.total_updates);
@@ -94,6 +105,10 @@ pub fn update_policy<B: Backend>(
         report.tokens += step.tokens;
         let norm = step.grads_norm;
         policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
+        if let (Some(head), Some(grad)) = (policy.value_head.as_mut(), step.head_grad) {
+            head.step(&clip_host(grad, settings.grad_clip), lr, &policy.optimizer.config);
+        }
+        vf_sum += step.vf;
         let records: Vec<SequenceRecord> = mb
             .iter()
             .zip(&step.mean_logp_target)
@@ -125,6 +140,9 @@ pub fn update_policy<B: Backend>(
     m.insert("actor/kl_loss".into(), kl_sum / count);
     m.insert("actor/grad_norm".into(), norm_sum / count);
     m.insert("actor/lr".into(), lr_last);
+    if batch.critic.is_some() {
+        m.insert("critic/vf_loss".into(), vf_sum / count);
+    }
     for (k, v) in algo.metrics(learner, &all_terms) {
         m.insert(k.into(), v);
     }
@@ -139,6 +157,15 @@ struct MinibatchStep<B: Backend> {
     kl: f64,
     mean_logp_target: Vec<f64>,
     tokens: usize,
+    /// The value head's gradient (weight then bias) and the value loss, with a critic.
+    head_grad: Option<Vec<f64>>,
+    vf: f64,
+}
+
+/// `grad` scaled to an L2 norm of at most `max_norm` (0: no clipping).
+fn clip_host(grad: Vec<f64>, max_norm: f64) -> Vec<f64> {
+    let norm = grad.iter().map(|g| g * g).sum::<f64>().sqrt();
+    if max_norm > 0.0 && norm > max_norm { grad.into_iter().map(|g| g * max_norm / norm).collect() } else { grad }
 }
 
 /// Forward and backward over the micro-batches of mini-batch `m` (positions `mb` of the
@@ -161,13 +188,19 @@ fn minibatch_step<B: Backend>(
     let kl_scope = AggregationScope { sequences: mb.iter().filter(|&&j| own(j)).count().max(1), ..scope };
     let with_kl = settings.kl_coef > 0.0;
     let mut grads = GradStore::<B>::default();
-    let (mut pgs, mut kls, mut means) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut pgs, mut kls, mut means, mut vfs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut head_grad: Option<Vec<f64>> = None;
     let mut tokens = 0;
     for micro in mb.chunks(settings.micro_batch_sequences.max(1)) {
         let requests: Vec<(Vec<u32>, Vec<u32>)> =
             micro.iter().map(|&j| (batch.views[j].prompt_ids.clone(), batch.views[j].response_ids.clone())).collect();
         let (hidden, targets, lens) = response_hidden(&policy.model, &requests)?;
         tokens += targets.len();
+        // The critic reads the same hidden states; its loss trains the trunk too.
+        let critic = match (&batch.critic, &policy.value_head) {
+            (Some(c), Some(head)) => Some((c, head.values_tracked(hidden.clone()))),
+            _ => None,
+        };
         let flat = token_logprobs_autodiff(hidden, policy.model.lm_head_weight(), &targets, settings.inv_temperature);
         let (logp, mask) = pad_tokens(flat, &lens);
         let width = mask.dims()[1];
@@ -181,6 +214,10 @@ fn minibatch_step<B: Backend>(
             old_logp: pad_host(&old, width, &device),
             mean_logp_source: micro.iter().map(|&j| sample(j).mean_logp()).collect(),
             advantages: micro.iter().map(|&j| batch.advantages[j]).collect(),
+            token_advantages: critic.as_ref().map(|(c, _)| {
+                let rows: Vec<Option<&[f32]>> = micro.iter().map(|&j| Some(c.advantages[j].as_slice())).collect();
+                pad_host(&rows, width, &device)
+            }),
             sources: micro.iter().map(|&j| batch.pool[j].agent).collect(),
             learner,
             minibatch_index: m,
@@ -205,21 +242,50 @@ fn minibatch_step<B: Backend>(
             loss = loss + kl.clone().mul_scalar(settings.kl_coef);
             kls.push(kl.detach());
         }
+        let mut leaves = None;
+        if let Some((c, (values, head))) = critic {
+            let (values, _) = pad_tokens(values, &lens);
+            let old: Vec<Option<&[f32]>> = micro.iter().map(|&j| Some(sample(j).values.as_slice())).collect();
+            let returns: Vec<Option<&[f32]>> = micro.iter().map(|&j| Some(c.returns[j].as_slice())).collect();
+            let vf = aggregate_scoped(
+                clipped_value_loss(
+                    values,
+                    pad_host(&old, width, &device),
+                    pad_host(&returns, width, &device),
+                    c.settings.cliprange_value,
+                ),
+                mask.clone(),
+                LossAggregation::TokenMean,
+                scope,
+            );
+            loss = loss + vf.clone().mul_scalar(c.settings.vf_coef);
+            vfs.push(vf.detach());
+            leaves = Some(head);
+        }
         means.push(sequence_mean(logp.detach(), mask.detach()));
         pgs.push(pg.detach());
         let g = loss.backward();
         grads.accumulate(&policy.model, &g);
+        if let Some(head) = leaves {
+            let g = head.gradient(&g);
+            head_grad = Some(match head_grad.take() {
+                Some(sum) => sum.iter().zip(&g).map(|(a, b)| a + b).collect(),
+                None => g,
+            });
+        }
     }
     // One read-back for the whole mini-batch: losses, KL and every sequence's mean log-prob.
-    let n_pg = pgs.len();
-    let n_kl = kls.len();
+    let (n_pg, n_kl, n_vf) = (pgs.len(), kls.len(), vfs.len());
+    let vf_coef = batch.critic.as_ref().map_or(0.0, |c| c.settings.vf_coef);
     let mut parts = pgs;
     parts.extend(kls);
+    parts.extend(vfs);
     parts.extend(means);
     let host: Vec<f64> = Tensor::cat(parts, 0).into_data().convert::<f64>().into_vec::<f64>().expect("f64 data");
     let pg: f64 = host[..n_pg].iter().sum();
     let kl: f64 = host[n_pg..n_pg + n_kl].iter().sum();
-    let loss = pg + settings.kl_coef * kl;
+    let vf: f64 = host[n_pg + n_kl..n_pg + n_kl + n_vf].iter().sum();
+    let loss = pg + settings.kl_coef * kl + vf_coef * vf;
     if !loss.is_finite() {
         return Err(Error::NonFinite { agent: policy.name.clone(), step: settings.step, what: "loss", value: loss });
     }
@@ -232,7 +298,16 @@ fn minibatch_step<B: Backend>(
             value: norm,
         });
     }
-    Ok(MinibatchStep { grads, grads_norm: norm, pg, kl, mean_logp_target: host[n_pg + n_kl..].to_vec(), tokens })
+    Ok(MinibatchStep {
+        grads,
+        grads_norm: norm,
+        pg,
+        kl,
+        mean_logp_target: host[n_pg + n_kl + n_vf..].to_vec(),
+        tokens,
+        head_grad,
+        vf,
+    })
 }
 
 /// Writes one mini-batch's numbers for auditing against the RL core: the whole routed pool

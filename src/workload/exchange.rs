@@ -223,6 +223,7 @@ impl Exchange {
                     prompt_ids: prompt_ids[p].clone(),
                     response_ids,
                     token_logps: vec![],
+                    values: vec![],
                     reward: None,
                     penalty: 0.0,
                     score: None,

@@ -39,7 +39,8 @@ pub enum WorkloadKind {
     /// HACPO's: every policy answers every prompt, all samples in one pool.
     #[default]
     Exchange,
-    /// The multi-agent search pipeline, trained with `mhgpo-is`, `mhgpo-fof` or `mhgpo-rr`.
+    /// The multi-agent search pipeline, trained with `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr` or
+    /// `mappo`.
     Search,
 }
 
@@ -181,7 +182,7 @@ pub fn build<B: Backend>(
                 return Err(Error::config(
                     "training config",
                     format!(
-                        "algo.name: the search workload trains with mhgpo-is, mhgpo-fof or mhgpo-rr, not {algorithm}"
+                        "algo.name: the search workload trains with mhgpo-is, mhgpo-fof, mhgpo-rr or mappo, not {algorithm}"
                     ),
                 ));
             };

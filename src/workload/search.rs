@@ -319,6 +319,7 @@ impl<B: Backend> Workload<B> for Search {
                     prompt_ids: out.prompt_ids,
                     response_ids: out.response_ids,
                     token_logps: vec![],
+                    values: vec![],
                     reward: None,
                     penalty,
                     score,
@@ -442,8 +443,7 @@ mod tests {
     use crate::config::{PolicyConfig, RoleConfig};
 
     fn cfg(policies: &[&str], roles: &[(&str, &[&str])]) -> TrainConfig {
-        let mut c = TrainConfig::default();
-        c.policies = policies
+        let policies = policies
             .iter()
             .map(|m| PolicyConfig {
                 model: m.to_string(),
@@ -452,7 +452,7 @@ mod tests {
                 chat_template_kwargs: Default::default(),
             })
             .collect();
-        c.roles = roles
+        let roles = roles
             .iter()
             .map(|(n, p)| RoleConfig {
                 name: n.to_string(),
@@ -460,7 +460,7 @@ mod tests {
                 template: None,
             })
             .collect();
-        c
+        TrainConfig { policies, roles, ..Default::default() }
     }
 
     #[test]

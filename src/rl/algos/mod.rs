@@ -4,5 +4,6 @@ pub mod drgrpo;
 pub mod grpo;
 pub mod gspo;
 pub mod hacpo;
+pub mod mappo;
 pub mod mhgpo;
 pub mod sequence;

@@ -1,0 +1,85 @@
+//! MAPPO, the actor-critic baseline MHGPO is compared with, as MMOA-RAG runs it (TRL 0.9 PPO,
+//! ALGORITHMS.md §3.2): each agent's output is rewarded with the team's answer F1 plus its own
+//! format penalty at its last token, a value head on the policy's trunk estimates each token's
+//! value, GAE gives per-token advantages (whitened over the learner's batch), and the loss is
+//! PPO's clipped surrogate plus `vf_coef` × the clipped value loss.
+//!
+//! Rollouts are independent trajectories: G per question (the fork-on-first shape with no
+//! group baseline), so MAPPO and MHGPO see the same number of outputs per step. Where this
+//! differs from MMOA-RAG, on purpose, so that the comparison isolates the critic: the KL term
+//! is the trainer's k3 loss (`algo.kl_coef`) rather than a per-token KL penalty in the reward,
+//! one pass over the mini-batches per step rather than two PPO epochs, and full fine-tuning
+//! rather than LoRA.
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::error::{Error, Result};
+use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing};
+use crate::rl::hacpo::PoolSample;
+use crate::rl::mappo::CriticSettings;
+use crate::rl::mhgpo::{Aggregate, MhgpoSettings, Sampling, TreeRollout};
+use crate::rl::objective::LossAggregation;
+use crate::rl::tensor::{aggregate_scoped, clipped_surrogate};
+
+pub struct Mappo {
+    eps_low: f64,
+    eps_high: f64,
+    aggregation: LossAggregation,
+    critic: CriticSettings,
+    tree: TreeRollout,
+}
+
+impl Mappo {
+    pub fn new(s: &AlgoSettings) -> Result<Self> {
+        s.mappo.validate().map_err(|e| Error::config("training config", format!("algo.mappo: {e}")))?;
+        Ok(Mappo {
+            // TRL's symmetric cliprange 0.2.
+            eps_low: s.clip_low.unwrap_or(0.2),
+            eps_high: s.clip_high.unwrap_or(0.2),
+            aggregation: s.loss_agg.unwrap_or(LossAggregation::TokenMean),
+            critic: s.mappo,
+            tree: TreeRollout {
+                sampling: Sampling::Fof,
+                // Each output's reward is its trajectory's F1 plus its own penalty (MMOA-RAG),
+                // not the penalties of the outputs after it.
+                settings: MhgpoSettings {
+                    aggregate: Aggregate::Mean,
+                    propagate_penalties: false,
+                    epsilon: s.adv_epsilon.max(f64::MIN_POSITIVE),
+                },
+            },
+        })
+    }
+}
+
+impl<B: Backend> Algorithm<B> for Mappo {
+    fn name(&self) -> &'static str {
+        "mappo"
+    }
+
+    fn routing(&self) -> Routing {
+        Routing::Own
+    }
+
+    fn tree(&self) -> Option<TreeRollout> {
+        Some(self.tree)
+    }
+
+    fn critic(&self) -> Option<CriticSettings> {
+        Some(self.critic)
+    }
+
+    /// No group baseline: the trainer replaces these with the critic's per-token advantages.
+    fn advantages(&self, samples: &[PoolSample], _learner: usize) -> Result<Vec<f64>> {
+        Ok(vec![0.0; samples.len()])
+    }
+
+    fn policy_loss(&self, batch: &MicroBatch<B>) -> Tensor<B, 1> {
+        let advantages =
+            batch.token_advantages.clone().expect("the trainer gives an actor-critic per-token advantages");
+        let surrogate =
+            clipped_surrogate(batch.logp.clone(), batch.old_logp.clone(), advantages, self.eps_low, self.eps_high);
+        aggregate_scoped(surrogate, batch.mask.clone(), self.aggregation, batch.scope).neg()
+    }
+}

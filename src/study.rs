@@ -118,7 +118,9 @@ pub fn run(args: &StudyOptions) -> Result<()> {
         let i = variants.iter().position(|v| &v.name == name).expect("planned variant");
         reports[i].push(run);
     }
-    let table = markdown(&variants, &rows, args.seeds);
+    // The search team is judged by its answers' F1; the other workloads by accuracy.
+    let searches = plan.iter().any(|(_, _, _, cfg)| cfg.workload.kind == crate::workload::WorkloadKind::Search);
+    let table = markdown(&variants, &rows, args.seeds, if searches { "F1" } else { "accuracy" });
     let csv = results_csv(&rows);
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io("create", &args.out, e))?;
     crate::error::write_atomic(&args.out.join("results.csv"), csv.as_bytes())?;
@@ -175,7 +177,7 @@ fn results_csv(rows: &[(String, u64, AgentResult)]) -> String {
     s
 }
 
-fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u64) -> String {
+fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u64, metric: &str) -> String {
     let mut agents: Vec<String> = Vec::new();
     for (_, _, a) in rows {
         if !agents.contains(&a.agent) {
@@ -183,7 +185,7 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
         }
     }
     let mut s = format!(
-        "Held-out accuracy after training, mean ± std over {seeds} seed(s) (before training in brackets); rollouts = own rollouts per agent.\n\n| variant |"
+        "Held-out {metric} after training, mean ± std over {seeds} seed(s) (before training in brackets); rollouts = own rollouts per agent.\n\n| variant |"
     );
     for a in &agents {
         s += &format!(" {a} |");

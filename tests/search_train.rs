@@ -297,6 +297,20 @@ fn mappo_trains_a_value_head_and_resumes_it_exactly() {
     assert_eq!(metrics(&killed), m);
 }
 
+#[test]
+fn passages_that_do_not_fit_the_prompt_limit_are_dropped_not_fatal() {
+    let s = setup();
+    let cfg = s.config("mhgpo-fof", false, "");
+    let out_dir = s.data.path().join("tight");
+    // Room for the Rewriter's prompt, not for the Reranker's six passages.
+    let args = ["--steps", "1", "--set", "rollout.max_prompt_tokens=140", "--set", "task.validation=\"\""];
+    let mut all = vec!["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap()];
+    all.extend(args);
+    ok(run(&all));
+    let r = &metrics(&out_dir)[0];
+    assert!(get(r, "search/dropped_passages") > 0.0, "{r}");
+}
+
 /// Exit code 2 with a message that contains every part of `expect`.
 fn rejects(args: &[&str], expect: &[&str]) {
     let out = run(args);

@@ -27,11 +27,15 @@ pub struct CriticSettings {
     pub cliprange_value: f64,
     /// Whiten advantages over the learner's batch (zero mean, unit variance).
     pub whiten: bool,
+    /// The value head's learning rate (AdamW, no weight decay, constant). The head starts at
+    /// zero: at a policy's learning rate (1e-6 for an 8B model) it would stay near zero for a
+    /// whole run and leave MAPPO without a baseline.
+    pub critic_lr: f64,
 }
 
 impl Default for CriticSettings {
     fn default() -> Self {
-        CriticSettings { gamma: 1.0, lam: 0.95, vf_coef: 0.1, cliprange_value: 0.2, whiten: true }
+        CriticSettings { gamma: 1.0, lam: 0.95, vf_coef: 0.1, cliprange_value: 0.2, whiten: true, critic_lr: 1e-3 }
     }
 }
 

@@ -60,7 +60,10 @@ pub fn score_samples<B: Backend>(
 
 /// One policy's own samples, scored in batches in step order.
 fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &ScoreSettings) -> Result<PolicyScores> {
-    let own: Vec<usize> = (0..samples.len()).filter(|&i| samples[i].policy == policy.index).collect();
+    // Samples no policy learns from (an MHGPO tree's singletons and IS's continuations) only
+    // carry rewards: nothing reads their log-probs.
+    let own: Vec<usize> =
+        (0..samples.len()).filter(|&i| samples[i].policy == policy.index && samples[i].train).collect();
     let temperature = settings.temperature.max(1e-6);
     // The value head reads the old policy's hidden states in the same forward pass.
     let run = |model: &crate::model::CausalLm<B>,

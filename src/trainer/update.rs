@@ -105,8 +105,9 @@ pub fn update_policy<B: Backend>(
         report.tokens += step.tokens;
         let norm = step.grads_norm;
         policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
-        if let (Some(head), Some(grad)) = (policy.value_head.as_mut(), step.head_grad) {
-            head.step(&clip_host(grad, settings.grad_clip), lr, &policy.optimizer.config);
+        if let (Some(head), Some(grad), Some(c)) = (policy.value_head.as_mut(), step.head_grad, &batch.critic) {
+            let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
+            head.step(&clip_host(grad, settings.grad_clip), c.settings.critic_lr, &config);
         }
         vf_sum += step.vf;
         let records: Vec<SequenceRecord> = mb

@@ -76,6 +76,8 @@ pub struct Search {
     players: [usize; 3],
     tree: TreeRollout,
     penalties: Penalties,
+    /// Passages left out of the last step's prompts to fit `rollout.max_prompt_tokens`.
+    dropped: std::sync::Mutex<usize>,
 }
 
 /// The role of a sample (its name as the pipeline gives it).
@@ -142,6 +144,8 @@ struct TreeNode {
     trained: bool,
     /// Rewriter: the retrieved candidates; Reranker: the chosen ones (corpus positions).
     passages: Vec<usize>,
+    /// How many of the upstream passages its prompt showed (all unless they did not fit).
+    shown: usize,
     /// Its position in the step's samples.
     sample: usize,
 }
@@ -159,14 +163,45 @@ impl Search {
         let passages = task.passages().ok_or_else(|| {
             Error::config("training config", "the search workload needs a task with passages: task.kind = \"qa\"")
         })?;
-        Ok(Search { players: players(cfg)?, task, passages, tree, penalties: cfg.workload.search.penalties })
+        Ok(Search {
+            players: players(cfg)?,
+            task,
+            passages,
+            tree,
+            penalties: cfg.workload.search.penalties,
+            dropped: Default::default(),
+        })
     }
 
-    /// The messages of tree node `i`.
-    fn messages(&self, nodes: &[TreeNode], i: usize, prompts: &[TaskPrompt]) -> Vec<Message> {
+    /// The messages and prompt ids of tree node `i` in `policy`'s template, and how many of
+    /// the upstream passages they show: as many as fit `max_tokens`, the last ones dropped.
+    /// Retrieved passages vary in length, and a run must not stop (nor its resumption stop
+    /// again at the same step) because one draw retrieved long ones.
+    fn fit<B: Backend>(
+        &self,
+        policy: &Policy<B>,
+        nodes: &[TreeNode],
+        i: usize,
+        prompts: &[TaskPrompt],
+        max_tokens: usize,
+    ) -> Result<(Vec<Message>, Vec<u32>, usize)> {
         let n = &nodes[i];
         let upstream = n.parent.map_or(&[][..], |p| nodes[p].passages.as_slice());
-        pipeline::messages(Role::ALL[n.role], question_text(&prompts[n.prompt]), &self.passages.documents, upstream)
+        let (role, question) = (Role::ALL[n.role], question_text(&prompts[n.prompt]));
+        let mut shown = upstream.len();
+        loop {
+            let messages = pipeline::messages(role, question, &self.passages.documents, &upstream[..shown]);
+            if shown == 0 {
+                // Without passages the prompt is what it is: too long is the user's to fix.
+                let ids = encode(policy, role, &messages, max_tokens)?;
+                return Ok((messages, ids, 0));
+            }
+            let ids = policy.encode_prompt(&messages, usize::MAX)?;
+            if ids.len() <= max_tokens {
+                return Ok((messages, ids, shown));
+            }
+            shown -= 1;
+        }
     }
 
     /// Penalty, score and passages of an output of node `i` (retrieval after the Rewriter).
@@ -178,7 +213,7 @@ impl Search {
         prompt: &TaskPrompt,
     ) -> Result<(f64, Option<f64>, Vec<usize>)> {
         let n = &nodes[i];
-        let upstream = n.parent.map_or(&[][..], |p| nodes[p].passages.as_slice());
+        let upstream = n.parent.map_or(&[][..], |p| &nodes[p].passages[..n.shown]);
         Ok(match Role::ALL[n.role] {
             Role::Rewriter => {
                 let (queries, penalty) = read_rewriter(text, &self.penalties);
@@ -195,18 +230,14 @@ impl Search {
         })
     }
 
-    /// One sampled output per prompt of role `role`, `batch_prompts` at a time.
+    /// One sampled output per prompt (`ids`) of role `role`, `batch_prompts` at a time.
     fn sample_level<B: Backend>(
         policy: &Policy<B>,
         role: usize,
-        messages: &[Vec<Message>],
+        ids: &[Vec<u32>],
         settings: &RolloutSettings,
         timings: &mut RolloutTimings,
     ) -> Result<Vec<Generated>> {
-        let ids: Vec<Vec<u32>> = messages
-            .iter()
-            .map(|m| encode(policy, Role::ALL[role], m, settings.max_prompt_tokens))
-            .collect::<Result<_>>()?;
         let model = policy.inference_model();
         let per_chunk = settings.batch_prompts.max(1);
         let mut out = Vec::with_capacity(ids.len());
@@ -285,18 +316,28 @@ impl<B: Backend> Workload<B> for Search {
                 group: n.group,
                 trained: n.trained,
                 passages: vec![],
+                shown: 0,
                 sample: 0,
             }));
         }
         let mut samples = Vec::with_capacity(nodes.len());
         let mut timings = vec![RolloutTimings::default(); policies.len()];
+        let mut dropped = 0;
         for (role, r) in Role::ALL.iter().enumerate() {
             let level: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].role == role).collect();
-            let messages: Vec<Vec<Message>> = level.iter().map(|&i| self.messages(&nodes, i, prompts)).collect();
             let policy = &policies[self.players[role]];
             let _span =
                 tracing::info_span!("rollout", policy = %policy.name, role = r.name(), step = settings.step).entered();
-            let outputs = Self::sample_level(policy, role, &messages, settings, &mut timings[self.players[role]])?;
+            let mut messages = Vec::with_capacity(level.len());
+            let mut ids = Vec::with_capacity(level.len());
+            for &i in &level {
+                let (m, p, shown) = self.fit(policy, &nodes, i, prompts, settings.max_prompt_tokens)?;
+                dropped += nodes[i].parent.map_or(0, |q| nodes[q].passages.len()) - shown;
+                nodes[i].shown = shown;
+                messages.push(m);
+                ids.push(p);
+            }
+            let outputs = Self::sample_level(policy, role, &ids, settings, &mut timings[self.players[role]])?;
             for ((&i, messages), out) in level.iter().zip(messages).zip(outputs) {
                 let prompt = &prompts[nodes[i].prompt];
                 let (penalty, score, passages) = self.read(&nodes, i, &out.text, prompt)?;
@@ -329,6 +370,7 @@ impl<B: Backend> Workload<B> for Search {
                 });
             }
         }
+        *self.dropped.lock().expect("not poisoned") = dropped;
         Ok((samples, timings))
     }
 
@@ -392,6 +434,7 @@ impl<B: Backend> Workload<B> for Search {
             .map(|s| read_rewriter(&s.text, &self.penalties).0.len() as f64)
             .collect();
         m.insert("search/sub_queries".into(), mean(&queries));
+        m.insert("search/dropped_passages".into(), *self.dropped.lock().expect("not poisoned") as f64);
         m
     }
 

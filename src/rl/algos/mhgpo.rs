@@ -72,6 +72,14 @@ impl<B: Backend> Algorithm<B> for Mhgpo {
     /// already left out singletons and untrained continuations, so every group that reaches
     /// here is whole and has at least two members: this equals `rl::mhgpo::advantages`.
     fn advantages(&self, samples: &[PoolSample], _learner: usize) -> Result<Vec<f64>> {
+        // A singleton here would get A = R (verl's convention), the case §3.5 rules out.
+        let mut sizes = std::collections::HashMap::new();
+        for s in samples {
+            *sizes.entry(s.group).or_insert(0usize) += 1;
+        }
+        if let Some((group, _)) = sizes.iter().find(|(_, n)| **n < 2) {
+            return Err(Error::Internal(format!("MHGPO group {group} reached the loss with one output")));
+        }
         Ok(group_advantages(samples, self.clip.adv_epsilon, true))
     }
 

@@ -190,14 +190,15 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
     for a in &agents {
         s += &format!(" {a} |");
     }
-    s += " rollouts/agent |\n|---|";
+    s += " rollouts/agent | s/step |\n|---|";
     for _ in &agents {
         s += "---|";
     }
-    s += "---|\n";
+    s += "---|---|\n";
     for v in variants {
         s += &format!("| {} |", v.name);
         let mut rollouts = 0;
+        let step_s: Vec<f64> = rows.iter().filter(|(n, _, _)| n == &v.name).filter_map(|(_, _, r)| r.step_s).collect();
         for a in &agents {
             let mine: Vec<&AgentResult> =
                 rows.iter().filter(|(n, _, r)| n == &v.name && &r.agent == a).map(|(_, _, r)| r).collect();
@@ -211,7 +212,8 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
             let b = report::mean_std(&before).map(|(b, _)| format!(" ({:.1})", b * 100.0)).unwrap_or_default();
             s += &format!(" {:.1} ± {:.1}{b} |", m * 100.0, sd * 100.0);
         }
-        s += &format!(" {rollouts} |\n");
+        let step_s = report::mean_std(&step_s).map(|(m, _)| format!("{m:.1}")).unwrap_or_else(|| "–".into());
+        s += &format!(" {rollouts} | {step_s} |\n");
     }
     s
 }

@@ -311,6 +311,32 @@ fn passages_that_do_not_fit_the_prompt_limit_are_dropped_not_fatal() {
     assert!(get(r, "search/dropped_passages") > 0.0, "{r}");
 }
 
+#[test]
+fn a_study_compares_mhgpo_with_mappo_by_held_out_f1() {
+    let s = setup();
+    let cfg = s.config("mhgpo-fof", false, "");
+    let out = s.data.path().join("study");
+    let o = ok(run(&[
+        "study",
+        "--config",
+        cfg.to_str().unwrap(),
+        "--algos",
+        "mhgpo-rr,mappo",
+        "--seeds",
+        "1",
+        "--steps",
+        "1",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    let table = std::fs::read_to_string(out.join("results.md")).unwrap();
+    assert!(table.starts_with("Held-out F1 after training"), "{table}");
+    for variant in ["| mhgpo-rr |", "| mappo |"] {
+        assert!(table.contains(variant), "{table}\n{}", text(&o));
+    }
+    assert!(table.contains("s/step"), "{table}");
+}
+
 /// Exit code 2 with a message that contains every part of `expect`.
 fn rejects(args: &[&str], expect: &[&str]) {
     let out = run(args);

@@ -26,6 +26,8 @@ pub struct AgentResult {
     pub final_reward: Option<f64>,
     /// Own rollouts sampled by this agent over the run.
     pub rollouts: u64,
+    /// Mean wall seconds of a training step (`timing_s/step`).
+    pub step_s: Option<f64>,
 }
 
 /// A run, read back.
@@ -111,6 +113,10 @@ pub fn read(dir: &Path) -> Result<RunReport> {
                     .or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").or(m.get("val/f1")).copied())),
                 final_reward: (!last.is_empty()).then(|| last.iter().sum::<f64>() / last.len() as f64),
                 rollouts: steps * (cfg.algo.prompts_per_step * group) as u64,
+                step_s: {
+                    let s: Vec<f64> = mine.iter().filter_map(|m| m.get("timing_s/step").copied()).collect();
+                    (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
+                },
             }
         })
         .collect();

@@ -100,15 +100,17 @@ impl<B: AutodiffBackend> HeadLeaves<B> {
 mod tests {
     use super::*;
     use crate::backend::{Cpu, CpuAutodiff};
-    use burn::tensor::Distribution;
 
     /// On a fixed batch of hidden states and returns, AdamW steps on the squared value error
     /// make the loss fall (the acceptance test of the critic).
     #[test]
     fn the_value_loss_decreases_on_a_fixed_batch() {
         let device = Default::default();
-        let hidden = Tensor::<CpuAutodiff, 2>::random([16, 8], Distribution::Normal(0.0, 1.0), &device);
-        let returns: Vec<f32> = (0..16).map(|i| (i % 4) as f32 * 0.5 - 0.5).collect();
+        // Fixed hidden states, and returns a linear head can fit exactly (w·h + 0.3).
+        let h: Vec<f32> = (0..16 * 8).map(|k| ((k * 7 + k / 8 * 3) % 11) as f32 / 5.0 - 1.0).collect();
+        let returns: Vec<f32> =
+            h.chunks(8).map(|row| row.iter().enumerate().map(|(j, x)| x * (j as f32 - 3.5) / 8.0).sum::<f32>() + 0.3).collect();
+        let hidden = Tensor::<CpuAutodiff, 2>::from_data(TensorData::new(h, [16, 8]), &device);
         let target = Tensor::<CpuAutodiff, 1>::from_data(TensorData::new(returns, [16]), &device);
         let mut head = ValueHead::new(8);
         let config = AdamWConfig { lr: 0.05, weight_decay: 0.0, ..Default::default() };

@@ -106,7 +106,9 @@ fn run_on<B: burn::tensor::backend::Backend>(
         progress.inc(1);
         Ok(out)
     };
-    let traces = pipeline::run(&mut generate, &retriever, corpus, questions, &Penalties::default())?;
+    // Prompts are checked against the model's context above, with every passage shown.
+    let traces =
+        pipeline::run(&mut generate, &retriever, corpus, questions, &Penalties::default(), &pipeline::show_all)?;
     progress.finish();
     let seconds = started.elapsed().as_secs_f64();
     let s = pipeline::summarize(&traces);

@@ -66,6 +66,14 @@ pub struct Trace {
 /// Generates one output per prompt for `role`.
 pub type Generate<'a> = dyn FnMut(Role, &[Vec<Message>]) -> Result<Vec<String>> + 'a;
 
+/// How many of `passages` (the first ones) a `role` prompt for a question can show.
+pub type Fit<'a> = dyn Fn(Role, &str, &[usize]) -> Result<usize> + 'a;
+
+/// Every passage is shown ([`Fit`] for a model whose context the caller checks).
+pub fn show_all(_: Role, _: &str, passages: &[usize]) -> Result<usize> {
+    Ok(passages.len())
+}
+
 /// The messages `role` sees for `question`: the Reranker with `passages` as its candidates,
 /// the Answerer with them as its chosen passages (corpus positions); the Rewriter with none.
 pub fn messages(role: Role, question: &str, corpus: &[Document], passages: &[usize]) -> Vec<Message> {
@@ -104,6 +112,7 @@ pub fn run(
     corpus: &[Document],
     questions: &[Question],
     penalties: &Penalties,
+    fit: &Fit<'_>,
 ) -> Result<Vec<Trace>> {
     let n = questions.len();
     let rewrites: Vec<Vec<Message>> =
@@ -113,7 +122,8 @@ pub fn run(
     let mut found = Vec::with_capacity(n);
     for (q, out) in questions.iter().zip(&rewriter_out) {
         let (queries, penalty) = read_rewriter(out, penalties);
-        let cands = candidates(retriever, &q.question, &queries)?;
+        let mut cands = candidates(retriever, &q.question, &queries)?;
+        cands.truncate(fit(Role::Reranker, &q.question, &cands)?);
         found.push((queries, penalty, cands));
     }
     let reranks: Vec<Vec<Message>> =
@@ -126,10 +136,11 @@ pub fn run(
         .iter()
         .zip(found.iter().zip(&chosen))
         .map(|(q, ((_, _, c), (sel, _)))| {
-            let chosen: Vec<usize> = sel.iter().map(|&k| c[k]).collect();
-            messages(Role::Answerer, &q.question, corpus, &chosen)
+            let mut chosen: Vec<usize> = sel.iter().map(|&k| c[k]).collect();
+            chosen.truncate(fit(Role::Answerer, &q.question, &chosen)?);
+            Ok(messages(Role::Answerer, &q.question, corpus, &chosen))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     let answerer_out = checked(Role::Answerer, generate(Role::Answerer, &answers)?, n)?;
 
     let mut traces = Vec::with_capacity(n);
@@ -220,7 +231,7 @@ mod tests {
                 Role::Answerer => vec!["**Cincinnati, Ohio**".into()],
             })
         };
-        let t = run(&mut generate, &r, &c, &q, &Penalties::default()).unwrap().remove(0);
+        let t = run(&mut generate, &r, &c, &q, &Penalties::default(), &show_all).unwrap().remove(0);
         assert_eq!(t.sub_queries.len(), 2);
         assert_eq!((t.rewriter_penalty, t.reranker_penalty, t.answerer_penalty), (0.0, 0.0, 0.0));
         assert_eq!(t.score, QaScore { em: 1.0, f1: 1.0 });
@@ -242,6 +253,6 @@ mod tests {
         let r = Bm25::new(&c).unwrap();
         let q = vec![Question { id: "q".into(), question: "Jaws?".into(), answers: vec!["x".into()] }];
         let mut generate = |_: Role, _: &[Vec<Message>]| -> Result<Vec<String>> { Ok(vec![]) };
-        assert!(run(&mut generate, &r, &c, &q, &Penalties::default()).is_err());
+        assert!(run(&mut generate, &r, &c, &q, &Penalties::default(), &show_all).is_err());
     }
 }

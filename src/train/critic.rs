@@ -108,8 +108,10 @@ mod tests {
         let device = Default::default();
         // Fixed hidden states, and returns a linear head can fit exactly (w·h + 0.3).
         let h: Vec<f32> = (0..16 * 8).map(|k| ((k * 7 + k / 8 * 3) % 11) as f32 / 5.0 - 1.0).collect();
-        let returns: Vec<f32> =
-            h.chunks(8).map(|row| row.iter().enumerate().map(|(j, x)| x * (j as f32 - 3.5) / 8.0).sum::<f32>() + 0.3).collect();
+        let returns: Vec<f32> = h
+            .chunks(8)
+            .map(|row| row.iter().enumerate().map(|(j, x)| x * (j as f32 - 3.5) / 8.0).sum::<f32>() + 0.3)
+            .collect();
         let hidden = Tensor::<CpuAutodiff, 2>::from_data(TensorData::new(h, [16, 8]), &device);
         let target = Tensor::<CpuAutodiff, 1>::from_data(TensorData::new(returns, [16]), &device);
         let mut head = ValueHead::new(8);

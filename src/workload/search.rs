@@ -174,9 +174,7 @@ impl Search {
     }
 
     /// The messages and prompt ids of tree node `i` in `policy`'s template, and how many of
-    /// the upstream passages they show: as many as fit `max_tokens`, the last ones dropped.
-    /// Retrieved passages vary in length, and a run must not stop (nor its resumption stop
-    /// again at the same step) because one draw retrieved long ones.
+    /// the upstream passages they show ([`fit_passages`]).
     fn fit<B: Backend>(
         &self,
         policy: &Policy<B>,
@@ -187,21 +185,8 @@ impl Search {
     ) -> Result<(Vec<Message>, Vec<u32>, usize)> {
         let n = &nodes[i];
         let upstream = n.parent.map_or(&[][..], |p| nodes[p].passages.as_slice());
-        let (role, question) = (Role::ALL[n.role], question_text(&prompts[n.prompt]));
-        let mut shown = upstream.len();
-        loop {
-            let messages = pipeline::messages(role, question, &self.passages.documents, &upstream[..shown]);
-            if shown == 0 {
-                // Without passages the prompt is what it is: too long is the user's to fix.
-                let ids = encode(policy, role, &messages, max_tokens)?;
-                return Ok((messages, ids, 0));
-            }
-            let ids = policy.encode_prompt(&messages, usize::MAX)?;
-            if ids.len() <= max_tokens {
-                return Ok((messages, ids, shown));
-            }
-            shown -= 1;
-        }
+        let question = question_text(&prompts[n.prompt]);
+        fit_passages(policy, Role::ALL[n.role], question, &self.passages.documents, upstream, max_tokens)
     }
 
     /// Penalty, score and passages of an output of node `i` (retrieval after the Rewriter).
@@ -261,6 +246,34 @@ impl Search {
             }
         }
         Ok(out)
+    }
+}
+
+/// The messages and prompt ids of a `role` prompt in `policy`'s template showing as many of
+/// `passages` as fit `max_tokens` (the last ones dropped), and how many that is. Retrieved
+/// passages vary in length, and a run must not stop (nor its resumption stop again at the same
+/// step) because one draw retrieved long ones; a prompt too long without any passage is the
+/// user's to fix ([`encode`]'s error).
+fn fit_passages<B: Backend>(
+    policy: &Policy<B>,
+    role: Role,
+    question: &str,
+    documents: &[crate::search::corpus::Document],
+    passages: &[usize],
+    max_tokens: usize,
+) -> Result<(Vec<Message>, Vec<u32>, usize)> {
+    let mut shown = passages.len();
+    loop {
+        let messages = pipeline::messages(role, question, documents, &passages[..shown]);
+        if shown == 0 {
+            let ids = encode(policy, role, &messages, max_tokens)?;
+            return Ok((messages, ids, 0));
+        }
+        let ids = policy.encode_prompt(&messages, usize::MAX)?;
+        if ids.len() <= max_tokens {
+            return Ok((messages, ids, shown));
+        }
+        shown -= 1;
     }
 }
 
@@ -459,12 +472,19 @@ impl<B: Backend> Workload<B> for Search {
                 settings.batch_prompts,
             )
         };
+        // As in training, passages that do not fit the prompt limit are left out.
+        let fit = |role: Role, question: &str, passages: &[usize]| -> Result<usize> {
+            let policy = &policies[self.players[role_index(role.name()).expect("a pipeline role")]];
+            let documents = &self.passages.documents;
+            Ok(fit_passages(policy, role, question, documents, passages, settings.max_prompt_tokens)?.2)
+        };
         let traces = pipeline::run(
             &mut generate,
             &self.passages.retriever,
             &self.passages.documents,
             &questions,
             &self.penalties,
+            &fit,
         )?;
         let s = pipeline::summarize(&traces);
         let team = Metrics::from([

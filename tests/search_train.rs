@@ -8,6 +8,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+use common::deterministic_metrics as metrics;
 use serde_json::Value;
 
 struct Setup {
@@ -137,9 +138,7 @@ val_max_new_tokens = 6
 }
 
 fn hacpo(args: &[&str]) -> Command {
-    let mut c = Command::new(common::hacpo_bin());
-    c.args(args).env("HF_HUB_OFFLINE", "1").env("RAYON_NUM_THREADS", "2");
-    c
+    common::hacpo_command(args)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -155,17 +154,14 @@ fn ok(o: Output) -> Output {
     o
 }
 
-/// metrics.jsonl without wall-clock figures.
-fn metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v["data"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
-            v
-        })
-        .collect()
+/// `hacpo train ARGS --out DIR` killed right after its step-2 checkpoint (abort: no clean-up,
+/// the lock left behind), then `--resume DIR`; the resumed run's metrics.
+fn killed_and_resumed(args: &[&str], dir: &Path) -> Vec<Value> {
+    let mut all = vec!["train", "--out", dir.to_str().unwrap()];
+    all.extend(args);
+    common::train_killed_after_checkpoint(&all, 2);
+    ok(run(&["train", "--resume", dir.to_str().unwrap()]));
+    metrics(dir)
 }
 
 fn get(record: &Value, key: &str) -> f64 {
@@ -211,15 +207,7 @@ fn fork_on_first_trains_resumes_after_sigkill_and_reports_f1() {
 
     // Killed right after the checkpoint of step 2, then resumed: the same three records.
     let killed = s.data.path().join("killed");
-    let status = hacpo(&["train", "--config", cfg, "--out", killed.to_str().unwrap()])
-        .env("HACPO_TEST_KILL_AFTER_CHECKPOINT", "2")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(!status.success(), "the run was not killed");
-    ok(run(&["train", "--resume", killed.to_str().unwrap()]));
-    assert_eq!(metrics(&killed), m);
+    assert_eq!(killed_and_resumed(&["--config", cfg], &killed), m);
 }
 
 #[test]
@@ -286,15 +274,7 @@ fn mappo_trains_a_value_head_and_resumes_it_exactly() {
 
     // Killed after step 2, resumed: the value head and its moments come back bit for bit.
     let killed = s.data.path().join("mappo-killed");
-    let status = hacpo(&["train", "--config", cfg, "--out", killed.to_str().unwrap(), "--set", "task.val_every=0"])
-        .env("HACPO_TEST_KILL_AFTER_CHECKPOINT", "2")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(!status.success(), "the run was not killed");
-    ok(run(&["train", "--resume", killed.to_str().unwrap()]));
-    assert_eq!(metrics(&killed), m);
+    assert_eq!(killed_and_resumed(&["--config", cfg, "--set", "task.val_every=0"], &killed), m);
 }
 
 #[test]

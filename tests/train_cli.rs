@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use common::deterministic_metrics;
 
 /// Two tiny agents that favour the tokens of short answers, and a small GSM8K-format train set
 /// whose answers they can write.
@@ -80,9 +80,7 @@ model = "{llama}"
 }
 
 fn hacpo(args: &[&str]) -> Command {
-    let mut c = Command::new(common::hacpo_bin());
-    c.args(args).env("HF_HUB_OFFLINE", "1").env("RAYON_NUM_THREADS", "2");
-    c
+    common::hacpo_command(args)
 }
 
 fn run(args: &[&str]) -> Output {
@@ -91,19 +89,6 @@ fn run(args: &[&str]) -> Output {
 
 fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// metrics.jsonl without wall-clock figures, which differ between runs.
-fn deterministic_metrics(run_dir: &Path) -> Vec<Value> {
-    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| {
-            let mut v: Value = serde_json::from_str(l).unwrap();
-            v["data"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
-            v
-        })
-        .collect()
 }
 
 fn latest(run_dir: &Path) -> Option<String> {
@@ -143,13 +128,7 @@ fn sigkill_and_resume_equals_an_uninterrupted_run() {
     // The same run, killed (abort: no clean-up, the lock left behind) right after its second
     // checkpoint is written, then resumed.
     let killed = s.data.path().join("killed");
-    let status = hacpo(&["train", "--config", cfg, "--out", killed.to_str().unwrap()])
-        .env("HACPO_TEST_KILL_AFTER_CHECKPOINT", "2")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(!status.success(), "the run was not killed");
+    common::train_killed_after_checkpoint(&["train", "--config", cfg, "--out", killed.to_str().unwrap()], 2);
     assert_eq!(latest(&killed).as_deref(), Some("step-000002"));
     let interrupted = deterministic_metrics(&killed);
     assert!(interrupted.len() >= 4, "metrics of steps 1 and 2 were written before the checkpoint");

@@ -270,12 +270,15 @@ pub fn score_and_read<B: Backend>(
     requests: &[(Vec<u32>, Vec<u32>)],
     temperature: f32,
     read: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 1>,
-) -> crate::error::Result<(Vec<Vec<f32>>, Vec<Vec<f32>>)> {
+) -> crate::error::Result<(Rows, Rows)> {
     let (hidden, targets, lens) = response_hidden(model, requests)?;
     let readings = read(hidden.clone());
     let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature);
     Ok((split_rows(flat, &lens)?, split_rows(readings, &lens)?))
 }
+
+/// One row of per-token numbers per response.
+pub type Rows = Vec<Vec<f32>>;
 
 /// A flat per-token tensor as one row per response.
 fn split_rows<B: Backend>(flat: Tensor<B, 1>, lens: &[usize]) -> crate::error::Result<Vec<Vec<f32>>> {

@@ -26,6 +26,11 @@ pub enum Role {
 impl Role {
     pub const ALL: [Role; 3] = [Role::Rewriter, Role::Reranker, Role::Answerer];
 
+    /// Its position in the pipeline (0 = Rewriter).
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Role::Rewriter => "rewriter",

@@ -429,20 +429,9 @@ impl<B: Backend> Trainer<B> {
                 let critic = match critic {
                     None => None,
                     Some(settings) => {
-                        let rewards: Vec<f64> = routed.indices.iter().map(|&i| samples[i].reward()).collect();
-                        let values: Vec<&[f32]> = routed.indices.iter().map(|&i| samples[i].values.as_slice()).collect();
-                        if let Some(&i) = routed.indices.iter().find(|&&i| samples[i].values.len() != samples[i].response_ids.len()) {
-                            return Err(Error::Internal(format!(
-                                "sample {i} of policy {} has {} values for {} tokens: a critic learns from its own samples only",
-                                samples[i].policy,
-                                samples[i].values.len(),
-                                samples[i].response_ids.len()
-                            )));
-                        }
-                        let (tokens, returns) = crate::rl::mappo::token_advantages(&rewards, &values, &settings);
-                        advantages =
-                            tokens.iter().map(|a| a.iter().map(|&x| x as f64).sum::<f64>() / a.len().max(1) as f64).collect();
-                        Some(CriticBatch { advantages: tokens, returns, settings })
+                        let (batch, means) = critic_batch(samples, &routed.indices, settings)?;
+                        advantages = means;
+                        Some(batch)
                     }
                 };
                 Ok(Advantaged { routed, advantages, critic })
@@ -622,6 +611,28 @@ impl<B: Backend> Trainer<B> {
         };
         checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
     }
+}
+
+/// The critic's per-token advantages and returns of a learner's routed samples (GAE over
+/// the values the scoring stage read), and each response's mean advantage.
+fn critic_batch(
+    samples: &[Sample],
+    indices: &[usize],
+    settings: crate::rl::mappo::CriticSettings,
+) -> Result<(CriticBatch, Vec<f64>)> {
+    if let Some(&i) = indices.iter().find(|&&i| samples[i].values.len() != samples[i].response_ids.len()) {
+        return Err(Error::Internal(format!(
+            "sample {i} of policy {} has {} values for {} tokens: a critic learns from its own samples only",
+            samples[i].policy,
+            samples[i].values.len(),
+            samples[i].response_ids.len()
+        )));
+    }
+    let rewards: Vec<f64> = indices.iter().map(|&i| samples[i].reward()).collect();
+    let values: Vec<&[f32]> = indices.iter().map(|&i| samples[i].values.as_slice()).collect();
+    let (tokens, returns) = crate::rl::mappo::token_advantages(&rewards, &values, &settings);
+    let means = tokens.iter().map(|a| a.iter().map(|&x| x as f64).sum::<f64>() / a.len().max(1) as f64).collect();
+    Ok((CriticBatch { advantages: tokens, returns, settings }, means))
 }
 
 /// Tests of crash recovery: `HACPO_TEST_KILL_AFTER_CHECKPOINT=N` ends the process abruptly (no

@@ -30,8 +30,11 @@ pub struct Scored {
     pub ref_s: f64,
 }
 
-/// Old log-probs (and values, with a value head), reference log-probs, seconds of each.
-type PolicyScores = (Vec<(usize, Vec<f32>, Vec<f32>)>, Vec<(usize, Vec<f32>)>, f64, f64);
+/// Each own sample's index, old log-probs and values (empty without a value head).
+type OwnScores = Vec<(usize, Vec<f32>, Vec<f32>)>;
+
+/// Old log-probs (and values), reference log-probs, seconds of each.
+type PolicyScores = (OwnScores, Vec<(usize, Vec<f32>)>, f64, f64);
 
 /// Fills `token_logps` (and, for policies with a value head, `values`) of every sample and
 /// returns the reference log-probs.
@@ -66,32 +69,31 @@ fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &S
         (0..samples.len()).filter(|&i| samples[i].policy == policy.index && samples[i].train).collect();
     let temperature = settings.temperature.max(1e-6);
     // The value head reads the old policy's hidden states in the same forward pass.
-    let run = |model: &crate::model::CausalLm<B>,
-               head: Option<&crate::train::critic::ValueHead>|
-     -> Result<Vec<(usize, Vec<f32>, Vec<f32>)>> {
-        let mut out = Vec::with_capacity(own.len());
-        for chunk in own.chunks(settings.batch.max(1)) {
-            let requests: Vec<(Vec<u32>, Vec<u32>)> =
-                chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
-            let (logps, values) = match head {
-                Some(h) => score_and_read(model, &requests, temperature, &|hidden| h.values(hidden))?,
-                None => (score(model, &requests, temperature)?, vec![vec![]; requests.len()]),
-            };
-            for ((&i, lp), values) in chunk.iter().zip(logps).zip(values) {
-                // A diverged model (NaN/inf weights or activations) shows here first.
-                if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
-                    return Err(Error::NonFinite {
-                        agent: policy.name.clone(),
-                        step: settings.step,
-                        what: "log-probability of its own sample",
-                        value: bad as f64,
-                    });
+    let run =
+        |model: &crate::model::CausalLm<B>, head: Option<&crate::train::critic::ValueHead>| -> Result<OwnScores> {
+            let mut out = Vec::with_capacity(own.len());
+            for chunk in own.chunks(settings.batch.max(1)) {
+                let requests: Vec<(Vec<u32>, Vec<u32>)> =
+                    chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
+                let (logps, values) = match head {
+                    Some(h) => score_and_read(model, &requests, temperature, &|hidden| h.values(hidden))?,
+                    None => (score(model, &requests, temperature)?, vec![vec![]; requests.len()]),
+                };
+                for ((&i, lp), values) in chunk.iter().zip(logps).zip(values) {
+                    // A diverged model (NaN/inf weights or activations) shows here first.
+                    if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
+                        return Err(Error::NonFinite {
+                            agent: policy.name.clone(),
+                            step: settings.step,
+                            what: "log-probability of its own sample",
+                            value: bad as f64,
+                        });
+                    }
+                    out.push((i, lp, values));
                 }
-                out.push((i, lp, values));
             }
-        }
-        Ok(out)
-    };
+            Ok(out)
+        };
     let t = Instant::now();
     let old = run(&policy.inference_model(), policy.value_head.as_ref())?;
     let old_s = t.elapsed().as_secs_f64();

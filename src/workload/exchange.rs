@@ -5,16 +5,15 @@
 //! EOS handling follows ALGORITHMS.md §2.6 ([`super::response`]).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use rayon::prelude::*;
 
 use super::pool::RolloutPool;
-use super::{Role, RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
+use super::{Role, RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed, sample_in_chunks};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::generate::{GenerateRequest, generate, greedy_responses};
+use crate::generate::greedy_responses;
 use crate::policy::{Policy, per_policy};
 use crate::sample::{GroupKey, Sample};
 use crate::task::{Task, TaskPrompt};
@@ -187,52 +186,43 @@ impl Exchange {
         settings: &RolloutSettings,
     ) -> Result<(Vec<Sample>, RolloutTimings)> {
         let mut timings = RolloutTimings::default();
-        let model = policy.inference_model();
-        let g = settings.group_size;
         let messages: Vec<_> = prompts.iter().map(|p| self.role.messages(p)).collect();
         let prompt_ids: Vec<Vec<u32>> =
             messages.iter().map(|m| policy.encode_prompt(m, settings.max_prompt_tokens)).collect::<Result<_>>()?;
         let seed = mix_seed(&[settings.run_seed, settings.step, policy.index as u64]);
-        let per_chunk = settings.batch_prompts.max(1);
-        let mut out = Vec::with_capacity(prompts.len() * g);
-        for (chunk_index, chunk) in prompt_ids.chunks(per_chunk).enumerate() {
-            let first = chunk_index * per_chunk;
-            let mut params = settings.sampling.clone();
-            params.seed = mix_seed(&[seed, chunk_index as u64]);
-            let mut req = GenerateRequest::new(chunk, params);
-            req.num_samples = g;
-            req.stop_token_ids = policy.eos_token_ids.clone();
-            let started = Instant::now();
-            let (completions, stats) = generate(&model, &req)?;
-            timings.generate += started.elapsed().as_secs_f64();
-            timings.generated_tokens += stats.generated_tokens;
-            for c in completions {
-                let p = first + c.prompt_index;
-                let (response_ids, text) = super::response(policy, c.token_ids)?;
-                out.push(Sample {
-                    id: 0,
-                    policy: policy.index,
-                    role: self.role.name.clone(),
-                    group: self.group_key(&prompts[p], p),
-                    parent: None,
-                    turn: 0,
-                    prompt: p,
-                    sample_index: c.sample_index,
-                    messages: messages[p].clone(),
-                    text,
-                    prompt_ids: prompt_ids[p].clone(),
-                    response_ids,
-                    token_logps: vec![],
-                    values: vec![],
-                    reward: None,
-                    penalty: 0.0,
-                    score: None,
-                    train: true,
-                    policy_version: policy.version,
-                    finish_reason: c.finish_reason,
-                });
-            }
-        }
+        let drawn = sample_in_chunks(
+            policy,
+            &prompt_ids,
+            settings,
+            settings.group_size,
+            |c| mix_seed(&[seed, c as u64]),
+            &mut timings,
+        )?;
+        let out = drawn
+            .into_iter()
+            .map(|d| Sample {
+                id: 0,
+                policy: policy.index,
+                role: self.role.name.clone(),
+                group: self.group_key(&prompts[d.prompt], d.prompt),
+                parent: None,
+                turn: 0,
+                prompt: d.prompt,
+                sample_index: d.sample_index,
+                messages: messages[d.prompt].clone(),
+                text: d.text,
+                prompt_ids: prompt_ids[d.prompt].clone(),
+                response_ids: d.response_ids,
+                token_logps: vec![],
+                values: vec![],
+                reward: None,
+                penalty: 0.0,
+                score: None,
+                train: true,
+                policy_version: policy.version,
+                finish_reason: d.finish_reason,
+            })
+            .collect();
         Ok((out, timings))
     }
 }

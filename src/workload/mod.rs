@@ -191,6 +191,54 @@ pub fn build<B: Backend>(
     }
 }
 
+/// One sampled completion of [`sample_in_chunks`], as a sample stores it.
+pub struct Drawn {
+    /// Index into the prompts.
+    pub prompt: usize,
+    pub sample_index: usize,
+    pub response_ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: crate::generate::FinishReason,
+}
+
+/// `num_samples` sampled completions of `policy` for each of `prompts`, `batch_prompts` prompts
+/// at a time, chunk `c` seeded with `chunk_seed(c)`, in prompt then sample order; the seconds
+/// and tokens spent are added to `timings`.
+pub fn sample_in_chunks<B: Backend>(
+    policy: &Policy<B>,
+    prompts: &[Vec<u32>],
+    settings: &RolloutSettings,
+    num_samples: usize,
+    chunk_seed: impl Fn(usize) -> u64,
+    timings: &mut RolloutTimings,
+) -> Result<Vec<Drawn>> {
+    let model = policy.inference_model();
+    let per_chunk = settings.batch_prompts.max(1);
+    let mut out = Vec::with_capacity(prompts.len() * num_samples);
+    for (c, chunk) in prompts.chunks(per_chunk).enumerate() {
+        let mut params = settings.sampling.clone();
+        params.seed = chunk_seed(c);
+        let mut req = crate::generate::GenerateRequest::new(chunk, params);
+        req.num_samples = num_samples;
+        req.stop_token_ids = policy.eos_token_ids.clone();
+        let started = std::time::Instant::now();
+        let (completions, stats) = crate::generate::generate(&model, &req)?;
+        timings.generate += started.elapsed().as_secs_f64();
+        timings.generated_tokens += stats.generated_tokens;
+        for done in completions {
+            let (response_ids, text) = response(policy, done.token_ids)?;
+            out.push(Drawn {
+                prompt: c * per_chunk + done.prompt_index,
+                sample_index: done.sample_index,
+                response_ids,
+                text,
+                finish_reason: done.finish_reason,
+            });
+        }
+    }
+    Ok(out)
+}
+
 /// A generated completion as a sample stores it (ALGORITHMS.md §2.6): the terminal EOS removed
 /// before anything else, the text decoded without special tokens; a response that is only EOS
 /// keeps that single token and has empty text.

@@ -16,16 +16,15 @@
 //! IS's downstream continuations only carry rewards.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
+use super::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed, sample_in_chunks};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
-use crate::generate::{FinishReason, GenerateRequest, generate, greedy_responses};
+use crate::generate::greedy_responses;
 use crate::policy::Policy;
 use crate::rl::mhgpo::{self, Node, TreeRollout};
 use crate::sample::{GroupKey, Sample};
@@ -80,7 +79,7 @@ pub struct Search {
     dropped: std::sync::Mutex<usize>,
 }
 
-/// The role of a sample (its name as the pipeline gives it).
+/// The role a `[[roles]]` entry names.
 fn role_index(name: &str) -> Option<usize> {
     Role::ALL.iter().position(|r| r.name() == name)
 }
@@ -150,14 +149,6 @@ struct TreeNode {
     sample: usize,
 }
 
-/// One generated output in the generating policy's tokens.
-struct Generated {
-    prompt_ids: Vec<u32>,
-    response_ids: Vec<u32>,
-    text: String,
-    finish_reason: FinishReason,
-}
-
 impl Search {
     pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>, tree: TreeRollout) -> Result<Self> {
         let passages = task.passages().ok_or_else(|| {
@@ -213,39 +204,6 @@ impl Search {
                 (penalty, Some(score(&answer, &answers(prompt)).f1), vec![])
             }
         })
-    }
-
-    /// One sampled output per prompt (`ids`) of role `role`, `batch_prompts` at a time.
-    fn sample_level<B: Backend>(
-        policy: &Policy<B>,
-        role: usize,
-        ids: &[Vec<u32>],
-        settings: &RolloutSettings,
-        timings: &mut RolloutTimings,
-    ) -> Result<Vec<Generated>> {
-        let model = policy.inference_model();
-        let per_chunk = settings.batch_prompts.max(1);
-        let mut out = Vec::with_capacity(ids.len());
-        for (c, chunk) in ids.chunks(per_chunk).enumerate() {
-            let mut params = settings.sampling.clone();
-            params.seed = mix_seed(&[settings.run_seed, settings.step, GENERATE_STREAM, role as u64, c as u64]);
-            let mut req = GenerateRequest::new(chunk, params);
-            req.stop_token_ids = policy.eos_token_ids.clone();
-            let started = Instant::now();
-            let (completions, stats) = generate(&model, &req)?;
-            timings.generate += started.elapsed().as_secs_f64();
-            timings.generated_tokens += stats.generated_tokens;
-            for done in completions {
-                let (response_ids, text) = super::response(policy, done.token_ids)?;
-                out.push(Generated {
-                    prompt_ids: chunk[done.prompt_index].clone(),
-                    response_ids,
-                    text,
-                    finish_reason: done.finish_reason,
-                });
-            }
-        }
-        Ok(out)
     }
 }
 
@@ -350,8 +308,9 @@ impl<B: Backend> Workload<B> for Search {
                 messages.push(m);
                 ids.push(p);
             }
-            let outputs = Self::sample_level(policy, role, &ids, settings, &mut timings[self.players[role]])?;
-            for ((&i, messages), out) in level.iter().zip(messages).zip(outputs) {
+            let seed = |c: usize| mix_seed(&[settings.run_seed, settings.step, GENERATE_STREAM, role as u64, c as u64]);
+            let outputs = sample_in_chunks(policy, &ids, settings, 1, seed, &mut timings[self.players[role]])?;
+            for (((&i, messages), ids), out) in level.iter().zip(messages).zip(ids).zip(outputs) {
                 let prompt = &prompts[nodes[i].prompt];
                 let (penalty, score, passages) = self.read(&nodes, i, &out.text, prompt)?;
                 let n = &mut nodes[i];
@@ -370,7 +329,7 @@ impl<B: Backend> Workload<B> for Search {
                     sample_index: local,
                     messages,
                     text: out.text,
-                    prompt_ids: out.prompt_ids,
+                    prompt_ids: ids,
                     response_ids: out.response_ids,
                     token_logps: vec![],
                     values: vec![],
@@ -425,7 +384,7 @@ impl<B: Backend> Workload<B> for Search {
     fn metrics(&self, samples: &[Sample], prompts: &[TaskPrompt]) -> Metrics {
         let mut m = Metrics::new();
         let mean = |xs: &[f64]| if xs.is_empty() { 0.0 } else { xs.iter().sum::<f64>() / xs.len() as f64 };
-        let answerer: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == 2).collect();
+        let answerer: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == Role::Answerer.index()).collect();
         let f1: Vec<f64> = answerer.iter().filter_map(|s| s.score).collect();
         let em: Vec<f64> = answerer
             .iter()
@@ -443,7 +402,7 @@ impl<B: Backend> Workload<B> for Search {
         }
         let queries: Vec<f64> = samples
             .iter()
-            .filter(|s| s.turn == 0)
+            .filter(|s| s.turn as usize == Role::Rewriter.index())
             .map(|s| read_rewriter(&s.text, &self.penalties).0.len() as f64)
             .collect();
         m.insert("search/sub_queries".into(), mean(&queries));
@@ -460,7 +419,7 @@ impl<B: Backend> Workload<B> for Search {
             .map(|p| Question { id: p.id.clone(), question: question_text(p).to_string(), answers: answers(p) })
             .collect();
         let mut generate = |role: Role, prompts: &[Vec<Message>]| -> Result<Vec<String>> {
-            let policy = &policies[self.players[role_index(role.name()).expect("a pipeline role")]];
+            let policy = &policies[self.players[role.index()]];
             let ids: Vec<Vec<u32>> =
                 prompts.iter().map(|m| encode(policy, role, m, settings.max_prompt_tokens)).collect::<Result<_>>()?;
             greedy_responses(
@@ -474,7 +433,7 @@ impl<B: Backend> Workload<B> for Search {
         };
         // As in training, passages that do not fit the prompt limit are left out.
         let fit = |role: Role, question: &str, passages: &[usize]| -> Result<usize> {
-            let policy = &policies[self.players[role_index(role.name()).expect("a pipeline role")]];
+            let policy = &policies[self.players[role.index()]];
             let documents = &self.passages.documents;
             Ok(fit_passages(policy, role, question, documents, passages, settings.max_prompt_tokens)?.2)
         };

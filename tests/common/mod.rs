@@ -52,6 +52,40 @@ pub fn hacpo_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_hacpo"))
 }
 
+/// `hacpo ARGS` as the training tests run it: offline, two threads.
+pub fn hacpo_command(args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new(hacpo_bin());
+    c.args(args).env("HF_HUB_OFFLINE", "1").env("RAYON_NUM_THREADS", "2");
+    c
+}
+
+/// Runs `hacpo ARGS` (a training run) and lets it be killed right after the checkpoint of
+/// `step` is written (`HACPO_TEST_KILL_AFTER_CHECKPOINT`: abort, no clean-up, the lock left
+/// behind, like SIGKILL); fails if the run was not killed.
+pub fn train_killed_after_checkpoint(args: &[&str], step: u64) {
+    let status = hacpo_command(args)
+        .env("HACPO_TEST_KILL_AFTER_CHECKPOINT", step.to_string())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "the run was not killed");
+}
+
+/// A run's metrics.jsonl without wall-clock figures (`timing_s/*`, `perf/*`), which differ
+/// between otherwise identical runs.
+pub fn deterministic_metrics(run_dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(run_dir.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["data"].as_object_mut().unwrap().retain(|k, _| !k.starts_with("timing_s/") && !k.starts_with("perf/"));
+            v
+        })
+        .collect()
+}
+
 /// GPT-2's byte → printable character map used by byte-level BPE.
 fn bytes_to_unicode() -> Vec<char> {
     let mut printable: Vec<u32> = (b'!' as u32..=b'~' as u32).chain(0xA1..=0xAC).chain(0xAE..=0xFF).collect();

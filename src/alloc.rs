@@ -22,3 +22,25 @@ pub fn keep_freed_memory() {
         unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1) };
     }
 }
+
+/// The process's peak resident memory so far in bytes (`VmHWM` of `/proc/self/status`); none
+/// where the kernel does not say (not Linux). With [`keep_freed_memory`] the peak is also what
+/// the process holds until it exits.
+pub fn peak_resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_peak_covers_a_buffer_just_touched() {
+        let before = super::peak_resident_bytes().expect("Linux reports VmHWM");
+        let buffer = vec![1u8; 64 << 20];
+        let after = super::peak_resident_bytes().unwrap();
+        assert!(after >= before && after >= 64 << 20, "{before} → {after}");
+        drop(buffer);
+    }
+}

@@ -1,5 +1,5 @@
 //! A study: algorithms against each other (and HACPO ablations) over several seeds, in
-//! sequence and resumable, then one table of held-out accuracy per policy (mean ± std over
+//! sequence (each run a `hacpo train` process of its own) and resumable, then one table of held-out accuracy per policy (mean ± std over
 //! seeds), a CSV and figures. `hacpo study` is its command line.
 
 use std::path::{Path, PathBuf};
@@ -103,8 +103,7 @@ pub fn run(args: &StudyOptions) -> Result<()> {
         }
         let started = run.has_checkpoints()?;
         eprintln!("{label}: {} {}", if started { "resuming" } else { "training" }, dir.display());
-        let resume = started.then_some(dir.as_path());
-        crate::session::train(cfg.clone(), Some(cfg.clone()), resume)?;
+        train_in_child(&args.out, name, *seed, dir, cfg, started)?;
     }
 
     // Aggregate.
@@ -139,6 +138,35 @@ pub fn run(args: &StudyOptions) -> Result<()> {
     Ok(())
 }
 
+/// Trains one run of the study in a `hacpo train` process of its own, so that each run's
+/// peak memory (`perf/peak_rss_gb`) and speed are its own, not left over from the run before
+/// (the allocator keeps freed memory for reuse). The planned config goes to
+/// `OUT/plans/<variant>-seed-<seed>.toml`; a started run is resumed with it.
+fn train_in_child(out: &Path, name: &str, seed: u64, dir: &Path, cfg: &TrainConfig, started: bool) -> Result<()> {
+    let plans = out.join("plans");
+    std::fs::create_dir_all(&plans).map_err(|e| Error::io("create", &plans, e))?;
+    let plan = plans.join(format!("{name}-seed-{seed}.toml"));
+    crate::error::write_atomic(&plan, cfg.to_toml().as_bytes())?;
+    let exe = match std::env::var_os("HACPO_BIN") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::current_exe().map_err(|e| Error::io("locate", Path::new("hacpo"), e))?,
+    };
+    let mut command = std::process::Command::new(&exe);
+    command.arg("train").arg("--config").arg(&plan);
+    if started {
+        command.arg("--resume").arg(dir);
+    }
+    let status = command.status().map_err(|e| Error::io("run", &exe, e))?;
+    if !status.success() {
+        let code = status.code().map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
+        return Err(Error::InvalidArgument(format!(
+            "the run {} stopped ({code}; its messages are above); run the same `hacpo study` again to continue",
+            dir.display()
+        )));
+    }
+    Ok(())
+}
+
 /// A run already in the study directory must have been made with the settings planned for it:
 /// otherwise skipping (or resuming) it would mix another experiment into the table.
 fn check_existing(dir: &Path, cfg: &TrainConfig) -> Result<()> {
@@ -163,15 +191,17 @@ fn check_existing(dir: &Path, cfg: &TrainConfig) -> Result<()> {
 
 fn results_csv(rows: &[(String, u64, AgentResult)]) -> String {
     let opt = |x: Option<f64>| x.map(|v| v.to_string()).unwrap_or_default();
-    let mut s = String::from("variant,seed,agent,before,after,final_reward,rollouts\n");
+    let mut s = String::from("variant,seed,agent,before,after,final_reward,rollouts,step_s,peak_rss_gb\n");
     for (v, seed, a) in rows {
         s += &format!(
-            "{v},{seed},{},{},{},{},{}\n",
+            "{v},{seed},{},{},{},{},{},{},{}\n",
             a.agent,
             opt(a.before),
             opt(a.after),
             opt(a.final_reward),
-            a.rollouts
+            a.rollouts,
+            opt(a.step_s),
+            opt(a.peak_rss_gb)
         );
     }
     s
@@ -185,20 +215,24 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
         }
     }
     let mut s = format!(
-        "Held-out {metric} after training, mean ± std over {seeds} seed(s) (before training in brackets); rollouts = own rollouts per agent.\n\n| variant |"
+        "Held-out {metric} after training, mean ± std over {seeds} seed(s) (before training in brackets); \
+         rollouts = own rollouts per agent; s/step and peak GB (the training process's peak resident \
+         memory) are means over seeds.\n\n| variant |"
     );
     for a in &agents {
         s += &format!(" {a} |");
     }
-    s += " rollouts/agent | s/step |\n|---|";
+    s += " rollouts/agent | s/step | peak GB |\n|---|";
     for _ in &agents {
         s += "---|";
     }
-    s += "---|---|\n";
+    s += "---|---|---|\n";
     for v in variants {
         s += &format!("| {} |", v.name);
         let mut rollouts = 0;
         let step_s: Vec<f64> = rows.iter().filter(|(n, _, _)| n == &v.name).filter_map(|(_, _, r)| r.step_s).collect();
+        let peak: Vec<f64> =
+            rows.iter().filter(|(n, _, _)| n == &v.name).filter_map(|(_, _, r)| r.peak_rss_gb).collect();
         for a in &agents {
             let mine: Vec<&AgentResult> =
                 rows.iter().filter(|(n, _, r)| n == &v.name && &r.agent == a).map(|(_, _, r)| r).collect();
@@ -213,7 +247,8 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
             s += &format!(" {:.1} ± {:.1}{b} |", m * 100.0, sd * 100.0);
         }
         let step_s = report::mean_std(&step_s).map(|(m, _)| format!("{m:.1}")).unwrap_or_else(|| "–".into());
-        s += &format!(" {rollouts} | {step_s} |\n");
+        let peak = report::mean_std(&peak).map(|(m, _)| format!("{m:.2}")).unwrap_or_else(|| "–".into());
+        s += &format!(" {rollouts} | {step_s} | {peak} |\n");
     }
     s
 }

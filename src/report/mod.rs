@@ -28,6 +28,8 @@ pub struct AgentResult {
     pub rollouts: u64,
     /// Mean wall seconds of a training step (`timing_s/step`).
     pub step_s: Option<f64>,
+    /// The training process's peak resident memory in GB (`perf/peak_rss_gb`, its last value).
+    pub peak_rss_gb: Option<f64>,
 }
 
 /// A run, read back.
@@ -117,6 +119,7 @@ pub fn read(dir: &Path) -> Result<RunReport> {
                     let s: Vec<f64> = mine.iter().filter_map(|m| m.get("timing_s/step").copied()).collect();
                     (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)
                 },
+                peak_rss_gb: mine.iter().filter_map(|m| m.get("perf/peak_rss_gb").copied()).reduce(f64::max),
             }
         })
         .collect();

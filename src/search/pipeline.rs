@@ -97,10 +97,10 @@ fn passage(d: &Document) -> Passage {
 }
 
 /// Whether the passage as the model is shown it contains a gold answer (normalised).
-fn contains_answer(d: &Document, q: &Question) -> bool {
+pub(crate) fn contains_answer(d: &Document, answers: &[String]) -> bool {
     let shown = passage(d);
     let text = format!(" {} ", normalize_answer(&format!("{} {}", shown.title, shown.text)));
-    q.answers.iter().map(|a| normalize_answer(a)).any(|a| !a.is_empty() && text.contains(&format!(" {a} ")))
+    answers.iter().map(|a| normalize_answer(a)).any(|a| !a.is_empty() && text.contains(&format!(" {a} ")))
 }
 
 fn checked(role: Role, outputs: Vec<String>, n: usize) -> Result<Vec<String>> {
@@ -166,9 +166,9 @@ pub fn run(
             score: score(&answer, &q.answers),
             answer,
             answerer_penalty,
-            candidates_with_answer: cands.iter().filter(|&&c| contains_answer(&corpus[c], q)).count(),
-            candidates_recall: cands.iter().any(|&c| contains_answer(&corpus[c], q)),
-            selected_recall: selected.iter().any(|&k| contains_answer(&corpus[cands[k]], q)),
+            candidates_with_answer: cands.iter().filter(|&&c| contains_answer(&corpus[c], &q.answers)).count(),
+            candidates_recall: cands.iter().any(|&c| contains_answer(&corpus[c], &q.answers)),
+            selected_recall: selected.iter().any(|&k| contains_answer(&corpus[cands[k]], &q.answers)),
         });
     }
     Ok(traces)

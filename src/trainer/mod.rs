@@ -363,6 +363,10 @@ impl<B: Backend> Trainer<B> {
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;
         let reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;
         timing.insert("timing_s/step".into(), started.elapsed().as_secs_f64());
+        if let Some(peak) = crate::alloc::peak_resident_bytes() {
+            // The whole process's (every policy's) high-water mark so far.
+            timing.insert("perf/peak_rss_gb".into(), peak as f64 / 1e9);
+        }
         timing.extend(self.workload.metrics(&samples, &prompts));
         let summary = format!(
             "gen {:.1}s | old-logp {:.1}s | retok {:.2}s | update {:.1}s",

@@ -30,7 +30,7 @@ use crate::rl::mhgpo::{self, Node, TreeRollout};
 use crate::sample::{GroupKey, Sample};
 use crate::search::corpus::Question;
 use crate::search::metric::score;
-use crate::search::pipeline::{self, Role};
+use crate::search::pipeline::{self, Role, contains_answer};
 use crate::search::retriever::candidates;
 use crate::search::roles::{Penalties, read_answerer, read_reranker, read_rewriter};
 use crate::search::task::{Passages, answers, question_text};
@@ -76,7 +76,8 @@ pub struct Search {
     tree: TreeRollout,
     penalties: Penalties,
     /// Passages left out of the last step's prompts to fit `rollout.max_prompt_tokens`.
-    dropped: std::sync::Mutex<usize>,
+    /// What the last step's retrieval did (the trainer asks for metrics after the rollout).
+    retrieval: std::sync::Mutex<RetrievalStats>,
 }
 
 /// The role a `[[roles]]` entry names.
@@ -160,7 +161,7 @@ impl Search {
             passages,
             tree,
             penalties: cfg.workload.search.penalties,
-            dropped: Default::default(),
+            retrieval: Default::default(),
         })
     }
 
@@ -205,6 +206,41 @@ impl Search {
             }
         })
     }
+}
+
+/// What a step's retrieval did: passages left out to fit the prompt limit, and the share of
+/// Rewriter outputs whose candidates (of Reranker outputs whose choice) hold a gold answer.
+#[derive(Clone, Copy, Debug, Default)]
+struct RetrievalStats {
+    dropped: usize,
+    recall: f64,
+    selected_recall: f64,
+}
+
+/// Homogenisation within groups: the mean over groups of two or more outputs of the mean
+/// pairwise Jaccard similarity of their token sets (1: a group of identical outputs, which
+/// leaves group-relative advantages nothing to compare).
+fn group_similarity<'a>(outputs: impl IntoIterator<Item = (&'a GroupKey, &'a [u32])>) -> f64 {
+    let mut groups: std::collections::BTreeMap<&GroupKey, Vec<std::collections::BTreeSet<u32>>> = Default::default();
+    for (group, ids) in outputs {
+        groups.entry(group).or_default().push(ids.iter().copied().collect());
+    }
+    let per_group: Vec<f64> = groups
+        .values()
+        .filter(|g| g.len() > 1)
+        .map(|g| {
+            let mut total = (0.0, 0);
+            for i in 0..g.len() {
+                for j in i + 1..g.len() {
+                    let union = g[i].union(&g[j]).count();
+                    total.0 += if union == 0 { 1.0 } else { g[i].intersection(&g[j]).count() as f64 / union as f64 };
+                    total.1 += 1;
+                }
+            }
+            total.0 / total.1 as f64
+        })
+        .collect();
+    if per_group.is_empty() { 0.0 } else { per_group.iter().sum::<f64>() / per_group.len() as f64 }
 }
 
 /// The messages and prompt ids of a `role` prompt in `policy`'s template showing as many of
@@ -342,7 +378,19 @@ impl<B: Backend> Workload<B> for Search {
                 });
             }
         }
-        *self.dropped.lock().expect("not poisoned") = dropped;
+        let share = |role: Role| {
+            let mine: Vec<&TreeNode> = nodes.iter().filter(|n| n.role == role.index()).collect();
+            let hits = mine
+                .iter()
+                .filter(|n| {
+                    let gold = answers(&prompts[n.prompt]);
+                    n.passages.iter().any(|&d| contains_answer(&self.passages.documents[d], &gold))
+                })
+                .count();
+            hits as f64 / mine.len().max(1) as f64
+        };
+        *self.retrieval.lock().expect("not poisoned") =
+            RetrievalStats { dropped, recall: share(Role::Rewriter), selected_recall: share(Role::Reranker) };
         Ok((samples, timings))
     }
 
@@ -399,6 +447,12 @@ impl<B: Backend> Workload<B> for Search {
             m.insert(format!("search/{}/reward", role.name()), mean(&rewards));
             m.insert(format!("search/{}/penalty_rate", role.name()), mean(&penalised));
             m.insert(format!("search/{}/trained", role.name()), mine.iter().filter(|s| s.train).count() as f64);
+            let lengths: Vec<f64> = mine.iter().map(|s| s.response_ids.len() as f64).collect();
+            m.insert(format!("search/{}/response_length", role.name()), mean(&lengths));
+            m.insert(
+                format!("search/{}/group_similarity", role.name()),
+                group_similarity(mine.iter().map(|s| (&s.group, s.response_ids.as_slice()))),
+            );
         }
         let queries: Vec<f64> = samples
             .iter()
@@ -406,7 +460,10 @@ impl<B: Backend> Workload<B> for Search {
             .map(|s| read_rewriter(&s.text, &self.penalties).0.len() as f64)
             .collect();
         m.insert("search/sub_queries".into(), mean(&queries));
-        m.insert("search/dropped_passages".into(), *self.dropped.lock().expect("not poisoned") as f64);
+        let retrieval = *self.retrieval.lock().expect("not poisoned");
+        m.insert("search/dropped_passages".into(), retrieval.dropped as f64);
+        m.insert("search/retrieval_recall".into(), retrieval.recall);
+        m.insert("search/selected_recall".into(), retrieval.selected_recall);
         m
     }
 
@@ -462,6 +519,21 @@ impl<B: Backend> Workload<B> for Search {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn group_similarity_is_the_mean_pairwise_jaccard_over_groups_of_two_or_more() {
+        let (a, b, c) = (GroupKey("a".into()), GroupKey("b".into()), GroupKey("c".into()));
+        let outputs: Vec<(&GroupKey, &[u32])> = vec![
+            (&a, &[1, 2]),
+            (&a, &[1, 2]),
+            (&a, &[1, 2]), // group a: identical outputs, 1
+            (&b, &[1, 2]),
+            (&b, &[2, 3]), // group b: {2} of {1, 2, 3}, 1/3
+            (&c, &[7]),    // a singleton compares nothing
+        ];
+        assert!((group_similarity(outputs) - (1.0 + 1.0 / 3.0) / 2.0).abs() < 1e-12);
+        assert_eq!(group_similarity(vec![(&c, &[7u32][..])]), 0.0);
+    }
     use crate::config::{PolicyConfig, RoleConfig};
 
     fn cfg(policies: &[&str], roles: &[(&str, &[&str])]) -> TrainConfig {

@@ -97,8 +97,7 @@ fn views_reuse_own_ids_and_retokenise_other_policies_samples() {
 fn micro_batches_accumulate_to_the_one_pass_update() {
     let (q, l) = (common::tiny_agent("qwen3", "qwen3", 32, 1), common::tiny_agent("llama3.1", "llama", 40, 2));
     for name in ["hacpo", "grpo", "drgrpo"] {
-        let mut settings = hacpo::config::AlgoConfig::default();
-        settings.kl_coef = 0.05;
+        let settings = hacpo::config::AlgoConfig { kl_coef: 0.05, ..Default::default() };
         let mut algo = registry::build::<CpuAutodiff>(name, &settings.settings()).unwrap();
         let llama = policy(1, l.path());
         let base = policy(0, q.path());

@@ -316,7 +316,14 @@ fn a_study_compares_mhgpo_with_mappo_by_held_out_f1() {
     for variant in ["| mhgpo-rr |", "| mappo |"] {
         assert!(table.contains(variant), "{table}\n{}", text(&o));
     }
-    assert!(table.contains("s/step"), "{table}");
+    assert!(table.contains("s/step") && table.contains("peak GB"), "{table}");
+    // Each run trained in a process of its own, which measured its own peak memory.
+    let csv = std::fs::read_to_string(out.join("results.csv")).unwrap();
+    for line in csv.lines().skip(1) {
+        let peak: f64 = line.rsplit(',').next().unwrap().parse().unwrap_or_else(|_| panic!("{csv}"));
+        assert!(peak > 0.0, "{csv}");
+    }
+    assert!(out.join("plans/mappo-seed-0.toml").exists());
 }
 
 /// Exit code 2 with a message that contains every part of `expect`.
@@ -368,4 +375,44 @@ fn bad_search_input_gets_clear_errors() {
     let cfg = edit("max_prompt_tokens = 1024", "max_prompt_tokens = 16", "short.toml");
     rejects(&["train", "--config", &cfg, "--out", out], &["rollout.max_prompt_tokens = 16"]);
     assert!(!Path::new(out).join("checkpoints/latest").exists());
+}
+
+/// The tiny-search study's config as a user first runs it: its agent is pre-trained into an
+/// empty cache (a short budget here: the recipe's own takes half an hour), and the team trains
+/// a step on the generated knowledge base, scored on held-out questions before and after.
+#[test]
+fn the_tiny_search_config_pretrains_its_agent_and_trains() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    let o = ok(hacpo(&[
+        "train",
+        "--config",
+        "configs/tiny-search.toml",
+        "--steps",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+        "--set",
+        "task.val_limit=8",
+        "--set",
+        "pretrain.max_steps=10",
+        "--set",
+        "algo.prompts_per_step=4",
+        "--set",
+        "algo.minibatch_prompts=4",
+    ])
+    .env("HACPO_CACHE", cache.path())
+    .output()
+    .unwrap());
+    let log = text(&o);
+    assert!(log.contains("pre-training tiny-searcher") && log.contains("pre-trained tiny-searcher"), "{log}");
+    assert!(log.contains("held-out F1"), "{log}");
+    let m = metrics(&dir);
+    let data = &m[0]["data"];
+    for key in
+        ["search/f1", "search/retrieval_recall", "search/answerer/group_similarity", "search/rewriter/response_length"]
+    {
+        assert!(data[key].is_number(), "{key} missing: {data}");
+    }
 }

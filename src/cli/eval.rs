@@ -30,7 +30,8 @@ pub struct EvalArgs {
     /// pipeline on multi-hop questions, one model playing every role).
     #[arg(long, default_value = "math")]
     pub workload: String,
-    /// Search workload: hotpotqa, musique (HotpotQA-100, MuSiQue-100 with their passages), or a
+    /// Search workload: hotpotqa, musique (HotpotQA-100, MuSiQue-100 with their passages),
+    /// tiny-kb (the held-out questions of configs/tiny-search.toml's generated world), or a
     /// JSONL file of {"id", "question", "answers": [...]} (then --corpus).
     #[arg(long)]
     pub data: Option<String>,

@@ -44,7 +44,13 @@ pub fn run(args: &EvalArgs) -> Result<()> {
             "the search workload needs --data hotpotqa, musique or questions.jsonl (with --corpus)".into(),
         )
     })?;
+    let tiny_kb = data == hacpo::search::task::TINY_KB;
     let (mut questions, corpus) = match (QaSet::parse(data), &args.corpus) {
+        // The generated knowledge base of configs/tiny-search.toml: its held-out questions.
+        (None, None) if tiny_kb => {
+            let kb = hacpo::search::kb::generate(&Default::default())?;
+            (hacpo::search::kb::Kb::questions(&kb.heldout), kb.documents)
+        }
         (Some(set), None) => set.load()?,
         (Some(_), Some(_)) => {
             return Err(Error::InvalidArgument(format!("--data {data} brings its own passages; leave out --corpus")));
@@ -52,7 +58,8 @@ pub fn run(args: &EvalArgs) -> Result<()> {
         (None, Some(corpus)) => load_files(std::path::Path::new(data), corpus)?,
         (None, None) => {
             return Err(Error::InvalidArgument(format!(
-                "--data {data} is not a built-in set (hotpotqa, musique); a questions file needs --corpus passages.jsonl"
+                "--data {data} is not a built-in set (hotpotqa, musique, tiny-kb); a questions file needs --corpus \
+                 passages.jsonl"
             )));
         }
     };

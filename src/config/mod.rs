@@ -462,6 +462,9 @@ impl TrainConfig {
         if self.task.kind == TaskKind::Arith {
             self.task.arith.validate()?;
         }
+        if self.task.kind == TaskKind::Qa && self.task.train == crate::search::task::TINY_KB {
+            self.task.kb.validate()?;
+        }
         self.workload.validate(self)?;
         let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
         for (i, p) in self.policies.iter().enumerate() {

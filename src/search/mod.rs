@@ -8,6 +8,7 @@
 //! arithmetic of MHGPO lives in `rl::mhgpo`; the trainer's workload is `workload::search`.
 
 pub mod corpus;
+pub mod kb;
 pub mod metric;
 pub mod pipeline;
 pub mod retriever;

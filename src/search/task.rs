@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::corpus::{Document, QaSet, Question, read_questions};
+use super::kb::Kb;
 use super::metric::score;
 use super::retriever::Bm25;
 use super::roles::{Penalties, read_answerer};
@@ -52,9 +53,20 @@ pub fn answers(prompt: &TaskPrompt) -> Vec<String> {
     serde_json::from_str(&prompt.gold).unwrap_or_else(|_| vec![prompt.gold.clone()])
 }
 
-/// Questions (and passages, for a built-in set) of `spec`: `hotpotqa`, `musique` or a
-/// questions file, whose passages come from `corpus`.
-fn load(spec: &str, corpus: &str, key: &str) -> Result<(Vec<Question>, Option<Vec<Document>>)> {
+/// The generated knowledge base's name in `task.train` / `task.validation` (`[task.kb]`).
+pub const TINY_KB: &str = "tiny-kb";
+
+/// Questions (and passages, for a built-in set) of `spec`: `hotpotqa`, `musique`, `tiny-kb` or
+/// a questions file, whose passages come from `task.corpus`.
+fn load(cfg: &TaskConfig, spec: &str, key: &str) -> Result<(Vec<Question>, Option<Vec<Document>>)> {
+    if spec == TINY_KB {
+        // The generated world: its training questions for task.train, its held-out ones for
+        // task.validation.
+        let kb = super::kb::generate(&cfg.kb)?;
+        let items = if key == "task.train" { &kb.train } else { &kb.heldout };
+        return Ok((Kb::questions(items), Some(kb.documents)));
+    }
+    let corpus = &cfg.corpus;
     if let Some(set) = QaSet::parse(spec) {
         let (qs, docs) = set.load()?;
         return Ok((qs, Some(docs)));
@@ -63,8 +75,8 @@ fn load(spec: &str, corpus: &str, key: &str) -> Result<(Vec<Question>, Option<Ve
         return Err(Error::config(
             "training config",
             format!(
-                "{key} = {spec:?} is not a built-in set (hotpotqa, musique); a questions file needs \
-                 task.corpus = \"passages.jsonl\""
+                "{key} = {spec:?} is not a built-in set (hotpotqa, musique, {TINY_KB}); a questions file \
+                 needs task.corpus = \"passages.jsonl\""
             ),
         ));
     }
@@ -75,12 +87,9 @@ impl QaTask {
     /// Loads `task.train`, `task.validation` (optional) and the passages: `task.corpus` when
     /// given, else the built-in sets' own (both sets' when train and validation differ).
     pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
-        let (train, train_docs) = load(&cfg.train, &cfg.corpus, "task.train")?;
-        let (mut validation, val_docs) = if cfg.validation.is_empty() {
-            (vec![], None)
-        } else {
-            load(&cfg.validation, &cfg.corpus, "task.validation")?
-        };
+        let (train, train_docs) = load(cfg, &cfg.train, "task.train")?;
+        let (mut validation, val_docs) =
+            if cfg.validation.is_empty() { (vec![], None) } else { load(cfg, &cfg.validation, "task.validation")? };
         if let Some(limit) = cfg.val_limit {
             validation.truncate(limit);
         }

@@ -61,6 +61,8 @@ pub struct TaskConfig {
     /// `qa`: the passages to search (JSON Lines `{"id", "title", "text"}`); empty: the
     /// built-in sets' own.
     pub corpus: String,
+    /// The generated knowledge base of `train = "tiny-kb"`.
+    pub kb: crate::search::kb::KbConfig,
 }
 
 impl Default for TaskConfig {
@@ -75,6 +77,7 @@ impl Default for TaskConfig {
             val_max_new_tokens: 4096,
             arith: Default::default(),
             corpus: String::new(),
+            kb: Default::default(),
         }
     }
 }

@@ -33,6 +33,11 @@ pub struct SftConfig {
     pub target_accuracy: Option<f64>,
     pub grad_clip: f64,
     pub seed: u64,
+    /// Batches of examples of similar length (an epoch's shuffled order cut into windows of 16
+    /// batches, each sorted by length): much less padding when the lengths differ a lot, as the
+    /// search roles' prompts do. (Left out of a tiny agent's cache key when off.)
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub length_buckets: bool,
 }
 
 impl Default for SftConfig {
@@ -45,6 +50,7 @@ impl Default for SftConfig {
             target_accuracy: None,
             grad_clip: 1.0,
             seed: 0,
+            length_buckets: false,
         }
     }
 }
@@ -59,6 +65,20 @@ pub struct SftReport {
     pub evaluations: Vec<(usize, f64)>,
     pub wall_s: f64,
     pub reached_target: bool,
+}
+
+/// One epoch of batches of similar length, in random order.
+fn bucketed_batches(examples: &[(Vec<u32>, Vec<u32>)], rng: &mut ChaCha8Rng, batch: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..examples.len()).collect();
+    order.shuffle(rng);
+    let len = |i: &usize| examples[*i].0.len() + examples[*i].1.len();
+    let mut batches: Vec<Vec<usize>> = vec![];
+    for window in order.chunks_mut(batch.max(1) * 16) {
+        window.sort_by_key(len);
+        batches.extend(window.chunks(batch.max(1)).map(<[usize]>::to_vec));
+    }
+    batches.shuffle(rng);
+    batches
 }
 
 /// Trains `model` on `examples`; `evaluate` scores the current policy (accuracy in 0..=1).
@@ -78,6 +98,7 @@ pub fn fine_tune<B: Backend>(
     let mut order: Vec<usize> = (0..examples.len()).collect();
     order.shuffle(&mut rng);
     let mut cursor = 0;
+    let mut pending: Vec<Vec<usize>> = vec![];
     let bar = crate::progress::Progress::new(format!("pre-training {label}"), cfg.max_steps as u64);
     let mut report = SftReport {
         steps: 0,
@@ -89,13 +110,20 @@ pub fn fine_tune<B: Backend>(
     };
     for step in 1..=cfg.max_steps {
         let mut batch = Vec::with_capacity(cfg.batch);
-        for _ in 0..cfg.batch {
-            if cursor == order.len() {
-                order.shuffle(&mut rng);
-                cursor = 0;
+        if cfg.length_buckets {
+            if pending.is_empty() {
+                pending = bucketed_batches(examples, &mut rng, cfg.batch);
             }
-            batch.push(examples[order[cursor]].clone());
-            cursor += 1;
+            batch.extend(pending.pop().expect("an epoch has a batch").into_iter().map(|i| examples[i].clone()));
+        } else {
+            for _ in 0..cfg.batch {
+                if cursor == order.len() {
+                    order.shuffle(&mut rng);
+                    cursor = 0;
+                }
+                batch.push(examples[order[cursor]].clone());
+                cursor += 1;
+            }
         }
         let (hidden, targets, _) = response_hidden(&model, &batch)?;
         let n = targets.len();

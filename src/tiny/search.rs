@@ -1,0 +1,253 @@
+//! Pre-training the tiny search agent (`tiny-searcher`): one policy that plays the Rewriter,
+//! the Reranker and the Answerer of the search pipeline on the generated knowledge base
+//! (`search::kb`), with a habitual mistake per role that RL can correct.
+//!
+//! The demonstrations are the pipeline's own prompts (the real BM25 candidates included) with
+//! the right output, or, at the habit's rate, the habitual one:
+//!
+//! | role     | right                                   | habit                                   |
+//! |----------|-----------------------------------------|-----------------------------------------|
+//! | Rewriter | `1. The Red Fox` `2. sailor from Ostland` | `1. The Red Fox` only (the people are not retrieved) |
+//! | Reranker | the book and the description's four people | the book and the first person listed (the author one time in four) |
+//! | Answerer | `Dunmore`: the birthplace of the person the book names | `Mira Holt`: the bridge, not the answer |
+//!
+//! The Reranker keeps what matches the question; telling the four people apart by the book's
+//! author is the Answerer's reading, the step a tiny model learns least reliably.
+//!
+//! They come from worlds generated with other seeds than the run's, so the policy learns to
+//! read passages, not the run's facts. A habit rate above one half makes the habit the greedy
+//! choice: the pre-trained team answers almost nothing right greedily, though it samples the
+//! right output of every role often enough for a group to find it.
+
+use std::path::Path;
+
+use burn::backend::Autodiff;
+use burn::module::AutodiffModule;
+use burn::tensor::backend::Backend;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+
+use crate::error::Result;
+use crate::generate::greedy_responses;
+use crate::model::CausalLm;
+use crate::model::weights::{RandomWeights, build};
+use crate::search::corpus::Question;
+use crate::search::kb::{Fact, KbConfig, generate};
+use crate::search::pipeline::{Role, messages};
+use crate::search::retriever::{Bm25, candidates};
+use crate::tokenizer::{Message, Tokenizer};
+use crate::train::sft::fine_tune;
+
+use super::TinySpec;
+
+/// Bump when the demonstrations change in a way that makes cached search agents stale (part
+/// of their cache key, beside the spec and the knowledge base's settings).
+pub const RECIPE_VERSION: u32 = 1;
+
+/// How often each role's demonstration shows its habit (`[corpus.search]` of a tiny spec).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SearchHabits {
+    pub rewriter_one_query: f64,
+    pub reranker_first_person: f64,
+    pub answerer_bridge: f64,
+    /// Generated worlds the demonstrations come from (each as large as the run's).
+    pub worlds: usize,
+}
+
+/// One demonstration: a role's prompt and the output to imitate; `right` when it is not the habit.
+pub struct Demonstration {
+    pub role: Role,
+    pub messages: Vec<Message>,
+    pub output: String,
+    pub right: bool,
+    /// The other output (the habit of a right demonstration, the right one of a habit).
+    pub other: String,
+}
+
+/// The Rewriter's queries as a numbered list: both hops, or the book only.
+///
+/// Every name in a demonstration follows a space, as in the prompts: a byte-level BPE
+/// tokenizer spells `Fox` after a space and after a newline or `**` with different tokens, and
+/// a tiny model would have to learn that mapping for every name before it could copy one.
+fn rewrite(f: &Fact, right: bool) -> String {
+    if right { format!("1. {}\n2. {}", f.title, f.description) } else { format!("1. {}", f.title) }
+}
+
+/// The Answerer's answer: a few words after a space (read as the first line, see [`rewrite`]).
+fn answer(words: &str) -> String {
+    format!(" {words}")
+}
+
+/// The three roles' demonstrations for a question of a world, with the right upstream outputs
+/// (each role learns from what a right team upstream would give it).
+pub fn demonstrations(
+    q: &Question,
+    f: &Fact,
+    documents: &[crate::search::corpus::Document],
+    bm25: &Bm25,
+    habits: &SearchHabits,
+    rng: &mut ChaCha8Rng,
+) -> Result<Vec<Demonstration>> {
+    let mut out = Vec::with_capacity(3);
+    let mut push = |role: Role, passages: &[usize], right: String, habit: String, rate: f64, rng: &mut ChaCha8Rng| {
+        let is_right = !rng.random_bool(rate.clamp(0.0, 1.0));
+        let (output, other) = if is_right { (right, habit) } else { (habit, right) };
+        out.push(Demonstration {
+            role,
+            messages: messages(role, &q.question, documents, passages),
+            output,
+            right: is_right,
+            other,
+        });
+    };
+    push(Role::Rewriter, &[], rewrite(f, true), rewrite(f, false), habits.rewriter_one_query, rng);
+    let cands = candidates(bm25, &q.question, &[f.title.clone(), f.description.clone()])?;
+    let at = |doc: usize| cands.iter().position(|&c| c == doc);
+    // The description's people as listed (BM25 puts them first among the second query's).
+    let people: Vec<usize> = (0..cands.len())
+        .filter(|&k| documents[cands[k]].id.starts_with("person-") && documents[cands[k]].text.contains(&f.description))
+        .collect();
+    let ids = |ks: &[usize]| ks.iter().map(|k| format!("Document{k}")).collect::<Vec<_>>().join(",");
+    let (Some(book), Some(_)) = (at(f.book_doc), at(f.person_doc)) else {
+        return Err(crate::error::Error::Internal(format!("{}: the two queries miss a hop", q.question)));
+    };
+    let right: Vec<usize> = std::iter::once(book).chain(people.iter().copied()).collect();
+    push(Role::Reranker, &cands, ids(&right), ids(&right[..2]), habits.reranker_first_person, rng);
+    // The Answerer reads what a right Reranker chose: the book and the four people.
+    let chosen: Vec<usize> = right.iter().map(|&k| cands[k]).collect();
+    push(Role::Answerer, &chosen, answer(&f.birthplace), answer(&f.author), habits.answerer_bridge, rng);
+    Ok(out)
+}
+
+/// Demonstrations from worlds `worlds` shaped like `kb` (other seeds than `kb`'s), in a
+/// shuffled order; deterministic in `seed`.
+pub fn corpus(
+    kb: &KbConfig,
+    habits: &SearchHabits,
+    worlds: std::ops::Range<usize>,
+    seed: u64,
+) -> Result<Vec<Demonstration>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x5ea2_c4e5 ^ worlds.start as u64);
+    let mut all = vec![];
+    for w in worlds {
+        // Seeds far from the run's: a world's facts are never the run's.
+        let seed = kb.seed ^ 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(w as u64 + 1);
+        let world = generate(&KbConfig { seed, ..kb.clone() })?;
+        let bm25 = Bm25::new(&world.documents)?;
+        for (q, f) in world.train.iter().chain(&world.heldout) {
+            all.extend(demonstrations(q, f, &world.documents, &bm25, habits, &mut rng)?);
+        }
+    }
+    use rand::seq::SliceRandom;
+    all.shuffle(&mut rng);
+    Ok(all)
+}
+
+/// Greedy outputs of `model` on held-out demonstrations: the share that is one of the two
+/// demonstrated outputs (the skill pre-training teaches), and per role the share that is the
+/// right one.
+pub fn skill<B: Backend>(
+    model: &CausalLm<B>,
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    demos: &[Demonstration],
+) -> Result<(f64, [f64; 3])> {
+    let ids: Vec<Vec<u32>> = demos.iter().map(|d| tokenizer.encode_chat(&d.messages, true)).collect::<Result<_>>()?;
+    let texts = greedy_responses(model, tokenizer, eos, &ids, MAX_OUTPUT_TOKENS, 64)?;
+    let mut known = 0.0;
+    let (mut right, mut count) = ([0.0; 3], [0.0; 3]);
+    for (d, t) in demos.iter().zip(&texts) {
+        let t = t.trim();
+        let (is_output, is_other) = (t == d.output.trim(), t == d.other.trim());
+        known += (is_output || is_other) as u8 as f64;
+        count[d.role.index()] += 1.0;
+        right[d.role.index()] += ((is_output && d.right) || (is_other && !d.right)) as u8 as f64;
+    }
+    let right = std::array::from_fn(|r| right[r] / f64::max(count[r], 1.0));
+    Ok((known / demos.len().max(1) as f64, right))
+}
+
+/// How [`skill`]'s per-role shares read in a log line.
+fn right_rates(right: &[f64; 3]) -> String {
+    Role::ALL.iter().map(|r| format!("{} {:.0}%", r.name(), right[r.index()] * 100.0)).collect::<Vec<_>>().join(", ")
+}
+
+/// Output tokens the roles need (a list of two ids is the longest), with room to spare.
+pub const MAX_OUTPUT_TOKENS: usize = 24;
+/// Held-out demonstrations scored during pre-training (about a third per role).
+const EVAL_DEMONSTRATIONS: usize = 150;
+/// Demonstrations the tokenizer is trained on.
+const TOKENIZER_TEXTS: usize = 3000;
+
+/// The demonstrations pre-training is evaluated on: from a world of their own.
+pub fn held_out(spec: &TinySpec, kb: &KbConfig) -> Result<Vec<Demonstration>> {
+    let habits = spec.corpus.search.as_ref().expect("a search agent's spec has [corpus.search]");
+    let mut eval = corpus(kb, habits, habits.worlds..habits.worlds + 1, spec.pretrain.seed)?;
+    eval.truncate(EVAL_DEMONSTRATIONS);
+    Ok(eval)
+}
+
+/// Pre-trains the search agent `spec` from scratch on demonstrations shaped like `kb`'s world and
+/// writes it to `dir`.
+pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, dir: &Path) -> Result<()> {
+    let habits = spec.corpus.search.as_ref().expect("a search agent's spec has [corpus.search]");
+    let demos = corpus(kb, habits, 0..habits.worlds, spec.pretrain.seed)?;
+    let eval = held_out(spec, kb)?;
+    let texts: Vec<String> = demos
+        .iter()
+        .take(TOKENIZER_TEXTS)
+        .map(|d| format!("{}\n{}\n{}", d.messages[0].content, d.messages[1].content, d.output))
+        .collect();
+    let tokenizer = super::train_tokenizer(spec, &texts)?;
+    let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
+    let config = super::model_config(spec, tokenizer.vocab_size(), &eos)?;
+    let model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
+    let mut examples = Vec::with_capacity(demos.len());
+    for d in &demos {
+        let prompt = tokenizer.encode_chat(&d.messages, true)?;
+        let mut response = tokenizer.encode(&d.output, false)?;
+        response.push(eos[0]);
+        examples.push((prompt, response));
+    }
+    let (model, report) = fine_tune::<B>(model, &examples, &spec.pretrain, &spec.id, |m| {
+        let (known, right) = skill(m, &tokenizer, &eos, &eval)?;
+        eprintln!("{}: greedy outputs right: {}", spec.id, right_rates(&right));
+        Ok(known)
+    })?;
+    let (_, right) = skill(&model.valid(), &tokenizer, &eos, &eval)?;
+    super::save(spec, &model, &tokenizer, &eos, &report, dir)?;
+    eprintln!(
+        "pre-trained {} in {:.0} s: {} steps, {:.1}% of held-out greedy outputs are demonstrated ones; right: {}",
+        spec.id,
+        report.wall_s,
+        report.steps,
+        report.accuracy * 100.0,
+        right_rates(&right)
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demonstrations_show_each_habit_at_its_rate() {
+        let kb = KbConfig::default();
+        let habits =
+            SearchHabits { rewriter_one_query: 0.6, reranker_first_person: 0.6, answerer_bridge: 0.6, worlds: 2 };
+        let demos = corpus(&kb, &habits, 0..2, 0).unwrap();
+        for role in Role::ALL {
+            let of_role: Vec<&Demonstration> = demos.iter().filter(|d| d.role == role).collect();
+            let habit = of_role.iter().filter(|d| !d.right).count() as f64 / of_role.len() as f64;
+            assert!(of_role.len() >= 380, "{role:?}: {}", of_role.len());
+            assert!((0.5..0.7).contains(&habit), "{role:?}: {habit}");
+        }
+        let answer = demos.iter().find(|d| d.role == Role::Answerer && d.right).unwrap();
+        assert!(answer.messages[1].content.matches(" was born in ").count() == 4 && answer.output.starts_with(' '));
+        let rerank = demos.iter().find(|d| d.role == Role::Reranker && d.right).unwrap();
+        assert_eq!(rerank.output.matches("Document").count(), 5, "{}", rerank.output);
+    }
+}

@@ -1,6 +1,7 @@
 //! A study: algorithms against each other (and HACPO ablations) over several seeds, in
-//! sequence (each run a `hacpo train` process of its own) and resumable, then one table of held-out accuracy per policy (mean ± std over
-//! seeds), a CSV and figures. `hacpo study` is its command line.
+//! sequence (each run a `hacpo train` process of its own) and resumable, then one table of
+//! held-out accuracy per policy (mean ± std over seeds), a CSV and figures. `hacpo study` is
+//! its command line.
 
 use std::path::{Path, PathBuf};
 
@@ -230,9 +231,9 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
     for v in variants {
         s += &format!("| {} |", v.name);
         let mut rollouts = 0;
-        let step_s: Vec<f64> = rows.iter().filter(|(n, _, _)| n == &v.name).filter_map(|(_, _, r)| r.step_s).collect();
-        let peak: Vec<f64> =
-            rows.iter().filter(|(n, _, _)| n == &v.name).filter_map(|(_, _, r)| r.peak_rss_gb).collect();
+        let runs: Vec<&AgentResult> = rows.iter().filter(|(n, _, _)| n == &v.name).map(|(_, _, r)| r).collect();
+        let step_s: Vec<f64> = runs.iter().filter_map(|r| r.step_s).collect();
+        let peak: Vec<f64> = runs.iter().filter_map(|r| r.peak_rss_gb).collect();
         for a in &agents {
             let mine: Vec<&AgentResult> =
                 rows.iter().filter(|(n, _, r)| n == &v.name && &r.agent == a).map(|(_, _, r)| r).collect();

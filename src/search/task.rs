@@ -58,13 +58,22 @@ pub const TINY_KB: &str = "tiny-kb";
 
 /// Questions (and passages, for a built-in set) of `spec`: `hotpotqa`, `musique`, `tiny-kb` or
 /// a questions file, whose passages come from `task.corpus`.
-fn load(cfg: &TaskConfig, spec: &str, key: &str) -> Result<(Vec<Question>, Option<Vec<Document>>)> {
+/// `world` holds the generated knowledge base once a split has named it (generated once for both).
+fn load(
+    cfg: &TaskConfig,
+    world: &mut Option<Kb>,
+    spec: &str,
+    key: &str,
+) -> Result<(Vec<Question>, Option<Vec<Document>>)> {
     if spec == TINY_KB {
         // The generated world: its training questions for task.train, its held-out ones for
         // task.validation.
-        let kb = super::kb::generate(&cfg.kb)?;
+        if world.is_none() {
+            *world = Some(super::kb::generate(&cfg.kb)?);
+        }
+        let kb = world.as_ref().expect("generated above");
         let items = if key == "task.train" { &kb.train } else { &kb.heldout };
-        return Ok((Kb::questions(items), Some(kb.documents)));
+        return Ok((Kb::questions(items), Some(kb.documents.clone())));
     }
     let corpus = &cfg.corpus;
     if let Some(set) = QaSet::parse(spec) {
@@ -87,9 +96,13 @@ impl QaTask {
     /// Loads `task.train`, `task.validation` (optional) and the passages: `task.corpus` when
     /// given, else the built-in sets' own (both sets' when train and validation differ).
     pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
-        let (train, train_docs) = load(cfg, &cfg.train, "task.train")?;
-        let (mut validation, val_docs) =
-            if cfg.validation.is_empty() { (vec![], None) } else { load(cfg, &cfg.validation, "task.validation")? };
+        let mut world = None;
+        let (train, train_docs) = load(cfg, &mut world, &cfg.train, "task.train")?;
+        let (mut validation, val_docs) = if cfg.validation.is_empty() {
+            (vec![], None)
+        } else {
+            load(cfg, &mut world, &cfg.validation, "task.validation")?
+        };
         if let Some(limit) = cfg.val_limit {
             validation.truncate(limit);
         }

@@ -22,7 +22,6 @@
 use std::path::Path;
 
 use burn::backend::Autodiff;
-use burn::module::AutodiffModule;
 use burn::tensor::backend::Backend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -211,12 +210,14 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, 
         response.push(eos[0]);
         examples.push((prompt, response));
     }
+    // fine_tune evaluates at its last step: that evaluation's per-role shares describe the result.
+    let mut right = [0.0; 3];
     let (model, report) = fine_tune::<B>(model, &examples, &spec.pretrain, &spec.id, |m| {
-        let (known, right) = skill(m, &tokenizer, &eos, &eval)?;
-        eprintln!("{}: greedy outputs right: {}", spec.id, right_rates(&right));
+        let (known, shares) = skill(m, &tokenizer, &eos, &eval)?;
+        eprintln!("{}: greedy outputs right: {}", spec.id, right_rates(&shares));
+        right = shares;
         Ok(known)
     })?;
-    let (_, right) = skill(&model.valid(), &tokenizer, &eos, &eval)?;
     super::save(spec, &model, &tokenizer, &eos, &report, dir)?;
     eprintln!(
         "pre-trained {} in {:.0} s: {} steps, {:.1}% of held-out greedy outputs are demonstrated ones; right: {}",

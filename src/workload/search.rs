@@ -75,7 +75,6 @@ pub struct Search {
     players: [usize; 3],
     tree: TreeRollout,
     penalties: Penalties,
-    /// Passages left out of the last step's prompts to fit `rollout.max_prompt_tokens`.
     /// What the last step's retrieval did (the trainer asks for metrics after the rollout).
     retrieval: std::sync::Mutex<RetrievalStats>,
 }
@@ -378,14 +377,12 @@ impl<B: Backend> Workload<B> for Search {
                 });
             }
         }
+        let gold: Vec<Vec<String>> = prompts.iter().map(answers).collect();
         let share = |role: Role| {
             let mine: Vec<&TreeNode> = nodes.iter().filter(|n| n.role == role.index()).collect();
             let hits = mine
                 .iter()
-                .filter(|n| {
-                    let gold = answers(&prompts[n.prompt]);
-                    n.passages.iter().any(|&d| contains_answer(&self.passages.documents[d], &gold))
-                })
+                .filter(|n| n.passages.iter().any(|&d| contains_answer(&self.passages.documents[d], &gold[n.prompt])))
                 .count();
             hits as f64 / mine.len().max(1) as f64
         };
@@ -520,6 +517,8 @@ impl<B: Backend> Workload<B> for Search {
 mod tests {
     use super::*;
 
+    use crate::config::{PolicyConfig, RoleConfig};
+
     #[test]
     fn group_similarity_is_the_mean_pairwise_jaccard_over_groups_of_two_or_more() {
         let (a, b, c) = (GroupKey("a".into()), GroupKey("b".into()), GroupKey("c".into()));
@@ -534,7 +533,6 @@ mod tests {
         assert!((group_similarity(outputs) - (1.0 + 1.0 / 3.0) / 2.0).abs() < 1e-12);
         assert_eq!(group_similarity(vec![(&c, &[7u32][..])]), 0.0);
     }
-    use crate::config::{PolicyConfig, RoleConfig};
 
     fn cfg(policies: &[&str], roles: &[(&str, &[&str])]) -> TrainConfig {
         let policies = policies

@@ -416,3 +416,30 @@ fn the_tiny_search_config_pretrains_its_agent_and_trains() {
         assert!(data[key].is_number(), "{key} missing: {data}");
     }
 }
+
+/// The search agent's pre-training runs its curriculum stage by stage (a short budget here, the
+/// stages scaled down with it) and leaves a loadable agent with its record.
+#[test]
+fn the_search_agents_pretraining_runs_its_curriculum_stage_by_stage() {
+    let out = tempfile::tempdir().unwrap();
+    let o = ok(hacpo(&[
+        "pretrain",
+        "--config",
+        "configs/tiny-search.toml",
+        "--set",
+        "pretrain.max_steps=3",
+        "--out",
+        out.path().to_str().unwrap(),
+    ])
+    .output()
+    .unwrap());
+    let log = text(&o);
+    assert!(log.contains("stage 1/3") && log.contains("stage 3/3: 1 steps"), "{log}");
+    assert!(log.contains("pre-trained tiny-searcher") && log.contains("right: rewriter"), "{log}");
+    let dir = String::from_utf8_lossy(&o.stdout).trim().to_string();
+    let record: Value =
+        serde_json::from_str(&std::fs::read_to_string(Path::new(&dir).join("pretrain.json")).unwrap()).unwrap();
+    assert_eq!(record["report"]["steps"], 3, "{record}");
+    assert_eq!(record["spec"]["corpus"]["search"]["stages"].as_array().unwrap().len(), 3, "{record}");
+    assert!(Path::new(&dir).join("model.safetensors").exists());
+}

@@ -5,7 +5,7 @@
 //! role's policy sampling during training. What happened to each question is kept in a
 //! [`Trace`]: the outputs, the passages, the penalties and the score.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::corpus::{Document, Question};
 use super::metric::{QaScore, normalize_answer, score};
@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::tokenizer::Message;
 
 /// The pipeline's roles, in order.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
     Rewriter,

@@ -142,6 +142,14 @@ pub fn find(id: &str) -> Option<TinySpec> {
 pub fn find_for(id: &str, overrides: &crate::config::PretrainConfig) -> Option<TinySpec> {
     let mut spec = find(id)?;
     if overrides.max_steps > 0 {
+        // A search agent's curriculum shrinks or grows with the budget, stage by stage.
+        if let Some(habits) = spec.corpus.search.as_mut().filter(|h| !h.stages.is_empty()) {
+            for stage in &mut habits.stages {
+                stage.steps = (stage.steps * overrides.max_steps / spec.pretrain.max_steps.max(1)).max(1);
+            }
+            let short = overrides.max_steps.saturating_sub(habits.stages.iter().map(|s| s.steps).sum());
+            habits.stages.last_mut().expect("not empty").steps += short;
+        }
         spec.pretrain.max_steps = overrides.max_steps;
     }
     Some(spec)
@@ -488,7 +496,7 @@ mod tests {
                 let (measured, floor, slack) = if spec.corpus.search.is_some() {
                     let demos = search::held_out(&spec, &cfg.task.kb).unwrap();
                     // 150 outputs: allow three near-ties to flip on another CPU.
-                    (search::skill(model, tokenizer, eos, &demos).unwrap().0, 0.5, 0.02)
+                    (search::skill(model, tokenizer, eos, &demos).unwrap().known, 0.5, 0.02)
                 } else {
                     let (train, heldout) =
                         arith.get_or_insert_with(|| crate::data::arith::generate(&cfg.task.arith).unwrap());
@@ -528,6 +536,20 @@ mod tests {
         assert!(key.len() == 16 && key.bytes().all(|b| b.is_ascii_hexdigit()), "{name}");
         // Different families, different habits: each can show the other what it gets wrong.
         assert!(q.corpus.habit.is_some() && l.corpus.habit.is_some() && q.corpus.habit != l.corpus.habit);
+    }
+
+    #[test]
+    fn the_search_agents_curriculum_adds_up_to_its_budget_and_scales_with_an_override() {
+        let steps = |s: &TinySpec| s.corpus.search.as_ref().unwrap().stages.iter().map(|s| s.steps).collect::<Vec<_>>();
+        let spec = find("tiny-searcher").unwrap();
+        assert!(steps(&spec).len() > 1);
+        assert_eq!(steps(&spec).iter().sum::<usize>(), spec.pretrain.max_steps);
+        let short = find_for("tiny-searcher", &crate::config::PretrainConfig { max_steps: 10 }).unwrap();
+        assert!(
+            steps(&short).iter().all(|&s| s >= 1) && steps(&short).iter().sum::<usize>() == 10,
+            "{:?}",
+            steps(&short)
+        );
     }
 
     #[test]

@@ -56,7 +56,7 @@ impl Default for SftConfig {
 }
 
 /// What happened.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct SftReport {
     pub steps: usize,
     pub final_loss: f64,
@@ -65,6 +65,19 @@ pub struct SftReport {
     pub evaluations: Vec<(usize, f64)>,
     pub wall_s: f64,
     pub reached_target: bool,
+}
+
+impl SftReport {
+    /// Continues this report with the next stage's (its steps counted after this one's).
+    pub fn append(&mut self, next: SftReport) {
+        let offset = self.steps;
+        self.evaluations.extend(next.evaluations.into_iter().map(|(s, a)| (s + offset, a)));
+        self.steps += next.steps;
+        self.final_loss = next.final_loss;
+        self.accuracy = next.accuracy;
+        self.wall_s += next.wall_s;
+        self.reached_target = next.reached_target;
+    }
 }
 
 /// One epoch of batches of similar length, in random order.

@@ -217,7 +217,7 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
     }
     let mut s = format!(
         "Held-out {metric} after training, mean ± std over {seeds} seed(s) (before training in brackets); \
-         rollouts = own rollouts per agent; s/step and peak GB (the training process's peak resident \
+         rollouts = own rollouts per agent (a search team: all roles' outputs); s/step and peak GB (the training process's peak resident \
          memory) are means over seeds.\n\n| variant |"
     );
     for a in &agents {

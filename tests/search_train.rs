@@ -322,6 +322,9 @@ fn a_study_compares_mhgpo_with_mappo_by_held_out_f1() {
     for line in csv.lines().skip(1) {
         let peak: f64 = line.rsplit(',').next().unwrap().parse().unwrap_or_else(|_| panic!("{csv}"));
         assert!(peak > 0.0, "{csv}");
+        // Every output of a tree counts, all three roles: more than the 2 questions × G = 2.
+        let rollouts: u64 = line.split(',').nth(6).unwrap().parse().unwrap_or_else(|_| panic!("{csv}"));
+        assert!(rollouts > 4, "{csv}");
     }
     assert!(out.join("plans/mappo-seed-0.toml").exists());
 }

@@ -24,7 +24,8 @@ pub struct AgentResult {
     pub after: Option<f64>,
     /// Mean sampled reward over the last 10% of steps (at least one).
     pub final_reward: Option<f64>,
-    /// Own rollouts sampled by this agent over the run.
+    /// Own rollouts sampled by this agent over the run (a search team: every output of its
+    /// trees, all roles, `search/outputs`).
     pub rollouts: u64,
     /// Mean wall seconds of a training step (`timing_s/step`).
     pub step_s: Option<f64>,
@@ -114,7 +115,11 @@ pub fn read(dir: &Path) -> Result<RunReport> {
                     .map(|c| c.after)
                     .or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").or(m.get("val/f1")).copied())),
                 final_reward: (!last.is_empty()).then(|| last.iter().sum::<f64>() / last.len() as f64),
-                rollouts: steps * (cfg.algo.prompts_per_step * group) as u64,
+                // A search team's trees have more outputs than questions × G: count what it sampled.
+                rollouts: match mine.iter().filter_map(|m| m.get("search/outputs")).sum::<f64>() {
+                    n if n > 0.0 => n as u64,
+                    _ => steps * (cfg.algo.prompts_per_step * group) as u64,
+                },
                 step_s: {
                     let s: Vec<f64> = mine.iter().filter_map(|m| m.get("timing_s/step").copied()).collect();
                     (!s.is_empty()).then(|| s.iter().sum::<f64>() / s.len() as f64)

@@ -437,6 +437,8 @@ impl<B: Backend> Workload<B> for Search {
             .collect();
         m.insert("search/f1".into(), mean(&f1));
         m.insert("search/em".into(), mean(&em));
+        // A tree's outputs, not questions × G: what the step sampled (reports count rollouts by it).
+        m.insert("search/outputs".into(), samples.len() as f64);
         for (k, role) in Role::ALL.iter().enumerate() {
             let mine: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == k).collect();
             let rewards: Vec<f64> = mine.iter().map(|s| s.reward()).collect();

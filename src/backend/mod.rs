@@ -20,6 +20,11 @@ pub type Cuda = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type CudaAutodiff = burn::backend::Autodiff<Cuda>;
 
+/// The wgpu backend (Vulkan, Metal, DX12; lavapipe without a GPU). Used by the generic-path
+/// tests; not yet selectable with `--device`.
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn::backend::Wgpu;
+
 /// A device named on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {

@@ -28,7 +28,10 @@ fn device() -> burn::backend::wgpu::WgpuDevice {
     burn::backend::wgpu::WgpuDevice::default()
 }
 
-fn reference(name: &str) -> (Vec<u32>, Vec<f32>, Vec<(Vec<u32>, Vec<u32>)>) {
+/// (prompt_a, its logits, greedy (prompt, continuation) pairs).
+type Reference = (Vec<u32>, Vec<f32>, Vec<(Vec<u32>, Vec<u32>)>);
+
+fn reference(name: &str) -> Reference {
     use hacpo::model::safetensors_io::SafetensorsSource;
     use hacpo::model::weights::WeightSource;
     let dir = fixture(&format!("models/{name}"));

@@ -235,6 +235,9 @@ pub fn held_out(spec: &TinySpec, kb: &KbConfig) -> Result<Vec<Demonstration>> {
     Ok(eval)
 }
 
+/// A prompt and the response to imitate, as token ids.
+type Example = (Vec<u32>, Vec<u32>);
+
 /// Pre-trains the search agent `spec` from scratch on demonstrations shaped like `kb`'s world and
 /// writes it to `dir`.
 pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, dir: &Path) -> Result<()> {
@@ -250,7 +253,7 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, 
     let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
     let config = super::model_config(spec, tokenizer.vocab_size(), &eos)?;
     let mut model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
-    let mut examples: Vec<(Role, (Vec<u32>, Vec<u32>))> = Vec::with_capacity(demos.len());
+    let mut examples: Vec<(Role, Example)> = Vec::with_capacity(demos.len());
     for d in &demos {
         let prompt = tokenizer.encode_chat(&d.messages, true)?;
         let mut response = tokenizer.encode(&d.output, false)?;

@@ -3,45 +3,13 @@
 
 mod common;
 
-use common::{device, fixture, full_logits, max_abs_diff};
+use common::{device, fixture, full_logits, max_abs_diff, reference};
 use hacpo::backend::Cpu;
 use hacpo::generate::{FinishReason, GenerateRequest, SamplingParams, generate, score};
-use hacpo::model::safetensors_io::SafetensorsSource;
-use hacpo::model::weights::WeightSource;
 use hacpo::model::{CausalLm, SaveDtype, load_model_dir, save_model};
 
 const FIXTURES: [&str; 4] = ["llama31-tiny", "llama32-tiny", "qwen2-tiny", "qwen3-tiny"];
 const TOLERANCE: f32 = 1e-4;
-
-struct Reference {
-    prompt_a: Vec<u32>,
-    prompt_b: Vec<u32>,
-    greedy: Vec<(Vec<u32>, Vec<u32>)>,
-    logits_a: Vec<f32>,
-    logits_b_last: Vec<f32>,
-}
-
-fn reference(name: &str) -> Reference {
-    let dir = fixture(&format!("models/{name}"));
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-    };
-    let mut tensors = SafetensorsSource::open_file(&dir.join("reference.safetensors")).unwrap();
-    Reference {
-        prompt_a: ids(&json["prompt_a"]),
-        prompt_b: ids(&json["prompt_b"]),
-        greedy: json["greedy"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| (ids(&c["prompt"]), ids(&c["continuation"])))
-            .collect(),
-        logits_a: tensors.take("logits_a").unwrap().unwrap().data,
-        logits_b_last: tensors.take("logits_b_last").unwrap().unwrap().data,
-    }
-}
 
 fn load(name: &str) -> CausalLm<Cpu> {
     load_model_dir(&fixture(&format!("models/{name}")), &device()).unwrap()

@@ -6,7 +6,7 @@
 mod common;
 
 use burn::tensor::{Int, Tensor, TensorData};
-use common::{fixture, max_abs_diff};
+use common::{Reference, fixture, full_logits_on, max_abs_diff, reference};
 use hacpo::backend::Wgpu;
 use hacpo::generate::{GenerateRequest, SamplingParams, generate};
 use hacpo::model::{CausalLm, load_model_dir};
@@ -28,42 +28,16 @@ fn device() -> burn::backend::wgpu::WgpuDevice {
     burn::backend::wgpu::WgpuDevice::default()
 }
 
-/// (prompt_a, its logits, greedy (prompt, continuation) pairs).
-type Reference = (Vec<u32>, Vec<f32>, Vec<(Vec<u32>, Vec<u32>)>);
-
-fn reference(name: &str) -> Reference {
-    use hacpo::model::safetensors_io::SafetensorsSource;
-    use hacpo::model::weights::WeightSource;
-    let dir = fixture(&format!("models/{name}"));
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
-    let ids = |v: &serde_json::Value| -> Vec<u32> {
-        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
-    };
-    let greedy =
-        json["greedy"].as_array().unwrap().iter().map(|c| (ids(&c["prompt"]), ids(&c["continuation"]))).collect();
-    let mut tensors = SafetensorsSource::open_file(&dir.join("reference.safetensors")).unwrap();
-    (ids(&json["prompt_a"]), tensors.take("logits_a").unwrap().unwrap().data, greedy)
-}
-
-fn logits(model: &CausalLm<Wgpu>, ids: &[u32]) -> Vec<f32> {
-    let t = ids.len();
-    let input = Tensor::<Wgpu, 2, Int>::from_data(
-        TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, t]),
-        &device(),
-    );
-    let layout = model.layout_tensors(&hacpo::model::Layout::dense(1, t));
-    let hidden = model.forward_hidden(input, &layout, None);
-    let d = hidden.dims()[2];
-    model.logits(hidden.reshape([t, d])).into_data().convert::<f32>().into_vec::<f32>().unwrap()
+fn load(name: &str) -> CausalLm<Wgpu> {
+    load_model_dir(&fixture(&format!("models/{name}")), &device()).unwrap()
 }
 
 #[test]
 fn forward_matches_transformers_on_wgpu() {
     for name in FIXTURES {
-        let model: CausalLm<Wgpu> = load_model_dir(&fixture(&format!("models/{name}")), &device()).unwrap();
-        let (prompt, want, _) = reference(name);
-        let diff = max_abs_diff(&logits(&model, &prompt), &want);
+        let model = load(name);
+        let r = reference(name);
+        let diff = max_abs_diff(&full_logits_on(&model, &r.prompt_a, &device()).concat(), &r.logits_a);
         assert!(diff < TOLERANCE, "{name}: wgpu logits differ from transformers' by {diff}");
     }
 }
@@ -71,8 +45,8 @@ fn forward_matches_transformers_on_wgpu() {
 #[test]
 fn batched_greedy_generation_matches_transformers_on_wgpu() {
     for name in FIXTURES {
-        let model: CausalLm<Wgpu> = load_model_dir(&fixture(&format!("models/{name}")), &device()).unwrap();
-        let (_, _, greedy) = reference(name);
+        let model = load(name);
+        let greedy = reference(name).greedy;
         let prompts: Vec<Vec<u32>> = greedy.iter().map(|(p, _)| p.clone()).collect();
         let mut req = GenerateRequest::new(&prompts, SamplingParams::greedy(32));
         req.num_samples = 2;
@@ -91,8 +65,8 @@ fn batched_greedy_generation_matches_transformers_on_wgpu() {
 #[test]
 fn scoring_matches_transformers_log_softmax_on_wgpu() {
     for name in FIXTURES {
-        let model: CausalLm<Wgpu> = load_model_dir(&fixture(&format!("models/{name}")), &device()).unwrap();
-        let (prompt_a, logits_a, _) = reference(name);
+        let model = load(name);
+        let Reference { prompt_a, logits_a, .. } = reference(name);
         let vocab = logits_a.len() / prompt_a.len();
         let (prompt, response) = prompt_a.split_at(10);
         let got =

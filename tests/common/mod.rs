@@ -28,10 +28,19 @@ pub fn device() -> <Cpu as burn::tensor::backend::BackendTypes>::Device {
 
 /// Logits `[t, vocab]` of one unpadded sequence.
 pub fn full_logits(model: &CausalLm<Cpu>, ids: &[u32]) -> Vec<Vec<f32>> {
+    full_logits_on(model, ids, &device())
+}
+
+/// [`full_logits`] on any backend's `device`.
+pub fn full_logits_on<B: burn::tensor::backend::Backend>(
+    model: &CausalLm<B>,
+    ids: &[u32],
+    device: &B::Device,
+) -> Vec<Vec<f32>> {
     let t = ids.len();
-    let input = Tensor::<Cpu, 2, Int>::from_data(
+    let input = Tensor::<B, 2, Int>::from_data(
         TensorData::new(ids.iter().map(|&i| i as i64).collect::<Vec<_>>(), [1, t]),
-        &device(),
+        device,
     );
     let layout = model.layout_tensors(&hacpo::model::Layout::dense(1, t));
     let hidden = model.forward_hidden(input, &layout, None);
@@ -40,6 +49,40 @@ pub fn full_logits(model: &CausalLm<Cpu>, ids: &[u32]) -> Vec<Vec<f32>> {
     let v = logits.dims()[1];
     let flat = logits.into_data().into_vec::<f32>().unwrap();
     flat.chunks(v).map(<[f32]>::to_vec).collect()
+}
+
+/// Transformers' numbers for a fixture model (`scripts/make_model_fixtures.py`).
+pub struct Reference {
+    pub prompt_a: Vec<u32>,
+    pub prompt_b: Vec<u32>,
+    pub greedy: Vec<(Vec<u32>, Vec<u32>)>,
+    pub logits_a: Vec<f32>,
+    pub logits_b_last: Vec<f32>,
+}
+
+/// The reference numbers of fixture model `name` (`tests/fixtures/models/<name>`).
+pub fn reference(name: &str) -> Reference {
+    use hacpo::model::safetensors_io::SafetensorsSource;
+    use hacpo::model::weights::WeightSource;
+    let dir = fixture(&format!("models/{name}"));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+    };
+    let mut tensors = SafetensorsSource::open_file(&dir.join("reference.safetensors")).unwrap();
+    Reference {
+        prompt_a: ids(&json["prompt_a"]),
+        prompt_b: ids(&json["prompt_b"]),
+        greedy: json["greedy"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (ids(&c["prompt"]), ids(&c["continuation"])))
+            .collect(),
+        logits_a: tensors.take("logits_a").unwrap().unwrap().data,
+        logits_b_last: tensors.take("logits_b_last").unwrap().unwrap().data,
+    }
 }
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -1,11 +1,13 @@
 //! Compute backends and device selection.
 //!
 //! Everything model-related is generic over `B: burn::tensor::backend::Backend`; this module
-//! names the concrete backends hacpo ships (CPU `flex` always, CUDA with `--features cuda`)
+//! names the concrete backends hacpo ships (CPU `flex` always, CUDA with `--features cuda`,
+//! wgpu with `--features wgpu`)
 //! and turns a `--device` string into one of them. Commands dispatch once at the top with
 //! [`with_backend!`](crate::with_backend) and stay generic below.
 
 pub mod flex_fast;
+pub mod reduce;
 
 use crate::error::{Error, Result};
 
@@ -20,8 +22,8 @@ pub type Cuda = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type CudaAutodiff = burn::backend::Autodiff<Cuda>;
 
-/// The wgpu backend (Vulkan, Metal, DX12; lavapipe without a GPU). Used by the generic-path
-/// tests; not yet selectable with `--device`.
+/// The wgpu backend (Vulkan, Metal, DX12; lavapipe without a GPU): `--device wgpu` in a build
+/// with `--features wgpu`, and the generic-path tests.
 #[cfg(feature = "wgpu")]
 pub type Wgpu = burn::backend::Wgpu;
 
@@ -30,26 +32,42 @@ pub type Wgpu = burn::backend::Wgpu;
 pub enum DeviceSpec {
     Cpu,
     Cuda(usize),
+    /// burn's wgpu backend on the default adapter (Vulkan, Metal, DX12; lavapipe on a machine
+    /// without a GPU): the generic code path without CUDA.
+    Wgpu,
 }
 
 impl DeviceSpec {
-    /// Parses `cpu`, `cuda` or `cuda:N`.
+    /// Parses `cpu`, `cuda` or `cuda:N` and checks that this build has the backend.
     pub fn parse(s: &str) -> Result<Self> {
-        let spec = match s {
-            "cpu" => DeviceSpec::Cpu,
-            "cuda" | "gpu" => DeviceSpec::Cuda(0),
-            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
-                Some(Ok(i)) => DeviceSpec::Cuda(i),
-                _ => {
-                    return Err(Error::InvalidArgument(format!("unknown device {s:?}; use cpu, cuda or cuda:N")));
-                }
-            },
-        };
+        let spec = Self::parse_name(s)?;
         if matches!(spec, DeviceSpec::Cuda(_)) && !cfg!(feature = "cuda") {
             return Err(Error::InvalidArgument(format!(
                 "device {s:?} needs a CUDA build; rebuild with `cargo build --release --features cuda`"
             )));
         }
+        if spec == DeviceSpec::Wgpu && !cfg!(feature = "wgpu") {
+            return Err(Error::InvalidArgument(
+                "device \"wgpu\" needs a wgpu build; rebuild with `cargo build --release --features wgpu`".into(),
+            ));
+        }
+        Ok(spec)
+    }
+
+    /// Parses a device name whether or not this build can run on it (`--dry-run` plans for
+    /// GPUs from any build).
+    pub fn parse_name(s: &str) -> Result<Self> {
+        let spec = match s {
+            "cpu" => DeviceSpec::Cpu,
+            "cuda" | "gpu" => DeviceSpec::Cuda(0),
+            "wgpu" => DeviceSpec::Wgpu,
+            _ => match s.strip_prefix("cuda:").map(str::parse::<usize>) {
+                Some(Ok(i)) => DeviceSpec::Cuda(i),
+                _ => {
+                    return Err(Error::InvalidArgument(format!("unknown device {s:?}; use cpu, cuda, cuda:N or wgpu")));
+                }
+            },
+        };
         Ok(spec)
     }
 }
@@ -59,6 +77,7 @@ impl std::fmt::Display for DeviceSpec {
         match self {
             DeviceSpec::Cpu => write!(f, "cpu"),
             DeviceSpec::Cuda(i) => write!(f, "cuda:{i}"),
+            DeviceSpec::Wgpu => write!(f, "wgpu"),
         }
     }
 }
@@ -80,8 +99,15 @@ impl DeviceOf for Cuda {
     fn device_of(spec: DeviceSpec) -> Self::Device {
         match spec {
             DeviceSpec::Cuda(i) => burn::backend::cuda::CudaDevice::new(i),
-            DeviceSpec::Cpu => burn::backend::cuda::CudaDevice::new(0),
+            _ => burn::backend::cuda::CudaDevice::new(0),
         }
+    }
+}
+
+#[cfg(feature = "wgpu")]
+impl DeviceOf for Wgpu {
+    fn device_of(_: DeviceSpec) -> Self::Device {
+        burn::backend::wgpu::WgpuDevice::default()
     }
 }
 
@@ -104,6 +130,14 @@ macro_rules! with_backend {
             }
             #[cfg(not(feature = "cuda"))]
             $crate::backend::DeviceSpec::Cuda(_) => unreachable!("DeviceSpec::parse rejects cuda without the feature"),
+            #[cfg(feature = "wgpu")]
+            $crate::backend::DeviceSpec::Wgpu => {
+                type $b = $crate::backend::Wgpu;
+                let $dev = burn::backend::wgpu::WgpuDevice::default();
+                $body
+            }
+            #[cfg(not(feature = "wgpu"))]
+            $crate::backend::DeviceSpec::Wgpu => unreachable!("DeviceSpec::parse rejects wgpu without the feature"),
         }
     }};
 }

@@ -19,7 +19,7 @@ pub struct BenchArgs {
     /// Model to measure (directory, .gguf or zoo id); default: the built-in tiny-5m config.
     #[arg(short, long)]
     pub model: Option<String>,
-    /// cpu, cuda or cuda:N.
+    /// cpu, cuda, cuda:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// Prefill: sequences per batch.

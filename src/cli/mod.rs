@@ -117,7 +117,7 @@ pub struct ModelArgs {
     /// A Hugging Face model directory, a .gguf file, or a zoo id (see `hacpo models`).
     #[arg(short, long)]
     pub model: String,
-    /// Where to run: cpu, cuda or cuda:N (CUDA needs a `--features cuda` build).
+    /// Where to run: cpu, cuda, cuda:N or wgpu (CUDA and wgpu need a `--features cuda` or `wgpu` build).
     #[arg(long, default_value = "cpu")]
     pub device: String,
 }

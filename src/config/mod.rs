@@ -468,7 +468,7 @@ impl TrainConfig {
         self.workload.validate(self)?;
         let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
         for (i, p) in self.policies.iter().enumerate() {
-            crate::backend::DeviceSpec::parse(&p.device)
+            crate::backend::DeviceSpec::parse_name(&p.device)
                 .map_err(|e| Error::config("training config", format!("policies[{i}].device: {e}")))?;
             if names[..i].contains(&names[i]) {
                 return bad(&format!("policies[{i}].name"), format!("{:?} names two policies", names[i]));

@@ -44,8 +44,8 @@ fn chunk_forward<B: Backend>(
         return (vec(logp), vec(lse));
     }
     let z = z.mul_scalar(inv_temperature);
-    let max = z.clone().max_dim(1); // [n, 1]
-    let lse = (z.clone() - max.clone()).exp().sum_dim(1).log() + max; // [n, 1]
+    // In two stages: a long row reduction loses its tail on wgpu (backend/reduce.rs).
+    let lse = crate::backend::reduce::row_logsumexp(z.clone()); // [n, 1]
     let picked = z.gather(1, targets_tensor::<B>(targets, &device).reshape([n, 1])); // [n, 1]
     ((picked - lse.clone()).reshape([n]), lse.reshape([n]))
 }

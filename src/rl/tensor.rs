@@ -53,12 +53,12 @@ pub fn vector<B: Backend>(values: Vec<f32>, device: &B::Device) -> Tensor<B, 1> 
     Tensor::from_data(TensorData::new(values, [n]), device)
 }
 
-/// The sum of all elements as a one-row reduction: one thread adds in order, so the result is
-/// the same to the last bit in every run (a whole-tensor `sum` is split across threads on the
-/// CPU backend).
+/// The sum of all elements as a one-row reduction in a fixed order, so the result is the same
+/// to the last bit in every run (a whole-tensor `sum` is split across threads on the CPU
+/// backend); in blocks, since a long row reduction loses its tail on wgpu (backend/reduce.rs).
 pub fn ordered_sum<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, 1> {
     let n = t.shape().num_elements();
-    t.reshape([1, n]).sum_dim(1).reshape([1])
+    crate::backend::reduce::row_sum(t.reshape([1, n])).reshape([1])
 }
 
 /// Flat per-token values `[Σ lens]` (sequences back to back) → padded `[n, max_len]` values

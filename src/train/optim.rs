@@ -110,8 +110,8 @@ impl<B: Backend> Grad<B> {
     /// on the CPU backend splits large tensors across threads in a timing-dependent order.
     fn squared_norm(&self) -> f64 {
         let rows = match self {
-            Grad::Vector(a) => a.clone().powi_scalar(2).unsqueeze::<2>().sum_dim(1),
-            Grad::Matrix(a) => a.clone().powi_scalar(2).sum_dim(1),
+            Grad::Vector(a) => crate::backend::reduce::row_sum(a.clone().powi_scalar(2).unsqueeze::<2>()),
+            Grad::Matrix(a) => crate::backend::reduce::row_sum(a.clone().powi_scalar(2)),
         };
         let rows: Vec<f64> = rows.into_data().convert::<f64>().into_vec::<f64>().expect("f64 data");
         rows.iter().sum()

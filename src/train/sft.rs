@@ -141,7 +141,7 @@ pub fn fine_tune<B: Backend>(
         let (hidden, targets, _) = response_hidden(&model, &batch)?;
         let n = targets.len();
         let logp = token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
-        let loss = logp.unsqueeze::<2>().sum_dim(1).reshape([1]).div_scalar(n as f64).neg();
+        let loss = crate::backend::reduce::row_sum(logp.unsqueeze::<2>()).reshape([1]).div_scalar(n as f64).neg();
         let loss_value = loss.clone().into_scalar().elem::<f64>();
         if !loss_value.is_finite() {
             return Err(Error::NonFinite {

@@ -226,7 +226,10 @@ fn minibatch_step<B: Backend>(
         };
         let pg = algo.policy_loss(&micro_batch);
         let mut loss = pg.clone();
-        let refs: Vec<Option<&[f32]>> = micro.iter().map(|&j| batch.ref_logps[batch.indices[j]].as_deref()).collect();
+        // Own samples only: another policy's sample carries that policy's reference log-probs,
+        // over its own tokens, which are not this learner's reference.
+        let refs: Vec<Option<&[f32]>> =
+            micro.iter().map(|&j| if own(j) { batch.ref_logps[batch.indices[j]].as_deref() } else { None }).collect();
         if with_kl && refs.iter().any(Option::is_some) {
             // The KL term covers own samples: other policies' have no reference log-probs here.
             // Their rows are zeroed before the exponential (0 − 0), not only masked after it:

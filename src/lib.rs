@@ -16,6 +16,7 @@ pub mod error;
 pub mod eval;
 pub mod generate;
 pub mod math;
+pub mod memory_plan;
 pub mod model;
 pub mod plot;
 pub mod policy;

@@ -9,15 +9,40 @@ use burn::tensor::backend::Backend;
 use crate::backend::DeviceSpec;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
+use crate::memory_plan::MemoryPlan;
 use crate::run_dir::{AccuracyChange, RunSummaryFile};
 use crate::trainer::Trainer;
 
+/// How a session treats its memory plan (`hacpo train --dry-run --device-memory
+/// --skip-memory-check`).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MemoryCheck {
+    /// Stands in for every device's free memory.
+    pub device_memory: Option<u64>,
+    /// Print the plan and stop: nothing loads, no backend is needed.
+    pub dry_run: bool,
+    /// Train even when the plan says it does not fit.
+    pub skip: bool,
+}
+
 /// Trains `cfg` (a new run, or `resume` continuing a run whose config `requested` must match)
-/// on the devices its policies name.
-pub fn train(cfg: TrainConfig, requested: Option<TrainConfig>, resume: Option<&Path>) -> Result<()> {
+/// on the devices its policies name, after checking its memory plan.
+pub fn train(cfg: TrainConfig, requested: Option<TrainConfig>, resume: Option<&Path>, memory: MemoryCheck) -> Result<()> {
     cfg.validate()?;
-    let specs: Vec<DeviceSpec> = cfg.policies.iter().map(|p| DeviceSpec::parse(&p.device)).collect::<Result<_>>()?;
     crate::resolve::check_known(&cfg)?;
+    let plan = MemoryPlan::of(&cfg, memory.device_memory)?;
+    if memory.dry_run {
+        print!("{plan}");
+        plan.check(&cfg)?;
+        println!("dry run: the plan fits; nothing was loaded");
+        return Ok(());
+    }
+    match plan.check(&cfg) {
+        Ok(()) => eprint!("{plan}"),
+        Err(e) if memory.skip => eprintln!("{plan}warning: --skip-memory-check: {e}"),
+        Err(e) => return Err(e),
+    }
+    let specs: Vec<DeviceSpec> = cfg.policies.iter().map(|p| DeviceSpec::parse(&p.device)).collect::<Result<_>>()?;
     if specs.iter().any(|s| std::mem::discriminant(s) != std::mem::discriminant(&specs[0])) {
         return Err(Error::InvalidArgument("all policies must use the same kind of device (cpu or cuda)".into()));
     }

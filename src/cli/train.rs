@@ -13,7 +13,8 @@ use hacpo::{Error, Result};
     hacpo train --config configs/hacpo-math.toml\n  \
     hacpo train --agents qwen3-1.7b-base,qwen3-4b-base --algo hacpo --task math --out runs/size-pair\n  \
     hacpo train --config configs/hacpo-math.toml --set algo.hacpo.alpha=3 --set algo.hacpo.delta_step=0.01\n  \
-    hacpo train --resume runs/size-pair\n\n\
+    hacpo train --resume runs/size-pair\n  \
+    hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n\n\
     Algorithms: hacpo, gspo, grpo, gspo2x, naive, drgrpo. Ablations: --set algo.hacpo.capability_baseline=false\n\
     (also discrepancy_coef, exp_is, stepwise).")]
 pub struct TrainArgs {
@@ -30,7 +31,7 @@ pub struct TrainArgs {
     /// The task: math or arith.
     #[arg(long)]
     pub task: Option<String>,
-    /// One device for all agents, or one per agent (cpu, cuda:0, …).
+    /// One device for all agents, or one per agent (cpu, cuda:0, …, wgpu).
     #[arg(long, value_delimiter = ',')]
     pub devices: Vec<String>,
     /// Run directory.
@@ -47,6 +48,18 @@ pub struct TrainArgs {
     /// Continue the run in this directory from its last complete checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Print the memory plan (per agent: weights, reference, gradients, optimizer,
+    /// activations, KV cache) and stop, exit 2 when it does not fit; loads nothing and needs
+    /// no GPU, also for cuda devices.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The free memory of every device, e.g. 80GB (default: available RAM on the CPU,
+    /// nvidia-smi's free memory on a GPU).
+    #[arg(long, value_name = "SIZE")]
+    pub device_memory: Option<String>,
+    /// Train even when the memory plan says the run does not fit.
+    #[arg(long)]
+    pub skip_memory_check: bool,
 }
 
 impl TrainArgs {
@@ -119,5 +132,10 @@ pub fn run(args: TrainArgs) -> Result<()> {
         (_, Some(c)) => c.clone(),
         (None, None) => unreachable!("a config is built unless resuming"),
     };
-    hacpo::session::train(cfg, requested, args.resume.as_deref())
+    let memory = hacpo::session::MemoryCheck {
+        device_memory: args.device_memory.as_deref().map(hacpo::memory_plan::parse_size).transpose()?,
+        dry_run: args.dry_run,
+        skip: args.skip_memory_check,
+    };
+    hacpo::session::train(cfg, requested, args.resume.as_deref(), memory)
 }

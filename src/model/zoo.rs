@@ -31,6 +31,20 @@ pub struct ZooEntry {
     pub eos_token_ids: Vec<u32>,
     #[serde(default)]
     pub description: String,
+    /// The architecture numbers of the repo's `config.json` (same keys), so that the memory
+    /// plan and `--dry-run` know the model's shape without downloading it.
+    pub config: toml::Table,
+}
+
+impl ZooEntry {
+    /// The model's shape from the entry's copy of its `config.json`.
+    pub fn model_config(&self) -> Result<super::ModelConfig> {
+        let mut json = serde_json::to_value(&self.config)
+            .map_err(|e| Error::Internal(format!("models/{}.toml [config]: {e}", self.id)))?;
+        json["model_type"] = self.family.model_type().into();
+        json["eos_token_id"] = self.eos_token_ids.clone().into();
+        super::ModelConfig::from_json(&json, &format!("models/{}.toml [config]", self.id))
+    }
 }
 
 const ZOO_FILES: &[(&str, &str)] = &[

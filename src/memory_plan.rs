@@ -1,0 +1,613 @@
+//! The memory plan: what each policy will hold on its device, estimated from the model's
+//! shape and the run's settings before a single weight loads, and whether that fits.
+//!
+//! Users of RL trainers most often learn that a run does not fit when it runs out of memory
+//! an hour in; this says so up front (`hacpo train` prints it, `--dry-run` prints only it) and
+//! names the setting that would make it fit. The shapes come from the model's `config.json`,
+//! from the zoo entry's copy of it (so no download is needed), or from a tiny agent's spec.
+//!
+//! The estimate follows what the implementation keeps, not an ideal trainer: f32 weights,
+//! gradients and AdamW moments (the only precision so far), a full second copy as the KL
+//! reference, no fused attention (every layer keeps its `heads × t × t` attention
+//! probabilities for the backward pass) and a KV cache that grows by doubling. Rollout and
+//! update do not overlap: the KV cache is freed before the update allocates its activations
+//! and gradients, so the peak is the persistent state plus the larger of the two phases.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::config::TrainConfig;
+use crate::error::{Error, Result};
+use crate::generate::score::CHUNK_ELEMENTS;
+use crate::model::ModelConfig;
+
+/// Bytes per stored number: f32 everywhere for now.
+const F32: u64 = 4;
+
+/// The bytes one policy needs, by what holds them.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Footprint {
+    /// The trainable weights (also what rollout and scoring read).
+    pub weights: u64,
+    /// The frozen KL reference (a second copy; none when `algo.kl_coef = 0`).
+    pub reference: u64,
+    /// One gradient per weight, alive during an update.
+    pub gradients: u64,
+    /// AdamW's two moments per weight.
+    pub optimizer: u64,
+    /// What the backward pass of one micro-batch keeps, plus the largest transient buffers.
+    pub activations: u64,
+    /// The KV cache and sampling logits of one rollout batch.
+    pub rollout: u64,
+}
+
+impl Footprint {
+    /// Held for the whole run.
+    pub fn persistent(&self) -> u64 {
+        self.weights + self.reference + self.optimizer
+    }
+
+    /// The peak: the persistent state plus the larger phase (see the module docs).
+    pub fn peak(&self) -> u64 {
+        self.persistent() + (self.gradients + self.activations).max(self.rollout)
+    }
+}
+
+/// The run settings the footprint depends on.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Workload {
+    /// Sequences per forward/backward pass (`algo.micro_batch_sequences`).
+    pub micro_batch: usize,
+    /// The longest training sequence: prompt (own or another policy's, re-rendered) + response.
+    pub train_len: usize,
+    /// Sequences sampled together (`rollout.batch_prompts × algo.group_size`).
+    pub rollout_sequences: usize,
+    pub rollout_prompt: usize,
+    pub rollout_new: usize,
+    /// A KL reference is loaded.
+    pub reference: bool,
+}
+
+impl Workload {
+    pub fn of(cfg: &TrainConfig) -> Result<Self> {
+        let r = &cfg.rollout;
+        let own = r.max_prompt_tokens + r.max_new_tokens;
+        // Another policy's samples, when the algorithm shares them: its prompt re-rendered in
+        // this template, its response re-tokenised (rarely more than twice as many tokens;
+        // `max_response_tokens` caps it).
+        let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
+        let shares = cfg.policies.len() > 1 && algorithm.routing() == crate::rl::algorithm::Routing::Shared;
+        let cross = r.cross_max_prompt_tokens + r.max_response_tokens.min(2 * r.max_new_tokens);
+        Ok(Workload {
+            micro_batch: cfg.algo.micro_batch_sequences.max(1),
+            train_len: if shares { own.max(cross) } else { own },
+            rollout_sequences: r.batch_prompts.max(1) * cfg.algo.group_size.max(1),
+            rollout_prompt: r.max_prompt_tokens,
+            rollout_new: r.max_new_tokens,
+            reference: cfg.algo.kl_coef > 0.0,
+        })
+    }
+}
+
+/// The estimate for a model of shape `m` running `w`.
+pub fn footprint(m: &ModelConfig, w: &Workload) -> Footprint {
+    let params = m.num_parameters() as u64;
+    let weights = params * F32;
+    let (d, f) = (m.hidden_size as u64, m.intermediate_size as u64);
+    let (q, kv) = ((m.num_attention_heads * m.head_dim) as u64, (m.num_key_value_heads * m.head_dim) as u64);
+    let heads = m.num_attention_heads as u64;
+    let (layers, vocab) = (m.num_hidden_layers as u64, m.vocab_size as u64);
+    let (t, seqs) = (w.train_len as u64, w.micro_batch as u64);
+
+    // Kept per token and layer for the backward pass (see transformer.rs): the two RMSNorms'
+    // inputs and outputs (4d); q, k, v before and after RoPE, RoPE's swapped halves and the
+    // attention output (5q + 5kv; Qwen3's q/k norms add 2(q + kv)); SwiGLU's gate, its
+    // sigmoid, its SiLU, up and their product (5f). Twice that: during the backward pass each
+    // has a gradient of its size (measured below). And the softmax's exp and probabilities
+    // over the t keys (2·heads·t), which have no fused-attention kernel to avoid them.
+    //
+    // Calibrated with `hacpo bench --train-batch 8 --train-len T` (tiny-5m, CPU, peak RSS):
+    // T = 128, 256, 512, 1024 measured 0.34, 0.63, 1.42, 3.19 GB; this estimate plus 0.1 GB
+    // of process gives 0.45, 0.84, 1.57, 3.58 GB: 10–33% above, never below.
+    let qk_norm = if m.qk_norm { 2 * (q + kv) } else { 0 };
+    let per_token_layer = 2 * (4 * d + 5 * q + 5 * kv + qk_norm + 5 * f) + 2 * heads * t;
+    let kept = seqs * t * layers * per_token_layer;
+    // Transient, one layer at a time: scores, masked scores and their gradient (3·heads·t²
+    // per sequence); the embedding and final norm; the log-prob op's logits chunk with its
+    // softmax and gradient (score.rs, at most CHUNK_ELEMENTS).
+    let chunk_rows = (CHUNK_ELEMENTS as u64 / vocab.max(1)).max(1);
+    let transient = 3 * seqs * heads * t * t + seqs * t * 3 * d + 3 * (seqs * t).min(chunk_rows) * vocab;
+    let activations = (kept + transient) * F32;
+
+    // The cache starts at the prompt plus up to 512 new tokens and doubles (kv_cache.rs);
+    // growing copies the old buffer into one twice its size, both alive for a moment.
+    let need = (w.rollout_prompt + w.rollout_new) as u64;
+    let mut capacity = (w.rollout_prompt + w.rollout_new.min(512)) as u64;
+    while capacity < need {
+        capacity *= 2;
+    }
+    let grown = if capacity > (w.rollout_prompt + w.rollout_new.min(512)) as u64 { capacity * 3 / 2 } else { capacity };
+    let rollout_seqs = w.rollout_sequences as u64;
+    let kv_cache = 2 * layers * rollout_seqs * kv * grown * F32;
+    // Logits and sampling probabilities of one decoding step, and the prefill's attention.
+    let sampling = 2 * rollout_seqs * vocab * F32;
+    let prefill = rollout_seqs * heads * (w.rollout_prompt as u64).pow(2) * 2 * F32;
+    Footprint {
+        weights,
+        reference: if w.reference { weights } else { 0 },
+        gradients: weights,
+        optimizer: 2 * weights,
+        activations,
+        rollout: kv_cache + sampling + prefill,
+    }
+}
+
+/// One policy's line of the plan.
+#[derive(Clone, Debug)]
+pub struct PolicyPlan {
+    pub name: String,
+    pub model: String,
+    pub device: String,
+    pub params: u64,
+    pub shape: ModelConfig,
+    pub footprint: Footprint,
+}
+
+/// Where a device's memory figure comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Capacity {
+    /// `--device-memory`.
+    Given(u64),
+    /// The machine's `MemAvailable` (CPU).
+    Available(u64),
+    /// `nvidia-smi`'s free memory of that GPU.
+    Free(u64),
+    /// Not known (a GPU without `nvidia-smi` and no `--device-memory`): nothing is refused.
+    Unknown,
+}
+
+impl Capacity {
+    pub fn bytes(&self) -> Option<u64> {
+        match *self {
+            Capacity::Given(b) | Capacity::Available(b) | Capacity::Free(b) => Some(b),
+            Capacity::Unknown => None,
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Capacity::Given(b) => format!("{} (--device-memory)", gb(*b)),
+            Capacity::Available(b) => format!("{} available RAM", gb(*b)),
+            Capacity::Free(b) => format!("{} free (nvidia-smi)", gb(*b)),
+            Capacity::Unknown => "unknown free memory (pass --device-memory to check)".into(),
+        }
+    }
+}
+
+/// A device's policies and what they need together.
+#[derive(Clone, Debug)]
+pub struct DevicePlan {
+    pub device: String,
+    /// Indices into [`MemoryPlan::policies`].
+    pub policies: Vec<usize>,
+    pub need: u64,
+    pub capacity: Capacity,
+}
+
+impl DevicePlan {
+    pub fn fits(&self) -> bool {
+        self.capacity.bytes().is_none_or(|have| self.need <= have)
+    }
+}
+
+/// The plan of a run: every policy's footprint and every device's total.
+#[derive(Clone, Debug)]
+pub struct MemoryPlan {
+    pub workload: Workload,
+    pub policies: Vec<PolicyPlan>,
+    pub devices: Vec<DevicePlan>,
+}
+
+impl MemoryPlan {
+    /// The plan of `cfg`; `device_memory` stands in for every device's free memory (for a
+    /// device that is not there, or to override what the machine reports).
+    pub fn of(cfg: &TrainConfig, device_memory: Option<u64>) -> Result<Self> {
+        let workload = Workload::of(cfg)?;
+        let mut policies = Vec::with_capacity(cfg.policies.len());
+        for (k, p) in cfg.policies.iter().enumerate() {
+            let shape = model_shape(&p.model, cfg)?;
+            policies.push(PolicyPlan {
+                name: cfg.policy_name(k),
+                model: p.model.clone(),
+                device: crate::backend::DeviceSpec::parse_name(&p.device)?.to_string(),
+                params: shape.num_parameters() as u64,
+                footprint: footprint(&shape, &workload),
+                shape,
+            });
+        }
+        let mut devices: Vec<DevicePlan> = Vec::new();
+        for (k, p) in policies.iter().enumerate() {
+            match devices.iter_mut().find(|d| d.device == p.device) {
+                Some(d) => d.policies.push(k),
+                None => devices.push(DevicePlan {
+                    device: p.device.clone(),
+                    policies: vec![k],
+                    need: 0,
+                    capacity: Capacity::Unknown,
+                }),
+            }
+        }
+        for d in &mut devices {
+            // Policies on one device run their phases one after another, but their persistent
+            // state and the caching allocator's high-water marks add up.
+            d.need = d.policies.iter().map(|&k| policies[k].footprint.peak()).sum();
+            d.capacity = match device_memory {
+                Some(b) => Capacity::Given(b),
+                None => measured_capacity(&d.device),
+            };
+        }
+        Ok(MemoryPlan { workload, policies, devices })
+    }
+
+    /// An error naming the first device that does not fit, its policies, the numbers and the
+    /// settings that would bring it down (one paragraph: a line per policy, one of ways out).
+    pub fn check(&self, cfg: &TrainConfig) -> Result<()> {
+        let Some(d) = self.devices.iter().find(|d| !d.fits()) else { return Ok(()) };
+        let have = d.capacity.bytes().expect("a device that does not fit has a capacity");
+        let mut msg = format!(
+            "the memory plan does not fit {}: it needs about {}, and it has {}.\n",
+            d.device,
+            gb(d.need),
+            d.capacity.describe()
+        );
+        for &k in &d.policies {
+            let p = &self.policies[k];
+            msg.push_str(&format!("  {} ({}): {}\n", p.name, p.model, breakdown(&p.footprint)));
+        }
+        let mut ways: Vec<String> = self
+            .ways_out(cfg, d)
+            .into_iter()
+            .map(|(what, need)| format!("{what} → {}{}", gb(need), if need <= have { " (fits)" } else { "" }))
+            .collect();
+        if d.policies.len() > 1 {
+            ways.push("one device per agent (--devices cuda:0,cuda:1)".into());
+        }
+        msg.push_str(&format!("Ways out: {}.\n", ways.join("; ")));
+        msg.push_str(
+            "bf16 storage and LoRA adapters (what an 8B model needs on one 80 GB GPU) are not available \
+             yet. --dry-run prints the whole plan; --skip-memory-check trains anyway.",
+        );
+        Err(Error::InvalidArgument(msg))
+    }
+
+    /// What the device would need under each setting that lowers the plan.
+    fn ways_out(&self, cfg: &TrainConfig, d: &DevicePlan) -> Vec<(String, u64)> {
+        let need_with = |w: &Workload| -> u64 {
+            d.policies.iter().map(|&k| footprint(&self.policies[k].shape, w).peak()).sum()
+        };
+        let w = self.workload;
+        // Each change alone, then all of them together.
+        let mut changes: Vec<(String, Box<dyn Fn(&mut Workload)>)> = Vec::new();
+        if w.micro_batch > 1 {
+            changes.push(("--set algo.micro_batch_sequences=1".into(), Box::new(|w| w.micro_batch = 1)));
+        }
+        if cfg.rollout.max_new_tokens > 1 {
+            let mut shorter = cfg.clone();
+            shorter.rollout.max_new_tokens /= 2;
+            let halved = Workload::of(&shorter).map(|h| (h.train_len, h.rollout_new)).unwrap_or((w.train_len, w.rollout_new));
+            changes.push((
+                format!("--set rollout.max_new_tokens={}", shorter.rollout.max_new_tokens),
+                Box::new(move |w| (w.train_len, w.rollout_new) = halved),
+            ));
+        }
+        if cfg.rollout.batch_prompts > 1 {
+            let group = cfg.algo.group_size.max(1);
+            changes.push(("--set rollout.batch_prompts=1".into(), Box::new(move |w| w.rollout_sequences = group)));
+        }
+        if w.reference {
+            changes.push(("--set algo.kl_coef=0 (no reference)".into(), Box::new(|w| w.reference = false)));
+        }
+        let mut out: Vec<(String, u64)> = changes
+            .iter()
+            .map(|(what, change)| {
+                let mut changed = w;
+                change(&mut changed);
+                (what.clone(), need_with(&changed))
+            })
+            .collect();
+        if changes.len() > 1 {
+            let mut all = w;
+            changes.iter().for_each(|(_, change)| change(&mut all));
+            out.push(("all of these".into(), need_with(&all)));
+        }
+        out
+    }
+}
+
+/// `weights 32.1 GB, reference …` for one footprint.
+fn breakdown(f: &Footprint) -> String {
+    format!(
+        "weights {}, reference {}, gradients {}, AdamW moments {}, activations {}, rollout {}; peak {}",
+        gb(f.weights),
+        gb(f.reference),
+        gb(f.gradients),
+        gb(f.optimizer),
+        gb(f.activations),
+        gb(f.rollout),
+        gb(f.peak())
+    )
+}
+
+impl fmt::Display for MemoryPlan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let w = &self.workload;
+        writeln!(
+            f,
+            "memory plan (f32; micro-batch {} × {} tokens; rollout {} × {}+{} tokens{}):",
+            w.micro_batch,
+            w.train_len,
+            w.rollout_sequences,
+            w.rollout_prompt,
+            w.rollout_new,
+            if w.reference { "; KL reference" } else { "" }
+        )?;
+        writeln!(
+            f,
+            "  {:<24} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  device",
+            "policy", "params", "weights", "ref", "grads", "adamw", "activ", "rollout", "peak"
+        )?;
+        for p in &self.policies {
+            let fp = &p.footprint;
+            writeln!(
+                f,
+                "  {:<24} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
+                p.name,
+                count(p.params),
+                gb(fp.weights),
+                gb(fp.reference),
+                gb(fp.gradients),
+                gb(fp.optimizer),
+                gb(fp.activations),
+                gb(fp.rollout),
+                gb(fp.peak()),
+                p.device
+            )?;
+        }
+        for d in &self.devices {
+            let verdict = match d.capacity.bytes() {
+                None => "not checked",
+                Some(_) if d.fits() => "fits",
+                Some(_) => "DOES NOT FIT",
+            };
+            writeln!(f, "  {}: needs {} of {}: {verdict}", d.device, gb(d.need), d.capacity.describe())?;
+        }
+        Ok(())
+    }
+}
+
+/// The memory a device has for the run: available RAM for the CPU, `nvidia-smi`'s free memory
+/// for a CUDA device.
+fn measured_capacity(device: &str) -> Capacity {
+    if device == "cpu" {
+        return available_ram().map_or(Capacity::Unknown, Capacity::Available);
+    }
+    match device.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()) {
+        Some(index) => nvidia_smi_free(index).map_or(Capacity::Unknown, Capacity::Free),
+        None => Capacity::Unknown,
+    }
+}
+
+/// `MemAvailable` of `/proc/meminfo` in bytes (Linux).
+pub fn available_ram() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.trim_start_matches("MemAvailable:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Free memory of GPU `index` as `nvidia-smi` reports it (MiB), if it runs.
+fn nvidia_smi_free(index: usize) -> Option<u64> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=memory.free", "--format=csv,noheader,nounits", &format!("--id={index}")])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let mib: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().ok()?;
+    Some(mib * 1024 * 1024)
+}
+
+/// The shape of a policy's model without loading weights: a tiny agent's spec, a zoo entry's
+/// copy of its `config.json`, a local directory's `config.json` or a GGUF file's header.
+pub fn model_shape(spec: &str, cfg: &TrainConfig) -> Result<ModelConfig> {
+    let path = Path::new(spec);
+    if path.is_dir() {
+        return ModelConfig::from_file(&path.join("config.json"));
+    }
+    if path.is_file() {
+        return crate::model::gguf::GgufFile::open(path)?.config();
+    }
+    if let Some(tiny) = crate::tiny::find_for(spec, &cfg.pretrain) {
+        return crate::tiny::model_config(&tiny, tiny.vocab_size, &[0]);
+    }
+    match crate::model::zoo::find(spec) {
+        Some(entry) => entry.model_config(),
+        None => Err(Error::UnknownModel {
+            id: spec.into(),
+            known: crate::model::zoo::entries().iter().map(|e| e.id.clone()).collect::<Vec<_>>().join(", "),
+        }),
+    }
+}
+
+/// Parses `80GB`, `80G`, `80GiB`, `512MiB`, `1.5TB` (decimal units are powers of 1000, `…iB`
+/// of 1024).
+pub fn parse_size(text: &str) -> Result<u64> {
+    let s = text.trim();
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
+    let (number, unit) = (&s[..split], s[split..].trim());
+    let bad = || {
+        Error::InvalidArgument(format!(
+            "cannot read the size {text:?}; give a number with a unit, e.g. 80GB, 81920MiB or 1.5TB"
+        ))
+    };
+    let value: f64 = number.parse().map_err(|_| bad())?;
+    let scale: f64 = match unit.to_ascii_lowercase().as_str() {
+        "b" => 1.0,
+        "kb" | "k" => 1e3,
+        "mb" | "m" => 1e6,
+        "gb" | "g" => 1e9,
+        "tb" | "t" => 1e12,
+        "kib" => 1024.0,
+        "mib" => 1024.0 * 1024.0,
+        "gib" => 1024.0 * 1024.0 * 1024.0,
+        "tib" => 1024.0_f64.powi(4),
+        _ => return Err(bad()),
+    };
+    let bytes = value * scale;
+    if !bytes.is_finite() || bytes < 1.0 {
+        return Err(bad());
+    }
+    Ok(bytes as u64)
+}
+
+/// Bytes as decimal gigabytes (what GPU vendors and `--device-memory 80GB` use).
+pub fn gb(bytes: u64) -> String {
+    let g = bytes as f64 / 1e9;
+    if g >= 10.0 {
+        format!("{g:.1} GB")
+    } else if g >= 0.01 {
+        format!("{g:.2} GB")
+    } else {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    }
+}
+
+/// `1.54B`, `135M`, `480K` parameters.
+fn count(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000_000 => format!("{:.2}B", n as f64 / 1e9),
+        n if n >= 1_000_000 => format!("{:.0}M", n as f64 / 1e6),
+        n => format!("{:.0}K", n as f64 / 1e3),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `"1.5B"` → 1.5e9, `"135M"` → 1.35e8.
+    fn listed(params: &str) -> f64 {
+        let (n, unit) = params.split_at(params.len() - 1);
+        let scale = match unit {
+            "B" => 1e9,
+            "M" => 1e6,
+            other => panic!("unit {other}"),
+        };
+        n.parse::<f64>().unwrap() * scale
+    }
+
+    #[test]
+    fn every_zoo_entry_has_the_parameter_count_its_model_card_gives() {
+        for e in crate::model::zoo::entries() {
+            let shape = e.model_config().unwrap_or_else(|err| panic!("{}: {err}", e.id));
+            let params = shape.num_parameters() as f64;
+            let card = listed(&e.params);
+            // The cards round to two or three significant digits.
+            assert!((params / card - 1.0).abs() < 0.025, "{}: {params:.4e} parameters, the card says {}", e.id, e.params);
+            let w = Workload {
+                micro_batch: 1,
+                train_len: 1024,
+                rollout_sequences: 8,
+                rollout_prompt: 512,
+                rollout_new: 512,
+                reference: true,
+            };
+            let f = footprint(&shape, &w);
+            assert_eq!(f.weights, shape.num_parameters() as u64 * 4, "{}", e.id);
+            assert_eq!((f.reference, f.gradients, f.optimizer), (f.weights, f.weights, 2 * f.weights), "{}", e.id);
+        }
+    }
+
+    #[test]
+    fn full_fine_tuning_of_llama_8b_needs_more_than_one_80_gb_gpu() {
+        let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
+        let w = Workload {
+            micro_batch: 1,
+            train_len: 512,
+            rollout_sequences: 1,
+            rollout_prompt: 256,
+            rollout_new: 256,
+            reference: false,
+        };
+        let f = footprint(&shape, &w);
+        // 8.03e9 parameters × (4 weights + 4 gradients + 8 moments) bytes.
+        assert!((f.weights + f.gradients + f.optimizer) as f64 > 128e9);
+        assert!(f.peak() as f64 > 80e9);
+    }
+
+    #[test]
+    fn activations_grow_with_the_micro_batch_and_quadratically_with_length() {
+        let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
+        let w = Workload {
+            micro_batch: 1,
+            train_len: 1024,
+            rollout_sequences: 16,
+            rollout_prompt: 512,
+            rollout_new: 512,
+            reference: true,
+        };
+        let one = footprint(&shape, &w).activations as f64;
+        let four = footprint(&shape, &Workload { micro_batch: 4, ..w }).activations as f64;
+        let long = footprint(&shape, &Workload { train_len: 4096, ..w }).activations as f64;
+        assert!(four > 3.5 * one && four < 4.0 * one, "{one} {four}");
+        // 4× the tokens: the per-token part 4×, the attention part 16×.
+        assert!(long > 5.0 * one && long < 16.0 * one, "{one} {long}");
+        let no_ref = footprint(&shape, &Workload { reference: false, ..w });
+        assert_eq!(no_ref.reference, 0);
+    }
+
+    #[test]
+    fn sizes_read_decimal_and_binary_units_and_refuse_the_rest() {
+        assert_eq!(parse_size("80GB").unwrap(), 80_000_000_000);
+        assert_eq!(parse_size("80g").unwrap(), 80_000_000_000);
+        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
+        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
+        assert_eq!(parse_size("1.5TB").unwrap(), 1_500_000_000_000);
+        for bad in ["80", "GB", "80 XB", "-1GB", "0GB", ""] {
+            let err = parse_size(bad).unwrap_err().to_string();
+            assert!(err.contains("80GB"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_plan_that_does_not_fit_names_the_agent_the_numbers_and_the_ways_out() {
+        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
+        cfg.policies = vec![crate::config::PolicyConfig {
+            model: "llama-8b".into(),
+            name: None,
+            device: "cuda:0".into(),
+            chat_template_kwargs: Default::default(),
+        }];
+        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000)).unwrap();
+        assert_eq!(plan.devices.len(), 1);
+        assert!(!plan.devices[0].fits());
+        let err = plan.check(&cfg).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        let msg = err.to_string();
+        for part in ["cuda:0", "llama-8b", "80.0 GB (--device-memory)", "micro_batch_sequences=1", "kl_coef=0", "--skip-memory-check"] {
+            assert!(msg.contains(part), "{part} missing from:\n{msg}");
+        }
+        let shown = plan.to_string();
+        assert!(shown.contains("DOES NOT FIT") && shown.contains("8.03B"), "{shown}");
+    }
+
+    #[test]
+    fn the_embedded_default_fits_in_12_gb() {
+        let cfg = TrainConfig::from_toml(crate::config::EMBEDDED_DEFAULT, "default", &[]).unwrap();
+        let plan = MemoryPlan::of(&cfg, Some(12_000_000_000)).unwrap();
+        plan.check(&cfg).unwrap();
+        assert_eq!(plan.devices.len(), 1, "both tiny agents on the CPU");
+        assert_eq!(plan.devices[0].policies.len(), 2);
+    }
+}

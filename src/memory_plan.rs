@@ -142,6 +142,9 @@ pub fn footprint(m: &ModelConfig, w: &Workload) -> Footprint {
     }
 }
 
+/// A setting's effect on the workload (one of the ways out).
+type Change = Box<dyn Fn(&mut Workload)>;
+
 /// One policy's line of the plan.
 #[derive(Clone, Debug)]
 pub struct PolicyPlan {
@@ -282,19 +285,19 @@ impl MemoryPlan {
 
     /// What the device would need under each setting that lowers the plan.
     fn ways_out(&self, cfg: &TrainConfig, d: &DevicePlan) -> Vec<(String, u64)> {
-        let need_with = |w: &Workload| -> u64 {
-            d.policies.iter().map(|&k| footprint(&self.policies[k].shape, w).peak()).sum()
-        };
+        let need_with =
+            |w: &Workload| -> u64 { d.policies.iter().map(|&k| footprint(&self.policies[k].shape, w).peak()).sum() };
         let w = self.workload;
         // Each change alone, then all of them together.
-        let mut changes: Vec<(String, Box<dyn Fn(&mut Workload)>)> = Vec::new();
+        let mut changes: Vec<(String, Change)> = Vec::new();
         if w.micro_batch > 1 {
             changes.push(("--set algo.micro_batch_sequences=1".into(), Box::new(|w| w.micro_batch = 1)));
         }
         if cfg.rollout.max_new_tokens > 1 {
             let mut shorter = cfg.clone();
             shorter.rollout.max_new_tokens /= 2;
-            let halved = Workload::of(&shorter).map(|h| (h.train_len, h.rollout_new)).unwrap_or((w.train_len, w.rollout_new));
+            let halved =
+                Workload::of(&shorter).map(|h| (h.train_len, h.rollout_new)).unwrap_or((w.train_len, w.rollout_new));
             changes.push((
                 format!("--set rollout.max_new_tokens={}", shorter.rollout.max_new_tokens),
                 Box::new(move |w| (w.train_len, w.rollout_new) = halved),
@@ -514,7 +517,12 @@ mod tests {
             let params = shape.num_parameters() as f64;
             let card = listed(&e.params);
             // The cards round to two or three significant digits.
-            assert!((params / card - 1.0).abs() < 0.025, "{}: {params:.4e} parameters, the card says {}", e.id, e.params);
+            assert!(
+                (params / card - 1.0).abs() < 0.025,
+                "{}: {params:.4e} parameters, the card says {}",
+                e.id,
+                e.params
+            );
             let w = Workload {
                 micro_batch: 1,
                 train_len: 1024,
@@ -595,7 +603,14 @@ mod tests {
         let err = plan.check(&cfg).unwrap_err();
         assert_eq!(err.exit_code(), 2);
         let msg = err.to_string();
-        for part in ["cuda:0", "llama-8b", "80.0 GB (--device-memory)", "micro_batch_sequences=1", "kl_coef=0", "--skip-memory-check"] {
+        for part in [
+            "cuda:0",
+            "llama-8b",
+            "80.0 GB (--device-memory)",
+            "micro_batch_sequences=1",
+            "kl_coef=0",
+            "--skip-memory-check",
+        ] {
             assert!(msg.contains(part), "{part} missing from:\n{msg}");
         }
         let shown = plan.to_string();

@@ -27,7 +27,12 @@ pub struct MemoryCheck {
 
 /// Trains `cfg` (a new run, or `resume` continuing a run whose config `requested` must match)
 /// on the devices its policies name, after checking its memory plan.
-pub fn train(cfg: TrainConfig, requested: Option<TrainConfig>, resume: Option<&Path>, memory: MemoryCheck) -> Result<()> {
+pub fn train(
+    cfg: TrainConfig,
+    requested: Option<TrainConfig>,
+    resume: Option<&Path>,
+    memory: MemoryCheck,
+) -> Result<()> {
     cfg.validate()?;
     crate::resolve::check_known(&cfg)?;
     let plan = MemoryPlan::of(&cfg, memory.device_memory)?;

@@ -71,7 +71,8 @@ fn the_dry_run_of_the_default_prints_a_plan_that_fits_and_writes_no_run() {
     let out = hacpo_offline(&["train", "--dry-run", "--out", run.to_str().unwrap()], dir.path());
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
-    for part in ["agent0-tiny-qwen", "agent1-tiny-llama", "cpu: needs", "available RAM: fits", "dry run: the plan fits"] {
+    for part in ["agent0-tiny-qwen", "agent1-tiny-llama", "cpu: needs", "available RAM: fits", "dry run: the plan fits"]
+    {
         assert!(stdout.contains(part), "{part:?} missing:\n{stdout}");
     }
     assert!(!run.exists(), "a dry run writes no run directory");

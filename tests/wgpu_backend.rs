@@ -200,13 +200,12 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
         .collect();
     let task = std::sync::Arc::new(ByLength { prompts });
     let mut trainer = hacpo::trainer::Trainer::<B>::start(cfg, task, vec![device; agents.len()]).unwrap();
-    let out = (0..2)
+    (0..2)
         .map(|_| {
             trainer.train_step().unwrap();
             trainer.last_metrics.clone()
         })
-        .collect();
-    out
+        .collect()
 }
 
 /// Two HACPO steps of a Qwen3-tokenizer and a Llama-3.1-tokenizer agent (so samples cross
@@ -224,7 +223,13 @@ fn two_hacpo_steps_on_wgpu_match_the_cpu_run() {
         for ((agent, cm), (_, gm)) in c.iter().zip(g) {
             // The same tokens were sampled: the rewards are equal, not close.
             assert_eq!(cm["critic/score/mean"], gm["critic/score/mean"], "step {step}, {agent}: rewards");
-            for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/advantages/mean", "hacpo/cross_ratio_mean"] {
+            for key in [
+                "actor/pg_loss",
+                "actor/kl_loss",
+                "actor/grad_norm",
+                "critic/advantages/mean",
+                "hacpo/cross_ratio_mean",
+            ] {
                 let (a, b) = (cm[key], gm[key]);
                 // AdamW's first update moves every weight by about ±lr whatever its gradient's
                 // size, so a gradient near 0 whose sign differs in the last digits between
@@ -232,7 +237,10 @@ fn two_hacpo_steps_on_wgpu_match_the_cpu_run() {
                 // gradients agree to 1e-3 (measured 2.7e-4), the losses still to 1e-4.
                 let tolerance = if step > 0 && key == "actor/grad_norm" { 1e-3 } else { 1e-4 };
                 assert!(a.is_finite(), "step {step}, {agent}: {key} = {a}");
-                assert!((a - b).abs() <= tolerance * a.abs().max(1.0), "step {step}, {agent}: {key} cpu {a} vs wgpu {b}");
+                assert!(
+                    (a - b).abs() <= tolerance * a.abs().max(1.0),
+                    "step {step}, {agent}: {key} cpu {a} vs wgpu {b}"
+                );
             }
             varied |= cm["actor/pg_loss"] != 0.0;
         }
@@ -265,7 +273,6 @@ fn the_command_line_generates_on_wgpu_as_on_the_cpu() {
     };
     assert_eq!(run("wgpu"), run("cpu"));
 }
-
 
 /// A tokenizer-sized vocabulary of odd width (151 669, the Qwen tokenizer's) whose largest
 /// logits sit at its end, where the special tokens are: wgpu's long row reductions once

@@ -294,12 +294,19 @@ impl MemoryPlan {
             changes.push(("--set algo.micro_batch_sequences=1".into(), Box::new(|w| w.micro_batch = 1)));
         }
         if cfg.rollout.max_new_tokens > 1 {
+            // Halved responses, also where another policy's are re-tokenised.
             let mut shorter = cfg.clone();
             shorter.rollout.max_new_tokens /= 2;
+            shorter.rollout.max_response_tokens =
+                shorter.rollout.max_response_tokens.min(shorter.rollout.max_new_tokens);
             let halved =
                 Workload::of(&shorter).map(|h| (h.train_len, h.rollout_new)).unwrap_or((w.train_len, w.rollout_new));
+            let r = &shorter.rollout;
             changes.push((
-                format!("--set rollout.max_new_tokens={}", shorter.rollout.max_new_tokens),
+                format!(
+                    "--set rollout.max_new_tokens={} --set rollout.max_response_tokens={}",
+                    r.max_new_tokens, r.max_response_tokens
+                ),
                 Box::new(move |w| (w.train_len, w.rollout_new) = halved),
             ));
         }

@@ -437,12 +437,12 @@ fn the_search_agents_pretraining_runs_its_curriculum_stage_by_stage() {
     .output()
     .unwrap());
     let log = text(&o);
-    assert!(log.contains("stage 1/3") && log.contains("stage 3/3: 1 steps"), "{log}");
+    assert!(log.contains("stage 1/2: 2 steps") && log.contains("stage 2/2: 1 steps"), "{log}");
     assert!(log.contains("pre-trained tiny-searcher") && log.contains("right: rewriter"), "{log}");
     let dir = String::from_utf8_lossy(&o.stdout).trim().to_string();
     let record: Value =
         serde_json::from_str(&std::fs::read_to_string(Path::new(&dir).join("pretrain.json")).unwrap()).unwrap();
     assert_eq!(record["report"]["steps"], 3, "{record}");
-    assert_eq!(record["spec"]["corpus"]["search"]["stages"].as_array().unwrap().len(), 3, "{record}");
+    assert_eq!(record["spec"]["corpus"]["search"]["stages"].as_array().unwrap().len(), 2, "{record}");
     assert!(Path::new(&dir).join("model.safetensors").exists());
 }

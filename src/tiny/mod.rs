@@ -73,8 +73,13 @@ macro_rules! shipped {
     };
 }
 
-/// The embedded default's agents, pre-trained (`hacpo pretrain --out models/tiny/pretrained`).
-const SHIPPED: &[Shipped] = &[shipped!("tiny-qwen-4d6251e7ff849352"), shipped!("tiny-llama-d0a1f7271ecb55ac")];
+/// The embedded default's agents and the tiny-search study's, pre-trained (`hacpo pretrain
+/// --out models/tiny/pretrained`, and `--config configs/tiny-search.toml` for the latter).
+const SHIPPED: &[Shipped] = &[
+    shipped!("tiny-qwen-4d6251e7ff849352"),
+    shipped!("tiny-llama-d0a1f7271ecb55ac"),
+    shipped!("tiny-searcher-93adc704a48dbdaa"),
+];
 
 /// Names of the shipped agent directories.
 pub fn shipped_dirs() -> Vec<&'static str> {
@@ -440,11 +445,10 @@ mod tests {
         TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &[]).unwrap()
     }
 
-    /// The configs whose tiny agents are shipped: the embedded default. (The tiny-search
-    /// study's agent is not shipped yet: its recipe does not yet teach it to copy names, see
-    /// src/tiny/search.rs; a first run pre-trains it.)
+    /// The configs whose tiny agents are shipped: the embedded default and the tiny-search study.
     fn shipping_configs() -> Vec<TrainConfig> {
-        vec![default_config()]
+        let search = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/tiny-search.toml")).unwrap();
+        vec![default_config(), TrainConfig::from_toml(&search, "configs/tiny-search.toml", &[]).unwrap()]
     }
 
     fn record(dir: &str) -> serde_json::Value {

@@ -27,9 +27,15 @@ pub fn keep_freed_memory() {
 /// where the kernel does not say (not Linux). With [`keep_freed_memory`] the peak is also what
 /// the process holds until it exits.
 pub fn peak_resident_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: u64 = line.trim_start_matches("VmHWM:").trim().trim_end_matches("kB").trim().parse().ok()?;
+    proc_kib_field("/proc/self/status", "VmHWM")
+}
+
+/// A `Key:   1234 kB` field of a `/proc` file (`/proc/self/status`, `/proc/meminfo`) in bytes;
+/// none where the file or the field is absent (not Linux).
+pub fn proc_kib_field(file: &str, key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string(file).ok()?;
+    let rest = text.lines().find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?;
+    let kib: u64 = rest.trim().trim_end_matches("kB").trim().parse().ok()?;
     Some(kib * 1024)
 }
 

@@ -16,6 +16,7 @@
 use std::fmt;
 use std::path::Path;
 
+use crate::backend::DeviceSpec;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::score::CHUNK_ELEMENTS;
@@ -122,11 +123,12 @@ pub fn footprint(m: &ModelConfig, w: &Workload) -> Footprint {
     // The cache starts at the prompt plus up to 512 new tokens and doubles (kv_cache.rs);
     // growing copies the old buffer into one twice its size, both alive for a moment.
     let need = (w.rollout_prompt + w.rollout_new) as u64;
-    let mut capacity = (w.rollout_prompt + w.rollout_new.min(512)) as u64;
+    let reserve = (w.rollout_prompt + w.rollout_new.min(512)) as u64;
+    let mut capacity = reserve;
     while capacity < need {
         capacity *= 2;
     }
-    let grown = if capacity > (w.rollout_prompt + w.rollout_new.min(512)) as u64 { capacity * 3 / 2 } else { capacity };
+    let grown = if capacity > reserve { capacity * 3 / 2 } else { capacity };
     let rollout_seqs = w.rollout_sequences as u64;
     let kv_cache = 2 * layers * rollout_seqs * kv * grown * F32;
     // Logits and sampling probabilities of one decoding step, and the prefill's attention.
@@ -150,8 +152,7 @@ type Change = Box<dyn Fn(&mut Workload)>;
 pub struct PolicyPlan {
     pub name: String,
     pub model: String,
-    pub device: String,
-    pub params: u64,
+    pub device: DeviceSpec,
     pub shape: ModelConfig,
     pub footprint: Footprint,
 }
@@ -190,7 +191,7 @@ impl Capacity {
 /// A device's policies and what they need together.
 #[derive(Clone, Debug)]
 pub struct DevicePlan {
-    pub device: String,
+    pub device: DeviceSpec,
     /// Indices into [`MemoryPlan::policies`].
     pub policies: Vec<usize>,
     pub need: u64,
@@ -222,8 +223,7 @@ impl MemoryPlan {
             policies.push(PolicyPlan {
                 name: cfg.policy_name(k),
                 model: p.model.clone(),
-                device: crate::backend::DeviceSpec::parse_name(&p.device)?.to_string(),
-                params: shape.num_parameters() as u64,
+                device: DeviceSpec::parse_name(&p.device)?,
                 footprint: footprint(&shape, &workload),
                 shape,
             });
@@ -233,7 +233,7 @@ impl MemoryPlan {
             match devices.iter_mut().find(|d| d.device == p.device) {
                 Some(d) => d.policies.push(k),
                 None => devices.push(DevicePlan {
-                    device: p.device.clone(),
+                    device: p.device,
                     policies: vec![k],
                     need: 0,
                     capacity: Capacity::Unknown,
@@ -246,7 +246,7 @@ impl MemoryPlan {
             d.need = d.policies.iter().map(|&k| policies[k].footprint.peak()).sum();
             d.capacity = match device_memory {
                 Some(b) => Capacity::Given(b),
-                None => measured_capacity(&d.device),
+                None => measured_capacity(d.device),
             };
         }
         Ok(MemoryPlan { workload, policies, devices })
@@ -372,7 +372,7 @@ impl fmt::Display for MemoryPlan {
                 f,
                 "  {:<24} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
                 p.name,
-                count(p.params),
+                count(p.shape.num_parameters() as u64),
                 gb(fp.weights),
                 gb(fp.reference),
                 gb(fp.gradients),
@@ -397,22 +397,17 @@ impl fmt::Display for MemoryPlan {
 
 /// The memory a device has for the run: available RAM for the CPU, `nvidia-smi`'s free memory
 /// for a CUDA device.
-fn measured_capacity(device: &str) -> Capacity {
-    if device == "cpu" {
-        return available_ram().map_or(Capacity::Unknown, Capacity::Available);
-    }
-    match device.strip_prefix("cuda:").and_then(|i| i.parse::<usize>().ok()) {
-        Some(index) => nvidia_smi_free(index).map_or(Capacity::Unknown, Capacity::Free),
-        None => Capacity::Unknown,
+fn measured_capacity(device: DeviceSpec) -> Capacity {
+    match device {
+        DeviceSpec::Cpu => available_ram().map_or(Capacity::Unknown, Capacity::Available),
+        DeviceSpec::Cuda(index) => nvidia_smi_free(index).map_or(Capacity::Unknown, Capacity::Free),
+        DeviceSpec::Wgpu => Capacity::Unknown,
     }
 }
 
 /// `MemAvailable` of `/proc/meminfo` in bytes (Linux).
 pub fn available_ram() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.trim_start_matches("MemAvailable:").trim().trim_end_matches("kB").trim().parse().ok()?;
-    Some(kib * 1024)
+    crate::alloc::proc_kib_field("/proc/meminfo", "MemAvailable")
 }
 
 /// Free memory of GPU `index` as `nvidia-smi` reports it (MiB), if it runs.
@@ -443,10 +438,7 @@ pub fn model_shape(spec: &str, cfg: &TrainConfig) -> Result<ModelConfig> {
     }
     match crate::model::zoo::find(spec) {
         Some(entry) => entry.model_config(),
-        None => Err(Error::UnknownModel {
-            id: spec.into(),
-            known: crate::model::zoo::entries().iter().map(|e| e.id.clone()).collect::<Vec<_>>().join(", "),
-        }),
+        None => Err(crate::resolve::unknown_model(spec)),
     }
 }
 
@@ -517,6 +509,11 @@ mod tests {
         n.parse::<f64>().unwrap() * scale
     }
 
+    /// One sequence of `train_len` tokens per micro-batch; 16 rollouts of 512 + 512 tokens.
+    fn workload(train_len: usize, reference: bool) -> Workload {
+        Workload { micro_batch: 1, train_len, rollout_sequences: 16, rollout_prompt: 512, rollout_new: 512, reference }
+    }
+
     #[test]
     fn every_zoo_entry_has_the_parameter_count_its_model_card_gives() {
         for e in crate::model::zoo::entries() {
@@ -530,14 +527,7 @@ mod tests {
                 e.id,
                 e.params
             );
-            let w = Workload {
-                micro_batch: 1,
-                train_len: 1024,
-                rollout_sequences: 8,
-                rollout_prompt: 512,
-                rollout_new: 512,
-                reference: true,
-            };
+            let w = workload(1024, true);
             let f = footprint(&shape, &w);
             assert_eq!(f.weights, shape.num_parameters() as u64 * 4, "{}", e.id);
             assert_eq!((f.reference, f.gradients, f.optimizer), (f.weights, f.weights, 2 * f.weights), "{}", e.id);
@@ -547,14 +537,7 @@ mod tests {
     #[test]
     fn full_fine_tuning_of_llama_8b_needs_more_than_one_80_gb_gpu() {
         let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
-        let w = Workload {
-            micro_batch: 1,
-            train_len: 512,
-            rollout_sequences: 1,
-            rollout_prompt: 256,
-            rollout_new: 256,
-            reference: false,
-        };
+        let w = workload(512, false);
         let f = footprint(&shape, &w);
         // 8.03e9 parameters × (4 weights + 4 gradients + 8 moments) bytes.
         assert!((f.weights + f.gradients + f.optimizer) as f64 > 128e9);
@@ -564,14 +547,7 @@ mod tests {
     #[test]
     fn activations_grow_with_the_micro_batch_and_quadratically_with_length() {
         let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
-        let w = Workload {
-            micro_batch: 1,
-            train_len: 1024,
-            rollout_sequences: 16,
-            rollout_prompt: 512,
-            rollout_new: 512,
-            reference: true,
-        };
+        let w = workload(1024, true);
         let one = footprint(&shape, &w).activations as f64;
         let four = footprint(&shape, &Workload { micro_batch: 4, ..w }).activations as f64;
         let long = footprint(&shape, &Workload { train_len: 4096, ..w }).activations as f64;

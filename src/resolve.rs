@@ -14,12 +14,17 @@ use crate::model::zoo;
 pub fn check_known(cfg: &TrainConfig) -> Result<()> {
     for p in &cfg.policies {
         if !Path::new(&p.model).exists() && zoo::find(&p.model).is_none() && crate::tiny::find(&p.model).is_none() {
-            let mut known: Vec<String> = zoo::entries().iter().map(|e| e.id.clone()).collect();
-            known.extend(crate::tiny::ids().into_iter().map(String::from));
-            return Err(Error::UnknownModel { id: p.model.clone(), known: known.join(", ") });
+            return Err(unknown_model(&p.model));
         }
     }
     Ok(())
+}
+
+/// The error for a model string that is no path, zoo id or tiny id, listing the known ids.
+pub fn unknown_model(id: &str) -> Error {
+    let mut known: Vec<String> = zoo::entries().iter().map(|e| e.id.clone()).collect();
+    known.extend(crate::tiny::ids().into_iter().map(String::from));
+    Error::UnknownModel { id: id.into(), known: known.join(", ") }
 }
 
 /// Makes every policy's model loadable: pre-trains (and caches) the tiny agents the config

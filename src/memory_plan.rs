@@ -8,7 +8,8 @@
 //!
 //! The estimate follows what the implementation keeps, not an ideal trainer: f32 weights,
 //! gradients and AdamW moments (the only precision so far), a full second copy as the KL
-//! reference, no fused attention (every layer keeps its `heads × t × t` attention
+//! reference (with LoRA: gradients and moments of the adapters only, and the base itself as
+//! the reference), no fused attention (every layer keeps its `heads × t × t` attention
 //! probabilities for the backward pass) and a KV cache that grows by doubling. Rollout and
 //! update do not overlap: the KV cache is freed before the update allocates its activations
 //! and gradients, so the peak is the persistent state plus the larger of the two phases.
@@ -21,6 +22,7 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
+use crate::model::lora::LoraConfig;
 
 /// Bytes per stored number: f32 everywhere for now.
 const F32: u64 = 4;
@@ -67,6 +69,8 @@ pub struct Workload {
     pub rollout_new: usize,
     /// A KL reference is loaded.
     pub reference: bool,
+    /// Layers are recomputed in the backward pass (`algo.gradient_checkpointing`).
+    pub checkpointing: bool,
 }
 
 impl Workload {
@@ -86,14 +90,19 @@ impl Workload {
             rollout_prompt: r.max_prompt_tokens,
             rollout_new: r.max_new_tokens,
             reference: cfg.algo.kl_coef > 0.0,
+            checkpointing: cfg.algo.gradient_checkpointing,
         })
     }
 }
 
-/// The estimate for a model of shape `m` running `w`.
-pub fn footprint(m: &ModelConfig, w: &Workload) -> Footprint {
+/// The estimate for a model of shape `m` running `w`, fully fine-tuned or with `lora` adapters
+/// (the base frozen: gradients and moments for the adapters only, the base is the reference).
+pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>) -> Footprint {
     let params = m.num_parameters() as u64;
-    let weights = params * F32;
+    let adapter = lora.map_or(0, |l| crate::model::lora::adapter_parameters(m, l)) * F32;
+    let weights = params * F32 + adapter;
+    // What the optimizer updates.
+    let trained = if lora.is_some() { adapter } else { weights };
     let (d, f) = (m.hidden_size as u64, m.intermediate_size as u64);
     let (q, kv) = ((m.num_attention_heads * m.head_dim) as u64, (m.num_key_value_heads * m.head_dim) as u64);
     let heads = m.num_attention_heads as u64;
@@ -112,7 +121,10 @@ pub fn footprint(m: &ModelConfig, w: &Workload) -> Footprint {
     // of process gives 0.45, 0.84, 1.57, 3.58 GB: 10–33% above, never below.
     let qk_norm = if m.qk_norm { 2 * (q + kv) } else { 0 };
     let per_token_layer = 2 * (4 * d + 5 * q + 5 * kv + qk_norm + 5 * f) + 2 * heads * t;
-    let kept = seqs * t * layers * per_token_layer;
+    // With gradient checkpointing (recompute.rs): every layer's input, and one layer's worth
+    // while that layer is recomputed.
+    let kept =
+        if w.checkpointing { seqs * t * (layers * d + per_token_layer) } else { seqs * t * layers * per_token_layer };
     // Transient, one layer at a time: scores, masked scores and their gradient (3·heads·t²
     // per sequence); the embedding and final norm; the log-prob op's logits chunk with its
     // softmax and gradient (score.rs, at most CHUNK_ELEMENTS).
@@ -136,9 +148,9 @@ pub fn footprint(m: &ModelConfig, w: &Workload) -> Footprint {
     let prefill = rollout_seqs * heads * (w.rollout_prompt as u64).pow(2) * 2 * F32;
     Footprint {
         weights,
-        reference: if w.reference { weights } else { 0 },
-        gradients: weights,
-        optimizer: 2 * weights,
+        reference: if w.reference && lora.is_none() { weights } else { 0 },
+        gradients: trained,
+        optimizer: 2 * trained,
         activations,
         rollout: kv_cache + sampling + prefill,
     }
@@ -154,6 +166,8 @@ pub struct PolicyPlan {
     pub model: String,
     pub device: DeviceSpec,
     pub shape: ModelConfig,
+    /// The policy's adapters (`[agents.lora]`), if it trains with LoRA.
+    pub lora: Option<LoraConfig>,
     pub footprint: Footprint,
 }
 
@@ -224,7 +238,8 @@ impl MemoryPlan {
                 name: cfg.policy_name(k),
                 model: p.model.clone(),
                 device: DeviceSpec::parse_name(&p.device)?,
-                footprint: footprint(&shape, &workload),
+                footprint: footprint(&shape, &workload, p.lora.as_ref()),
+                lora: p.lora.clone(),
                 shape,
             });
         }
@@ -277,17 +292,34 @@ impl MemoryPlan {
         }
         msg.push_str(&format!("Ways out: {}.\n", ways.join("; ")));
         msg.push_str(
-            "bf16 storage and LoRA adapters (what an 8B model needs on one 80 GB GPU) are not available \
-             yet. --dry-run prints the whole plan; --skip-memory-check trains anyway.",
+            "bf16 storage is not available yet. --dry-run prints the whole plan; --skip-memory-check \
+             trains anyway.",
         );
         Err(Error::InvalidArgument(msg))
     }
 
     /// What the device would need under each setting that lowers the plan.
     fn ways_out(&self, cfg: &TrainConfig, d: &DevicePlan) -> Vec<(String, u64)> {
-        let need_with =
-            |w: &Workload| -> u64 { d.policies.iter().map(|&k| footprint(&self.policies[k].shape, w).peak()).sum() };
+        // `lora`: every policy of the device that trains fully gets default adapters.
+        let default_lora = LoraConfig::default();
+        let need = |w: &Workload, lora: bool| -> u64 {
+            d.policies
+                .iter()
+                .map(|&k| {
+                    let p = &self.policies[k];
+                    let adapters = p.lora.as_ref().or(lora.then_some(&default_lora));
+                    footprint(&p.shape, w, adapters).peak()
+                })
+                .sum()
+        };
+        let need_with = |w: &Workload| need(w, false);
         let w = self.workload;
+        let full: Vec<&str> = d
+            .policies
+            .iter()
+            .filter(|&&k| self.policies[k].lora.is_none())
+            .map(|&k| self.policies[k].name.as_str())
+            .collect();
         // Each change alone, then all of them together.
         let mut changes: Vec<(String, Change)> = Vec::new();
         if w.micro_batch > 1 {
@@ -314,21 +346,33 @@ impl MemoryPlan {
             let group = cfg.algo.group_size.max(1);
             changes.push(("--set rollout.batch_prompts=1".into(), Box::new(move |w| w.rollout_sequences = group)));
         }
+        if !w.checkpointing {
+            changes.push(("--set algo.gradient_checkpointing=true".into(), Box::new(|w| w.checkpointing = true)));
+        }
         if w.reference {
             changes.push(("--set algo.kl_coef=0 (no reference)".into(), Box::new(|w| w.reference = false)));
         }
-        let mut out: Vec<(String, u64)> = changes
-            .iter()
-            .map(|(what, change)| {
-                let mut changed = w;
-                change(&mut changed);
-                (what.clone(), need_with(&changed))
-            })
-            .collect();
-        if changes.len() > 1 {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        if !full.is_empty() {
+            out.push((
+                format!(
+                    "LoRA adapters for {} ([agents.lora] under its [[agents]]; rank {}, α {})",
+                    full.join(", "),
+                    default_lora.rank,
+                    default_lora.alpha
+                ),
+                need(&w, true),
+            ));
+        }
+        out.extend(changes.iter().map(|(what, change)| {
+            let mut changed = w;
+            change(&mut changed);
+            (what.clone(), need_with(&changed))
+        }));
+        if out.len() > 1 {
             let mut all = w;
             changes.iter().for_each(|(_, change)| change(&mut all));
-            out.push(("all of these".into(), need_with(&all)));
+            out.push(("all of these".into(), need(&all, !full.is_empty())));
         }
         out
     }
@@ -353,9 +397,10 @@ impl fmt::Display for MemoryPlan {
         let w = &self.workload;
         writeln!(
             f,
-            "memory plan (f32; micro-batch {} × {} tokens; rollout {} × {}+{} tokens{}):",
+            "memory plan (f32; micro-batch {} × {} tokens{}; rollout {} × {}+{} tokens{}):",
             w.micro_batch,
             w.train_len,
+            if w.checkpointing { ", gradient checkpointing" } else { "" },
             w.rollout_sequences,
             w.rollout_prompt,
             w.rollout_new,
@@ -371,7 +416,10 @@ impl fmt::Display for MemoryPlan {
             writeln!(
                 f,
                 "  {:<24} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
-                p.name,
+                match &p.lora {
+                    Some(l) => format!("{} (LoRA r{})", p.name, l.rank),
+                    None => p.name.clone(),
+                },
                 count(p.shape.num_parameters() as u64),
                 gb(fp.weights),
                 gb(fp.reference),
@@ -511,7 +559,15 @@ mod tests {
 
     /// One sequence of `train_len` tokens per micro-batch; 16 rollouts of 512 + 512 tokens.
     fn workload(train_len: usize, reference: bool) -> Workload {
-        Workload { micro_batch: 1, train_len, rollout_sequences: 16, rollout_prompt: 512, rollout_new: 512, reference }
+        Workload {
+            micro_batch: 1,
+            train_len,
+            rollout_sequences: 16,
+            rollout_prompt: 512,
+            rollout_new: 512,
+            reference,
+            checkpointing: false,
+        }
     }
 
     #[test]
@@ -528,7 +584,7 @@ mod tests {
                 e.params
             );
             let w = workload(1024, true);
-            let f = footprint(&shape, &w);
+            let f = footprint(&shape, &w, None);
             assert_eq!(f.weights, shape.num_parameters() as u64 * 4, "{}", e.id);
             assert_eq!((f.reference, f.gradients, f.optimizer), (f.weights, f.weights, 2 * f.weights), "{}", e.id);
         }
@@ -538,7 +594,7 @@ mod tests {
     fn full_fine_tuning_of_llama_8b_needs_more_than_one_80_gb_gpu() {
         let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
         let w = workload(512, false);
-        let f = footprint(&shape, &w);
+        let f = footprint(&shape, &w, None);
         // 8.03e9 parameters × (4 weights + 4 gradients + 8 moments) bytes.
         assert!((f.weights + f.gradients + f.optimizer) as f64 > 128e9);
         assert!(f.peak() as f64 > 80e9);
@@ -548,14 +604,32 @@ mod tests {
     fn activations_grow_with_the_micro_batch_and_quadratically_with_length() {
         let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
         let w = workload(1024, true);
-        let one = footprint(&shape, &w).activations as f64;
-        let four = footprint(&shape, &Workload { micro_batch: 4, ..w }).activations as f64;
-        let long = footprint(&shape, &Workload { train_len: 4096, ..w }).activations as f64;
+        let one = footprint(&shape, &w, None).activations as f64;
+        let four = footprint(&shape, &Workload { micro_batch: 4, ..w }, None).activations as f64;
+        let long = footprint(&shape, &Workload { train_len: 4096, ..w }, None).activations as f64;
         assert!(four > 3.5 * one && four < 4.0 * one, "{one} {four}");
         // 4× the tokens: the per-token part 4×, the attention part 16×.
         assert!(long > 5.0 * one && long < 16.0 * one, "{one} {long}");
-        let no_ref = footprint(&shape, &Workload { reference: false, ..w });
+        let no_ref = footprint(&shape, &Workload { reference: false, ..w }, None);
         assert_eq!(no_ref.reference, 0);
+        // Checkpointing keeps each layer's input and one layer's activations: for 28 layers,
+        // far less than all of them (the transient attention scores stay).
+        let recomputed = footprint(&shape, &Workload { checkpointing: true, ..w }, None).activations as f64;
+        assert!(recomputed < one / 4.0, "{one} {recomputed}");
+    }
+
+    #[test]
+    fn lora_keeps_gradients_and_moments_of_the_adapters_only_and_no_reference_copy() {
+        let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
+        let lora = LoraConfig::default();
+        let full = footprint(&shape, &workload(1024, true), None);
+        let f = footprint(&shape, &workload(1024, true), Some(&lora));
+        let adapter = crate::model::lora::adapter_parameters(&shape, &lora) * 4;
+        // Rank 16 on all seven projections of 32 layers: 16 × 81,920 × 32 = 41.9M parameters.
+        assert_eq!(adapter, 41_943_040 * 4);
+        assert_eq!(f.weights, full.weights + adapter);
+        assert_eq!((f.reference, f.gradients, f.optimizer), (0, adapter, 2 * adapter));
+        assert_eq!((f.activations, f.rollout), (full.activations, full.rollout));
     }
 
     #[test]
@@ -579,6 +653,8 @@ mod tests {
             name: None,
             device: "cuda:0".into(),
             chat_template_kwargs: Default::default(),
+            lora: None,
+            lr: None,
         }];
         let plan = MemoryPlan::of(&cfg, Some(80_000_000_000)).unwrap();
         assert_eq!(plan.devices.len(), 1);
@@ -592,6 +668,8 @@ mod tests {
             "80.0 GB (--device-memory)",
             "micro_batch_sequences=1",
             "kl_coef=0",
+            "LoRA adapters for agent0-llama-8b",
+            "gradient_checkpointing=true",
             "--skip-memory-check",
         ] {
             assert!(msg.contains(part), "{part} missing from:\n{msg}");

@@ -8,6 +8,7 @@ use burn::tensor::backend::Backend;
 use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
+use crate::model::lora::LoraConfig;
 use crate::model::{CausalLm, Pretrained};
 use crate::tokenizer::{Message, Tokenizer};
 use crate::train::optim::{AdamW, AdamWConfig};
@@ -22,8 +23,11 @@ pub struct Policy<B: Backend> {
     pub device: B::Device,
     /// The trainable model (f32 master weights).
     pub model: CausalLm<Autodiff<B>>,
-    /// The frozen initial model for the KL term (`None` when the KL coefficient is 0).
+    /// The frozen initial model for the KL term (`None` when the KL coefficient is 0, and
+    /// with LoRA, whose reference is the base under the adapters: see [`Policy::reference_model`]).
     pub reference: Option<CausalLm<B>>,
+    /// The adapters' settings when the policy trains LoRA adapters on a frozen base.
+    pub lora: Option<LoraConfig>,
     pub tokenizer: Tokenizer,
     pub eos_token_ids: Vec<u32>,
     /// Extra chat-template variables.
@@ -55,6 +59,7 @@ impl<B: Backend> Policy<B> {
             device,
             model: pretrained.model,
             reference,
+            lora: None,
             tokenizer: pretrained.tokenizer,
             eos_token_ids: pretrained.eos_token_ids,
             chat_kwargs,
@@ -67,6 +72,15 @@ impl<B: Backend> Policy<B> {
     /// The model without autodiff, for sampling and scoring (shares the weights).
     pub fn inference_model(&self) -> CausalLm<B> {
         self.model.valid()
+    }
+
+    /// The frozen model the KL term compares with: the loaded reference, or with LoRA the base
+    /// without its adapters (the same weights, not a copy).
+    pub fn reference_model(&self) -> Option<CausalLm<B>> {
+        match &self.lora {
+            Some(_) => Some(crate::model::lora::strip(self.inference_model())),
+            None => self.reference.clone(),
+        }
     }
 
     /// The prompt ids of `messages` in this policy's chat template (plain text when the

@@ -146,6 +146,71 @@ fn sigkill_and_resume_equals_an_uninterrupted_run() {
     assert_eq!(deterministic_metrics(&killed), reference);
 }
 
+/// LoRA adapters on both agents (`--lora 4`): the first step's KL against the base is zero
+/// (a fresh adapter is the identity), checkpoints hold PEFT adapters and no base weights, a
+/// SIGKILLed run resumes to the uninterrupted run's numbers, and `convert --merge-lora`
+/// writes a loadable merged model.
+#[test]
+fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
+    let s = setup(3);
+    let cfg = s.config.to_str().unwrap();
+    let whole = s.data.path().join("lora-whole");
+    let out = run(&["train", "--config", cfg, "--lora", "4", "--out", whole.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+    let first_kl = reference[0]["data"]["actor/kl_loss"].as_f64().unwrap();
+    assert!(first_kl.abs() < 1e-6, "a fresh adapter is the base, so the first KL is 0: {first_kl}");
+    let later_kl = reference.last().unwrap()["data"]["actor/kl_loss"].as_f64().unwrap();
+    assert!(later_kl.abs() > 0.0, "after updates the adapter moves the policy off the base");
+
+    let agent = whole.join("checkpoints/step-000003/agent-0");
+    for f in ["adapter_config.json", "adapter_model.safetensors", "tokenizer.json"] {
+        assert!(agent.join(f).is_file(), "{f} in a LoRA checkpoint");
+    }
+    assert!(!agent.join("model.safetensors").exists(), "the frozen base is not copied into checkpoints");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(agent.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!((config["r"].as_u64(), config["lora_alpha"].as_f64()), (Some(4), Some(8.0)));
+    assert!(Path::new(config["base_model_name_or_path"].as_str().unwrap()).is_absolute());
+
+    let killed = s.data.path().join("lora-killed");
+    common::train_killed_after_checkpoint(
+        &["train", "--config", cfg, "--lora", "4", "--out", killed.to_str().unwrap()],
+        1,
+    );
+    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&killed), reference);
+
+    let merged = s.data.path().join("merged");
+    let out = run(&["convert", "--merge-lora", agent.to_str().unwrap(), "--out", merged.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = run(&[
+        "generate",
+        "--model",
+        merged.to_str().unwrap(),
+        "--prompt",
+        "What is 4 minus 2?",
+        "--max-new-tokens",
+        "4",
+        "--greedy",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The adapter directory itself loads as the merged model.
+    let direct = run(&[
+        "generate",
+        "--model",
+        agent.to_str().unwrap(),
+        "--prompt",
+        "What is 4 minus 2?",
+        "--max-new-tokens",
+        "4",
+        "--greedy",
+    ]);
+    assert!(direct.status.success(), "{}", stderr(&direct));
+    assert_eq!(out.stdout, direct.stdout);
+}
+
 #[test]
 fn a_diverging_run_stops_naming_agent_and_step_and_keeps_the_last_checkpoint() {
     // GSPO with one update per step: the huge learning rate blows the weights up in step 1's

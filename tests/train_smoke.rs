@@ -78,6 +78,8 @@ fn config(run: &Path, agents: &[&Path], algo_name: &str) -> TrainConfig {
             name: None,
             device: "cpu".into(),
             chat_template_kwargs: Default::default(),
+            lora: None,
+            lr: None,
         })
         .collect();
     cfg

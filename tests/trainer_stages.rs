@@ -94,7 +94,7 @@ fn views_reuse_own_ids_and_retokenise_other_policies_samples() {
 /// (HACPO with cross samples), token-level (GRPO) and constant-length (Dr. GRPO) losses, with
 /// the KL term on.
 #[test]
-fn micro_batches_accumulate_to_the_one_pass_update() {
+fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
     let (q, l) = (common::tiny_agent("qwen3", "qwen3", 32, 1), common::tiny_agent("llama3.1", "llama", 40, 2));
     for name in ["hacpo", "grpo", "drgrpo"] {
         let settings = hacpo::config::AlgoConfig { kl_coef: 0.05, ..Default::default() };
@@ -119,7 +119,9 @@ fn micro_batches_accumulate_to_the_one_pass_update() {
         let refs: Vec<Option<Vec<f32>>> =
             samples.iter().map(|s| (s.policy == 0).then(|| s.token_logps.iter().map(|x| x - 0.3).collect())).collect();
         let mut metrics = Vec::new();
-        for micro in [routed.indices.len(), 3, 1] {
+        // One pass, micro-batches, and both again with gradient checkpointing.
+        let whole = routed.indices.len();
+        for (micro, checkpointing) in [(whole, false), (3, false), (1, false), (whole, true), (3, true)] {
             let mut p = policy(0, q.path());
             let batch = LearnerBatch {
                 indices: routed.indices.clone(),
@@ -135,10 +137,10 @@ fn micro_batches_accumulate_to_the_one_pass_update() {
                 total_updates: 1,
                 minibatches: 1,
                 micro_batch_sequences: micro,
+                gradient_checkpointing: checkpointing,
                 inv_temperature: 1.0,
                 kl_coef: 0.05,
                 grad_clip: 1e9,
-                lr: 1e-3,
                 schedule: LrSchedule::default(),
                 norm_length: 32,
                 dump_dir: None,
@@ -149,7 +151,7 @@ fn micro_batches_accumulate_to_the_one_pass_update() {
         for m in &metrics[1..] {
             for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"] {
                 let (a, b) = (metrics[0][key], m[key]);
-                assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-3), "{name} {key}: one pass {a} vs micro-batches {b}");
+                assert!((a - b).abs() <= 1e-4 * a.abs().max(1e-3), "{name} {key}: one pass {a} vs {b}");
             }
         }
         assert!(metrics[0]["actor/kl_loss"] > 0.0 && metrics[0]["actor/grad_norm"] > 0.0, "{name}: {:?}", metrics[0]);

@@ -186,6 +186,8 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
             name: None,
             device: "cpu".into(),
             chat_template_kwargs: Default::default(),
+            lora: None,
+            lr: None,
         })
         .collect();
     let questions = ["What is 1 + 1?", "Name a number.", "What is 5 - 3?", "Count to two."];

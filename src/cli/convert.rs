@@ -1,5 +1,6 @@
 //! `hacpo convert`: write any loadable model (GGUF, zoo id, directory) as a Hugging Face
-//! directory that transformers and vLLM load.
+//! directory that transformers and vLLM load; with `--merge-lora`, a base model with a PEFT
+//! adapter folded into its weights.
 
 use std::path::PathBuf;
 
@@ -9,12 +10,18 @@ use hacpo::model::SaveDtype;
 use hacpo::{Error, Result};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Example:\n  \
-    hacpo convert --model SmolLM2-135M-Instruct.Q4_1.gguf --out ./smollm2-hf --dtype bf16")]
+#[command(after_help = "Examples:\n  \
+    hacpo convert --model SmolLM2-135M-Instruct.Q4_1.gguf --out ./smollm2-hf --dtype bf16\n  \
+    hacpo convert --merge-lora runs/x/checkpoints/step-000100/agent-0 --out ./merged")]
 pub struct ConvertArgs {
-    /// A Hugging Face model directory, a .gguf file, or a zoo id.
-    #[arg(short, long)]
-    pub model: String,
+    /// A Hugging Face model directory, a .gguf file, or a zoo id. With --merge-lora: the base
+    /// model (default: the adapter's base_model_name_or_path).
+    #[arg(short, long, required_unless_present = "merge_lora")]
+    pub model: Option<String>,
+    /// A PEFT LoRA adapter directory (adapter_config.json, adapter_model.safetensors) to merge
+    /// into the base model's weights.
+    #[arg(long, value_name = "ADAPTER_DIR")]
+    pub merge_lora: Option<PathBuf>,
     /// Output directory (created; existing model files in it are replaced).
     #[arg(short, long)]
     pub out: PathBuf,
@@ -25,10 +32,24 @@ pub struct ConvertArgs {
 
 pub fn run(args: ConvertArgs) -> Result<()> {
     let dtype = SaveDtype::parse(&args.dtype)?;
-    let pretrained = hacpo::model::load::<Cpu>(&args.model, &Default::default())?;
     if args.out.exists() && !args.out.is_dir() {
         return Err(Error::InvalidArgument(format!("--out {} exists and is not a directory", args.out.display())));
     }
+    let device = Default::default();
+    let pretrained = match (&args.merge_lora, &args.model) {
+        (Some(adapter), base) => {
+            if !hacpo::model::lora::is_adapter_dir(adapter) {
+                return Err(Error::InvalidArgument(format!(
+                    "--merge-lora {}: no adapter_config.json there; give the directory PEFT (or a hacpo LoRA \
+                     checkpoint's agent-N) wrote",
+                    adapter.display()
+                )));
+            }
+            hacpo::model::load_adapter_dir::<Cpu>(adapter, base.as_deref(), &device)?
+        }
+        (None, Some(model)) => hacpo::model::load::<Cpu>(model, &device)?,
+        (None, None) => unreachable!("clap requires --model without --merge-lora"),
+    };
     hacpo::model::save_pretrained(
         &pretrained.model,
         &pretrained.tokenizer,

@@ -14,7 +14,8 @@ use hacpo::{Error, Result};
     hacpo train --agents qwen3-1.7b-base,qwen3-4b-base --algo hacpo --task math --out runs/size-pair\n  \
     hacpo train --config configs/hacpo-math.toml --set algo.hacpo.alpha=3 --set algo.hacpo.delta_step=0.01\n  \
     hacpo train --resume runs/size-pair\n  \
-    hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n\n\
+    hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n  \
+    hacpo train --lora 16                        # LoRA adapters (PEFT layout) instead of full fine-tuning\n\n\
     Algorithms: hacpo, gspo, grpo, gspo2x, naive, drgrpo. Ablations: --set algo.hacpo.capability_baseline=false\n\
     (also discrepancy_coef, exp_is, stepwise).")]
 pub struct TrainArgs {
@@ -60,11 +61,19 @@ pub struct TrainArgs {
     /// Train even when the memory plan says the run does not fit.
     #[arg(long)]
     pub skip_memory_check: bool,
+    /// Train LoRA adapters of this rank (α = 2 × rank, every projection) on every agent,
+    /// the base weights frozen; per agent: an [agents.lora] table in the config.
+    #[arg(long, value_name = "RANK")]
+    pub lora: Option<usize>,
 }
 
 impl TrainArgs {
     fn given(&self) -> bool {
-        self.config.is_some() || !self.agents.is_empty() || !self.overrides.is_empty() || self.algo.is_some()
+        self.config.is_some()
+            || !self.agents.is_empty()
+            || !self.overrides.is_empty()
+            || self.algo.is_some()
+            || self.lora.is_some()
     }
 }
 
@@ -89,8 +98,14 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
                 name: None,
                 device: "cpu".into(),
                 chat_template_kwargs: Default::default(),
+                lora: None,
+                lr: None,
             })
             .collect();
+    }
+    if let Some(rank) = args.lora {
+        let lora = hacpo::model::lora::LoraConfig { rank, alpha: 2.0 * rank as f64, ..Default::default() };
+        cfg.policies.iter_mut().for_each(|p| p.lora = Some(lora.clone()));
     }
     if let Some(a) = &args.algo {
         hacpo::rl::registry::check(a)?;

@@ -72,6 +72,10 @@ pub struct AlgoConfig {
     pub minibatch_prompts: usize,
     /// Sequences per forward/backward pass (gradient accumulation within a mini-batch).
     pub micro_batch_sequences: usize,
+    /// Recompute each decoder layer in the backward pass instead of keeping its activations
+    /// (gradient checkpointing): activations of one layer instead of all, for a third more
+    /// compute. Gradients are unchanged.
+    pub gradient_checkpointing: bool,
     /// Global gradient-norm clip.
     pub grad_clip: f64,
     pub optimizer: AdamWConfig,
@@ -108,6 +112,7 @@ impl Default for AlgoConfig {
             prompts_per_step: 128,
             minibatch_prompts: 64,
             micro_batch_sequences: 8,
+            gradient_checkpointing: false,
             grad_clip: 1.0,
             optimizer: AdamWConfig::default(),
             schedule: LrSchedule::default(),
@@ -194,6 +199,13 @@ pub struct PolicyConfig {
     /// Extra chat-template variables (`enable_thinking = false` for Qwen3).
     #[serde(default)]
     pub chat_template_kwargs: toml::Table,
+    /// Train LoRA adapters on a frozen base instead of every weight (`[agents.lora]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lora: Option<crate::model::lora::LoraConfig>,
+    /// This policy's learning rate (default `algo.optimizer.lr`): adapters usually want 10–100×
+    /// a full fine-tune's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
 }
 
 fn default_device() -> String {
@@ -472,6 +484,12 @@ impl TrainConfig {
                 .map_err(|e| Error::config("training config", format!("policies[{i}].device: {e}")))?;
             if names[..i].contains(&names[i]) {
                 return bad(&format!("policies[{i}].name"), format!("{:?} names two policies", names[i]));
+            }
+            if let Some(lora) = &p.lora {
+                lora.validate(&format!("policies[{i}].lora")).map_err(|m| Error::config("training config", m))?;
+            }
+            if let Some(lr) = p.lr.filter(|lr| !(lr.is_finite() && *lr > 0.0)) {
+                return bad(&format!("policies[{i}].lr"), format!("must be a positive number, got {lr}"));
             }
         }
         for (i, r) in self.roles.iter().enumerate() {

@@ -213,43 +213,72 @@ pub fn response_hidden<B: Backend>(
     model: &crate::model::CausalLm<B>,
     requests: &[(Vec<u32>, Vec<u32>)],
 ) -> crate::error::Result<(Tensor<B, 2>, Vec<u32>, Vec<usize>)> {
-    use crate::error::Error;
+    let batch = TokenBatch::of(&model.config, requests)?;
     let device = model.device();
-    let context = model.config.max_position_embeddings;
-    let mut t = 1;
-    for (p, r) in requests {
-        if p.is_empty() {
-            return Err(Error::InvalidArgument(
-                "cannot score a response without a prompt: the first response token needs a preceding token".into(),
-            ));
-        }
-        if p.len() + r.len() > context {
-            return Err(Error::PromptTooLong { prompt_tokens: p.len() + r.len(), context });
-        }
-        t = t.max(p.len() + r.len());
-    }
-    let b = requests.len();
-    let mut ids = vec![0i64; b * t];
-    let mut rows = Vec::new();
-    let mut targets = Vec::new();
-    let mut lens = Vec::with_capacity(b);
-    for (i, (p, r)) in requests.iter().enumerate() {
-        for (j, &tok) in p.iter().chain(r.iter()).enumerate() {
-            ids[i * t + j] = tok as i64;
-        }
-        for (j, &tok) in r.iter().enumerate() {
-            rows.push((i * t + p.len() - 1 + j) as i64);
-            targets.push(tok);
-        }
-        lens.push(r.len());
-    }
-    let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [b, t]), &device);
-    let layout = model.layout_tensors(&crate::model::Layout::dense(b, t));
-    let hidden = model.forward_hidden(ids, &layout, None);
+    let layout = model.layout_tensors(&crate::model::Layout::dense(batch.b, batch.t));
+    let hidden = model.forward_hidden(batch.ids(&device), &layout, None);
     let d = hidden.dims()[2];
-    let n = rows.len();
-    let index = Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device);
-    Ok((hidden.reshape([b * t, d]).select(0, index), targets, lens))
+    let rows = batch.rows(&device);
+    Ok((hidden.reshape([batch.b * batch.t, d]).select(0, rows), batch.targets, batch.lens))
+}
+
+/// Prompt + response pairs laid out as one right-padded `[b, t]` batch, with the rows whose
+/// hidden states predict the response tokens.
+pub struct TokenBatch {
+    pub b: usize,
+    pub t: usize,
+    ids: Vec<i64>,
+    /// Row `i·t + j` of the flattened hidden states predicts `targets[k]`.
+    rows: Vec<i64>,
+    pub targets: Vec<u32>,
+    /// Response lengths.
+    pub lens: Vec<usize>,
+}
+
+impl TokenBatch {
+    /// Checks every pair against the context of a model configured as `config`.
+    pub fn of(config: &crate::model::ModelConfig, requests: &[(Vec<u32>, Vec<u32>)]) -> crate::error::Result<Self> {
+        use crate::error::Error;
+        let context = config.max_position_embeddings;
+        let mut t = 1;
+        for (p, r) in requests {
+            if p.is_empty() {
+                return Err(Error::InvalidArgument(
+                    "cannot score a response without a prompt: the first response token needs a preceding token".into(),
+                ));
+            }
+            if p.len() + r.len() > context {
+                return Err(Error::PromptTooLong { prompt_tokens: p.len() + r.len(), context });
+            }
+            t = t.max(p.len() + r.len());
+        }
+        let b = requests.len();
+        let mut ids = vec![0i64; b * t];
+        let mut rows = Vec::new();
+        let mut targets = Vec::new();
+        let mut lens = Vec::with_capacity(b);
+        for (i, (p, r)) in requests.iter().enumerate() {
+            for (j, &tok) in p.iter().chain(r.iter()).enumerate() {
+                ids[i * t + j] = tok as i64;
+            }
+            for (j, &tok) in r.iter().enumerate() {
+                rows.push((i * t + p.len() - 1 + j) as i64);
+                targets.push(tok);
+            }
+            lens.push(r.len());
+        }
+        Ok(TokenBatch { b, t, ids, rows, targets, lens })
+    }
+
+    /// The token ids `[b, t]`.
+    pub fn ids<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
+        Tensor::from_data(TensorData::new(self.ids.clone(), [self.b, self.t]), device)
+    }
+
+    /// The rows to select from the flattened `[b·t, d]` hidden states.
+    pub fn rows<B: Backend>(&self, device: &B::Device) -> Tensor<B, 1, Int> {
+        Tensor::from_data(TensorData::new(self.rows.clone(), [self.rows.len()]), device)
+    }
 }
 
 /// Log-probs of each response token given its prompt (no gradient), at `temperature`.

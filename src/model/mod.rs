@@ -8,6 +8,7 @@ pub mod config;
 pub mod gguf;
 pub mod kv_cache;
 pub mod layout;
+pub mod lora;
 pub mod rope;
 pub mod safetensors_io;
 pub mod transformer;
@@ -45,6 +46,9 @@ pub fn load<B: Backend>(spec: &str, device: &B::Device) -> Result<Pretrained<B>>
     let _span = tracing::info_span!("load_model", model = spec).entered();
     let started = std::time::Instant::now();
     let mut pretrained = match resolved {
+        zoo::Resolved::Dir(dir) if lora::is_adapter_dir(&dir) && !dir.join("config.json").is_file() => {
+            load_adapter_dir(&dir, None, device)?
+        }
         zoo::Resolved::Dir(dir) => load_hf_dir(&dir, device)?,
         zoo::Resolved::Gguf(path) => load_gguf(&path, device)?,
     };
@@ -56,6 +60,32 @@ pub fn load<B: Backend>(spec: &str, device: &B::Device) -> Result<Pretrained<B>>
         seconds = started.elapsed().as_secs_f64(),
         "model loaded"
     );
+    Ok(pretrained)
+}
+
+/// Loads the base model a PEFT adapter directory names (or `base`, when given) and merges the
+/// adapter into it: the model a user means by `--model <adapter dir>`. The merged weights
+/// are trainable, like any loaded model's.
+pub fn load_adapter_dir<B: Backend>(dir: &Path, base: Option<&str>, device: &B::Device) -> Result<Pretrained<B>> {
+    let info = lora::read_adapter_info(dir)?;
+    let base = match base {
+        Some(b) => b.to_string(),
+        None if info.base.is_empty() => {
+            return Err(Error::config(
+                dir.join(lora::CONFIG_FILE).display().to_string(),
+                "base_model_name_or_path is empty; name the base model with --model",
+            ));
+        }
+        // A relative path is tried from the working directory, then beside the adapter.
+        None if !Path::new(&info.base).exists() && dir.join(&info.base).exists() => {
+            dir.join(&info.base).display().to_string()
+        }
+        None => info.base.clone(),
+    };
+    let mut pretrained = load::<B>(&base, device)?;
+    let adapted = lora::load_adapter(pretrained.model, dir)?;
+    pretrained.model = lora::set_trainable(lora::merge(adapted), true);
+    pretrained.source = dir.to_path_buf();
     Ok(pretrained)
 }
 

@@ -168,16 +168,8 @@ fn ordinary_mode(path: &Path) -> Result<()> {
     std::fs::set_permissions(path, permissions).map_err(|e| Error::io("write", path, e))
 }
 
-/// Writes `tensors` into `dir` as `model.safetensors`, or as shards of at most
-/// `max_shard_bytes` plus `model.safetensors.index.json`. Each file is written to a temporary
-/// name and renamed, so an interrupted save never leaves a truncated file under a real name.
-pub fn write_safetensors(
-    dir: &Path,
-    tensors: Vec<(String, HostTensor)>,
-    dtype: SaveDtype,
-    max_shard_bytes: usize,
-) -> Result<Vec<PathBuf>> {
-    let views: Vec<(String, ByteView)> = tensors
+fn to_views(tensors: Vec<(String, HostTensor)>, dtype: SaveDtype) -> Vec<(String, ByteView)> {
+    tensors
         .into_iter()
         .map(|(name, t)| {
             let (dt, bytes) = match dtype {
@@ -188,7 +180,35 @@ pub fn write_safetensors(
             };
             (name, ByteView { dtype: dt, shape: t.shape, bytes })
         })
-        .collect();
+        .collect()
+}
+
+/// Writes one safetensors file through a temporary name and a rename, with ordinary mode.
+fn write_file(path: &Path, views: &[&(String, ByteView)]) -> Result<()> {
+    let tmp = temp_path_for(path);
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp)
+        .map_err(|e| Error::WeightFile { path: tmp.clone(), message: e.to_string() })?;
+    ordinary_mode(&tmp)?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename into place", path, e))
+}
+
+/// Writes `tensors` as the single safetensors file `path` (written atomically).
+pub fn write_safetensors_file(path: &Path, tensors: Vec<(String, HostTensor)>, dtype: SaveDtype) -> Result<()> {
+    let views = to_views(tensors, dtype);
+    write_file(path, &views.iter().collect::<Vec<_>>())
+}
+
+/// Writes `tensors` into `dir` as `model.safetensors`, or as shards of at most
+/// `max_shard_bytes` plus `model.safetensors.index.json`. Each file is written to a temporary
+/// name and renamed, so an interrupted save never leaves a truncated file under a real name.
+pub fn write_safetensors(
+    dir: &Path,
+    tensors: Vec<(String, HostTensor)>,
+    dtype: SaveDtype,
+    max_shard_bytes: usize,
+) -> Result<Vec<PathBuf>> {
+    let views = to_views(tensors, dtype);
 
     // Greedy sharding in checkpoint order, like transformers' `shard_checkpoint`.
     let mut shards: Vec<Vec<&(String, ByteView)>> = vec![vec![]];
@@ -213,12 +233,7 @@ pub fn write_safetensors(
             format!("model-{:05}-of-{:05}.safetensors", i + 1, n)
         };
         let path = dir.join(&name);
-        let tmp = temp_path_for(&path);
-        let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-        safetensors::serialize_to_file(shard.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp)
-            .map_err(|e| Error::WeightFile { path: tmp.clone(), message: e.to_string() })?;
-        ordinary_mode(&tmp)?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename into place", &path, e))?;
+        write_file(&path, shard)?;
         for (k, _) in shard {
             weight_map.insert(k.clone(), name.clone());
         }

@@ -28,13 +28,16 @@ use burn::tensor::{Int, Tensor, backend::Backend};
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
+use super::lora::LoraAdapter;
 use super::rope::Rope;
 
-/// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`).
+/// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
+/// LoRA update when an adapter is attached (see [`super::lora`]).
 #[derive(Module, Debug)]
 pub struct Linear<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
     pub bias: Option<Param<Tensor<B, 1>>>,
+    pub lora: Option<LoraAdapter<B>>,
 }
 
 impl<B: Backend> Linear<B> {
@@ -44,7 +47,10 @@ impl<B: Backend> Linear<B> {
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
         // GEMM per batch row and sum them.
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
-        let mut y = x2.matmul(self.weight.val());
+        let mut y = x2.clone().matmul(self.weight.val());
+        if let Some(adapter) = &self.lora {
+            y = y + adapter.forward(x2);
+        }
         if let Some(b) = &self.bias {
             y = y + b.val().unsqueeze_dim(0);
         }

@@ -10,6 +10,7 @@ use burn::module::Param;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 use super::config::ModelConfig;
+use super::lora::LoraAdapter;
 use super::transformer::{Attention, CausalLm, DecoderLayer, Linear, Mlp, RmsNorm};
 use crate::error::{Error, Result};
 
@@ -85,6 +86,7 @@ pub fn build<B: Backend>(
             Ok(Linear {
                 weight: l.linear_weight(&format!("{p}.{name}.weight"))?,
                 bias: if bias { Some(l.param1(&format!("{p}.{name}.bias"))?) } else { None },
+                lora: None,
             })
         };
         let self_attn = Attention {
@@ -201,9 +203,16 @@ pub trait ParamVisitor<B: Backend> {
 pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V) -> CausalLm<B> {
     let CausalLm { embed_tokens, layers, norm, lm_head, config } = model;
     let embed_tokens = v.matrix("model.embed_tokens.weight", embed_tokens, false);
+    // Adapters are visited under PEFT's module names (`…q_proj.lora_A.weight`), stored
+    // transposed like the weight they adapt.
     let linear = |v: &mut V, p: &str, l: Linear<B>| Linear {
         weight: v.matrix(&format!("{p}.weight"), l.weight, true),
         bias: l.bias.map(|b| v.vector(&format!("{p}.bias"), b)),
+        lora: l.lora.map(|a| LoraAdapter {
+            a: v.matrix(&format!("{p}.lora_A.weight"), a.a, true),
+            b: v.matrix(&format!("{p}.lora_B.weight"), a.b, true),
+            scale: a.scale,
+        }),
     };
     let norm_of = |v: &mut V, name: String, n: RmsNorm<B>| RmsNorm { weight: v.vector(&name, n.weight), eps: n.eps };
     let layers = layers
@@ -240,7 +249,8 @@ pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V
     CausalLm { embed_tokens, layers, norm, lm_head, config }
 }
 
-/// All weights of `model` by HF name and in HF layout, in checkpoint order.
+/// All weights of `model` by HF name and in HF layout, in checkpoint order. Adapters are
+/// folded in first: an HF directory has no place for them (see [`super::lora::save_adapter`]).
 pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
     struct Collect(Vec<(String, HostTensor)>);
     fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> HostTensor {
@@ -260,7 +270,7 @@ pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
         }
     }
     let mut c = Collect(Vec::new());
-    walk_params(model.clone(), &mut c);
+    walk_params(super::lora::merge(model.clone()), &mut c);
     c.0
 }
 

@@ -76,9 +76,10 @@ pub fn entries() -> Vec<ZooEntry> {
         .collect()
 }
 
-/// The zoo entry with this id.
+/// The zoo entry with this id or Hub repo id (`Qwen/Qwen2.5-1.5B-Instruct`, as a PEFT
+/// adapter's `base_model_name_or_path` names it).
 pub fn find(id: &str) -> Option<ZooEntry> {
-    entries().into_iter().find(|e| e.id == id)
+    entries().into_iter().find(|e| e.id == id || e.repo == id)
 }
 
 /// What a `--model` argument resolved to.

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::optim::AdamW;
 use crate::error::{Error, Result, write_atomic};
+use crate::model::lora::{self, LoraConfig};
 use crate::model::{CausalLm, SaveDtype, save_pretrained};
 use crate::tokenizer::Tokenizer;
 
@@ -44,6 +45,9 @@ pub struct TrainerState {
 /// One policy's part of a checkpoint.
 pub struct AgentCheckpoint<'a, B: Backend> {
     pub model: CausalLm<B>,
+    /// A LoRA policy's settings and base (what `base_model_name_or_path` says): only its
+    /// adapter is written, in PEFT's layout, not the frozen base.
+    pub lora: Option<(&'a LoraConfig, String)>,
     pub tokenizer: &'a Tokenizer,
     pub eos_token_ids: &'a [u32],
     pub optimizer: &'a AdamW<B>,
@@ -77,7 +81,14 @@ pub fn save<B: Backend>(
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
     for (k, a) in agents.iter().enumerate() {
-        save_pretrained(&a.model, a.tokenizer, a.eos_token_ids, &agent_dir(&tmp, k), SaveDtype::F32)?;
+        let dir = agent_dir(&tmp, k);
+        match &a.lora {
+            Some((config, base)) => {
+                lora::save_adapter(&a.model, config, base, &dir)?;
+                a.tokenizer.save(&dir)?;
+            }
+            None => save_pretrained(&a.model, a.tokenizer, a.eos_token_ids, &dir, SaveDtype::F32)?,
+        }
         a.optimizer.save(&optimizer_path(&tmp, k))?;
     }
     write_atomic(&tmp.join("trainer_state.json"), serde_json::to_string_pretty(state).expect("json").as_bytes())?;
@@ -147,12 +158,18 @@ pub fn damage(dir: &Path) -> Option<String> {
     };
     for k in 0..state.policies.len() {
         let agent = agent_dir(dir, k);
-        for f in ["config.json", "tokenizer.json"] {
+        // A LoRA policy's part is its adapter (PEFT layout) and tokenizer.
+        let adapter = lora::is_adapter_dir(&agent);
+        let needed =
+            if adapter { ["adapter_config.json", "tokenizer.json"] } else { ["config.json", "tokenizer.json"] };
+        for f in needed {
             if !agent.join(f).is_file() {
                 return Some(format!("agent-{k}/{f} is missing"));
             }
         }
-        let weights: Vec<PathBuf> = match std::fs::read_to_string(agent.join("model.safetensors.index.json")) {
+        let index = std::fs::read_to_string(agent.join("model.safetensors.index.json"));
+        let weights: Vec<PathBuf> = match index {
+            _ if adapter => vec![agent.join(lora::WEIGHTS_FILE)],
             Ok(index) => {
                 let v: serde_json::Value = match serde_json::from_str(&index) {
                     Ok(v) => v,

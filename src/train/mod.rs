@@ -1,6 +1,7 @@
 //! Training machinery shared by every algorithm: the optimizer and schedule
 //! ([`optim`]), checkpoints and resume ([`checkpoint`]), metrics sinks ([`metrics`],
-//! [`tensorboard`]), the value head of actor-critic algorithms ([`critic`]). It knows nothing
+//! [`tensorboard`]), the value head of actor-critic algorithms ([`critic`]), gradient
+//! checkpointing ([`recompute`]). It knows nothing
 //! about which algorithm computes the loss.
 
 pub mod checkpoint;
@@ -8,5 +9,6 @@ pub mod critic;
 pub mod interrupt;
 pub mod metrics;
 pub mod optim;
+pub mod recompute;
 pub mod sft;
 pub mod tensorboard;

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::model::CausalLm;
-use crate::model::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors};
+use crate::model::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
 use crate::model::weights::{HostTensor, ParamVisitor, WeightSource, walk_params};
 
 /// AdamW settings with PyTorch's defaults spelled out (burn's differ: eps 1e-5, wd 1e-4).
@@ -172,6 +172,20 @@ impl<B: Backend> GradStore<B> {
         norm
     }
 
+    /// The gradient of parameter `name` on the host, flattened (for tests and audits).
+    pub fn host(&self, name: &str) -> Option<Vec<f32>> {
+        let data = match self.grads.get(name)? {
+            Grad::Vector(a) => a.to_data(),
+            Grad::Matrix(a) => a.to_data(),
+        };
+        Some(data.convert::<f32>().into_vec::<f32>().expect("f32 gradient"))
+    }
+
+    /// The names of the parameters that have a gradient.
+    pub fn names(&self) -> Vec<String> {
+        self.grads.keys().cloned().collect()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.grads.is_empty()
     }
@@ -299,12 +313,7 @@ impl<B: Backend> AdamW<B> {
             tensors.push((format!("exp_avg.{name}"), m));
             tensors.push((format!("exp_avg_sq.{name}"), v));
         }
-        let dir = path.parent().ok_or_else(|| Error::Internal("optimizer path has no directory".into()))?;
-        let tmp = dir.join(format!(".{}.tmp", path.file_name().and_then(|n| n.to_str()).unwrap_or("optim")));
-        std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
-        write_safetensors(&tmp, tensors, SaveDtype::F32, usize::MAX)?;
-        std::fs::rename(tmp.join("model.safetensors"), path).map_err(|e| Error::io("rename into place", path, e))?;
-        let _ = std::fs::remove_dir_all(&tmp);
+        write_safetensors_file(path, tensors, SaveDtype::F32)?;
         let meta =
             serde_json::to_string(&OptimMeta { updates: self.updates, config: self.config.clone() }).expect("json");
         crate::error::write_atomic(&path.with_extension("json"), meta.as_bytes())

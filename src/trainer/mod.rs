@@ -29,6 +29,7 @@ use serde_json::{Map, Value};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
+use crate::model::lora;
 use crate::policy::Policy;
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
@@ -36,6 +37,7 @@ use crate::sample::Sample;
 use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
 use crate::train::metrics::{Metrics, MetricsSink};
+use crate::train::optim::AdamWConfig;
 use crate::workload::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
 use update::{CriticBatch, LearnerBatch, UpdateSettings, update_policy};
 
@@ -244,13 +246,27 @@ impl<B: Backend> Trainer<B> {
 
     fn load_policy(config: &TrainConfig, k: usize, device: B::Device, checkpoint: Option<&Path>) -> Result<Policy<B>> {
         let source = crate::resolve::model_source(&config.policies[k].model, config)?;
-        let pretrained = match checkpoint {
-            Some(c) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
-            None => crate::model::load::<Autodiff<B>>(&source, &device)?,
+        let lora = config.policies[k].lora.clone();
+        let pretrained = match (checkpoint, &lora) {
+            (Some(c), None) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
+            (None, None) => crate::model::load::<Autodiff<B>>(&source, &device)?,
+            // LoRA: the base as configured, frozen, with fresh or checkpointed adapters.
+            (c, Some(l)) => {
+                let mut p = crate::model::load::<Autodiff<B>>(&source, &device)?;
+                p.model = match c {
+                    Some(c) => lora::load_adapter(p.model, &checkpoint::agent_dir(c, k))?,
+                    None => lora::attach(p.model, l, mix_seed(&[config.run.seed, 0x10AA, k as u64])),
+                };
+                p
+            }
         };
-        // The reference is always the starting model, also on resume.
-        let reference =
-            if config.algo.kl_coef > 0.0 { Some(crate::model::load::<B>(&source, &device)?.model) } else { None };
+        // The reference is always the starting model, also on resume (with LoRA, the base
+        // under the adapters: no copy is loaded).
+        let reference = if config.algo.kl_coef > 0.0 && lora.is_none() {
+            Some(crate::model::load::<B>(&source, &device)?.model)
+        } else {
+            None
+        };
         let mut policy = Policy::new(
             k,
             config.policy_name(k),
@@ -259,8 +275,12 @@ impl<B: Backend> Trainer<B> {
             pretrained,
             reference,
             kwargs(&config.policies[k].chat_template_kwargs),
-            config.algo.optimizer.clone(),
+            AdamWConfig {
+                lr: config.policies[k].lr.unwrap_or(config.algo.optimizer.lr),
+                ..config.algo.optimizer.clone()
+            },
         );
+        policy.lora = lora;
         if let Some(c) = checkpoint {
             policy.optimizer = crate::train::optim::AdamW::load(&checkpoint::optimizer_path(c, k), &device)?;
         }
@@ -479,10 +499,10 @@ impl<B: Backend> Trainer<B> {
             total_updates: self.total_steps * self.updates_per_step(),
             minibatches: self.updates_per_step() as usize,
             micro_batch_sequences: a.micro_batch_sequences,
+            gradient_checkpointing: a.gradient_checkpointing,
             inv_temperature: 1.0 / self.config.rollout.temperature.max(1e-6),
             kl_coef: a.kl_coef,
             grad_clip: a.grad_clip,
-            lr: a.optimizer.lr,
             schedule: a.schedule.clone(),
             norm_length: self.shape.norm_length,
             dump_dir: self.config.run.dump_batches.then(|| self.run.batches()),
@@ -597,6 +617,7 @@ impl<B: Backend> Trainer<B> {
             .iter()
             .map(|p| AgentCheckpoint {
                 model: p.inference_model(),
+                lora: p.lora.as_ref().map(|l| (l, lora::base_name(&p.spec))),
                 tokenizer: &p.tokenizer,
                 eos_token_ids: &p.eos_token_ids,
                 optimizer: &p.optimizer,

@@ -98,9 +98,9 @@ fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &S
     let old = run(&policy.inference_model(), policy.value_head.as_ref())?;
     let old_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
-    let reference = match (&policy.reference, settings.with_reference) {
-        (Some(r), true) => run(r, None)?.into_iter().map(|(i, lp, _)| (i, lp)).collect(),
-        _ => Vec::new(),
+    let reference = match settings.with_reference.then(|| policy.reference_model()).flatten() {
+        Some(r) => run(&r, None)?.into_iter().map(|(i, lp, _)| (i, lp)).collect(),
+        None => Vec::new(),
     };
     Ok((old, reference, old_s, t.elapsed().as_secs_f64()))
 }

@@ -61,10 +61,11 @@ pub struct UpdateSettings {
     pub minibatches: usize,
     /// Sequences per forward/backward pass.
     pub micro_batch_sequences: usize,
+    /// Recompute the trunk layer by layer in the backward pass (`algo.gradient_checkpointing`).
+    pub gradient_checkpointing: bool,
     pub inv_temperature: f32,
     pub kl_coef: f64,
     pub grad_clip: f64,
-    pub lr: f64,
     pub schedule: LrSchedule,
     /// The constant length of `seq-mean-token-sum-norm`.
     pub norm_length: usize,
@@ -100,7 +101,8 @@ pub fn update_policy<B: Backend>(
     let (mut pg_sum, mut kl_sum, mut norm_sum, mut lr_last, mut vf_sum) = (0.0, 0.0, 0.0, 0.0, 0.0);
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {
-        let lr = settings.schedule.lr(settings.lr, policy.optimizer.updates, settings.total_updates);
+        // The policy's own rate (`[[agents]] lr`, else `algo.optimizer.lr`) on the shared schedule.
+        let lr = settings.schedule.lr(policy.optimizer.config.lr, policy.optimizer.updates, settings.total_updates);
         let step = minibatch_step(policy, algo, batch, settings, m, mb)?;
         report.tokens += step.tokens;
         let norm = step.grads_norm;
@@ -195,7 +197,13 @@ fn minibatch_step<B: Backend>(
     for micro in mb.chunks(settings.micro_batch_sequences.max(1)) {
         let requests: Vec<(Vec<u32>, Vec<u32>)> =
             micro.iter().map(|&j| (batch.views[j].prompt_ids.clone(), batch.views[j].response_ids.clone())).collect();
-        let (hidden, targets, lens) = response_hidden(&policy.model, &requests)?;
+        let (hidden, targets, lens, trunk) = if settings.gradient_checkpointing {
+            let (trunk, hidden, targets, lens) = crate::train::recompute::forward(&policy.model, &requests)?;
+            (hidden, targets, lens, Some(trunk))
+        } else {
+            let (hidden, targets, lens) = response_hidden(&policy.model, &requests)?;
+            (hidden, targets, lens, None)
+        };
         tokens += targets.len();
         // The critic reads the same hidden states; its loss trains the trunk too.
         let critic = match (&batch.critic, &policy.value_head) {
@@ -270,6 +278,9 @@ fn minibatch_step<B: Backend>(
         pgs.push(pg.detach());
         let g = loss.backward();
         grads.accumulate(&policy.model, &g);
+        if let Some(trunk) = trunk {
+            trunk.backward(&policy.model, &g, &mut grads);
+        }
         if let Some(head) = leaves {
             let g = head.gradient(&g);
             head_grad = Some(match head_grad.take() {

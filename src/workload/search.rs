@@ -544,6 +544,8 @@ mod tests {
                 name: Some(m.to_string()),
                 device: "cpu".into(),
                 chat_template_kwargs: Default::default(),
+                lora: None,
+                lr: None,
             })
             .collect();
         let roles = roles

@@ -8,9 +8,13 @@ Same models, sizes and definitions as src/bench.rs:
 Threads: torch.set_num_threads(--threads), default all cores, as hacpo's rayon pool.
 Each measurement runs once to warm up, then --reps times; the median rate is reported.
 
+On CUDA every timed region ends with torch.cuda.synchronize(), and the peak allocated memory of
+each phase is reported (peak_bytes).
+
 Usage:
   python scripts/bench_pytorch.py                       # tiny-5m, random weights
   python scripts/bench_pytorch.py --gguf "$(../shared/scripts/fetch-smollm2.sh)"
+  python scripts/bench_pytorch.py --shape qwen-1.5b --device cuda --dtype bfloat16   # as scripts/gpu_bench.sh
 Needs: torch, transformers (and accelerate + gguf for --gguf).
 """
 import argparse
@@ -19,7 +23,33 @@ import os
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEVICE = "cpu"
+
+
+def sync():
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def zoo_shape(zoo_id):
+    """A random model in the shape of hacpo's zoo entry models/<zoo_id>.toml ([config] table)."""
+    import tomllib
+    with open(os.path.join(HERE, "..", "models", f"{zoo_id}.toml"), "rb") as f:
+        entry = tomllib.load(f)
+    c = dict(entry["config"])
+    family = entry["family"]
+    rope = {"rope_type": "default", "rope_theta": c.pop("rope_theta", 10000.0)}
+    if family == "qwen2":
+        return Qwen2ForCausalLM(Qwen2Config(**c, rope_parameters=rope))
+    if family == "llama":
+        scaling = c.pop("rope_scaling", None)
+        if scaling:
+            rope = {**scaling, "rope_theta": rope["rope_theta"]}
+        return LlamaForCausalLM(LlamaConfig(**c, rope_parameters=rope))
+    raise SystemExit(f"--shape {zoo_id}: family {family} is not wired here (qwen2 and llama are)")
 
 
 def tiny_5m():
@@ -31,8 +61,10 @@ def tiny_5m():
 
 
 def timed(fn):
+    sync()
     t = time.perf_counter()
     fn()
+    sync()
     return time.perf_counter() - t
 
 
@@ -56,39 +88,58 @@ def main():
     ap.add_argument("--train-len", type=int, default=128)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--attn", default="sdpa")
+    ap.add_argument("--shape", help="a hacpo zoo id: random weights in that model's shape")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     args = ap.parse_args()
+    global DEVICE
+    DEVICE = args.device
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    if args.gguf:
+    if args.shape:
+        model = zoo_shape(args.shape)
+        name = f"{args.shape} shape (random)"
+    elif args.gguf:
         d, f = os.path.dirname(args.gguf), os.path.basename(args.gguf)
         model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, dtype=torch.float32, attn_implementation=args.attn)
         name = f
     else:
         model = tiny_5m()
         name = "tiny-5m (random)"
+    model = model.to(device=args.device, dtype=getattr(torch, args.dtype))
     model.eval()
     vocab = model.config.vocab_size
     results = []
+    peaks = []
+
+    def phase_done():
+        if DEVICE.startswith("cuda"):
+            peaks.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            peaks.append(None)
 
     with torch.no_grad():
         def prefill():
-            ids = torch.randint(0, vocab, (args.prefill_batch, args.prefill_len))
+            ids = torch.randint(0, vocab, (args.prefill_batch, args.prefill_len), device=args.device)
             return ids.numel(), timed(lambda: model(ids, logits_to_keep=1, use_cache=False))
         results.append(("prefill", args.prefill_batch, *median_rate(prefill, args.reps)))
+        phase_done()
         for b in [int(x) for x in args.decode_batch.split(",")]:
             def decode():
-                prompts = torch.randint(0, vocab, (b, args.prompt_len))
+                prompts = torch.randint(0, vocab, (b, args.prompt_len), device=args.device)
                 mask = torch.ones_like(prompts)
                 gen = lambda n: model.generate(prompts, attention_mask=mask, do_sample=False, max_new_tokens=n,
                                                min_new_tokens=n, pad_token_id=0, eos_token_id=None)
                 return b * args.new_tokens, timed(lambda: gen(1 + args.new_tokens)) - timed(lambda: gen(1))
             results.append(("decode", b, *median_rate(decode, args.reps)))
+            phase_done()
 
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
 
     def step():
-        x = torch.randint(0, vocab, (args.train_batch, args.train_len))
+        x = torch.randint(0, vocab, (args.train_batch, args.train_len), device=args.device)
         loss = model(x, labels=x, use_cache=False).loss
         opt.zero_grad()
         loss.backward()
@@ -96,10 +147,12 @@ def main():
 
     results.append(("train_step", args.train_batch,
                     *median_rate(lambda: (args.train_batch * args.train_len, timed(step)), args.reps)))
+    phase_done()
 
     out = {"model": name, "threads": torch.get_num_threads(), "torch": torch.__version__,
-           "results": [{"name": n, "batch": b, "tokens": k, "seconds": s, "tokens_per_second": k / s}
-                       for n, b, k, s in results]}
+           "device": args.device, "dtype": args.dtype,
+           "results": [{"name": n, "batch": b, "tokens": k, "seconds": s, "tokens_per_second": k / s, "peak_bytes": p}
+                       for (n, b, k, s), p in zip(results, peaks)]}
     print(json.dumps(out, indent=2))
 
 

@@ -65,7 +65,7 @@ def main():
         prompt = json.load(open(os.path.join(base_dir, "reference.json")))["prompt_a"]
         ids = torch.tensor([prompt])
 
-        base = AutoModelForCausalLM.from_pretrained(base_dir, torch_dtype=torch.float32, attn_implementation="eager")
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32, attn_implementation="eager")
         base.eval()
         with torch.no_grad():
             base_logits = base(ids).logits[0].clone()

@@ -356,10 +356,9 @@ impl MemoryPlan {
         if !full.is_empty() {
             out.push((
                 format!(
-                    "LoRA adapters for {} ([agents.lora] under its [[agents]]; rank {}, α {})",
+                    "LoRA adapters for {} (--lora {}, or [agents.lora] under its [[agents]])",
                     full.join(", "),
-                    default_lora.rank,
-                    default_lora.alpha
+                    default_lora.rank
                 ),
                 need(&w, true),
             ));
@@ -408,14 +407,14 @@ impl fmt::Display for MemoryPlan {
         )?;
         writeln!(
             f,
-            "  {:<24} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  device",
+            "  {:<28} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  device",
             "policy", "params", "weights", "ref", "grads", "adamw", "activ", "rollout", "peak"
         )?;
         for p in &self.policies {
             let fp = &p.footprint;
             writeln!(
                 f,
-                "  {:<24} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
+                "  {:<28} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
                 match &p.lora {
                     Some(l) => format!("{} (LoRA r{})", p.name, l.rank),
                     None => p.name.clone(),

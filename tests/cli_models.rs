@@ -36,7 +36,14 @@ fn every_config_file_parses_and_validates() {
     seen.sort();
     assert_eq!(
         seen,
-        ["hacpo-math.toml", "mhgpo-hotpotqa.toml", "search-smollm2.toml", "tiny-duo.toml", "tiny-search.toml"],
+        [
+            "hacpo-math.toml",
+            "mhgpo-hotpotqa.toml",
+            "qwen1.5b-llama8b.toml",
+            "search-smollm2.toml",
+            "tiny-duo.toml",
+            "tiny-search.toml"
+        ],
         "a new config is checked here too"
     );
 }

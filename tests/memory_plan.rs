@@ -33,7 +33,14 @@ fn full_fine_tuning_of_llama_8b_on_one_80_gb_gpu_is_refused_before_anything_load
     for part in ["does not fit cuda:0", "agent0-llama-8b (llama-8b)", "weights 32.1 GB", "AdamW moments 64.2 GB"] {
         assert!(stderr.contains(part), "{part:?} missing:\n{stderr}");
     }
-    for part in ["80.0 GB (--device-memory)", "micro_batch_sequences=1", "all of these", "--skip-memory-check"] {
+    for part in [
+        "80.0 GB (--device-memory)",
+        "LoRA adapters for agent0-llama-8b",
+        "gradient_checkpointing=true",
+        "micro_batch_sequences=1",
+        "all of these",
+        "--skip-memory-check",
+    ] {
         assert!(stderr.contains(part), "{part:?} missing:\n{stderr}");
     }
 }
@@ -61,6 +68,40 @@ fn the_headline_pair_is_planned_per_device_without_a_gpu_or_a_download() {
     for part in ["agent0-qwen-1.5b", "1.54B", "agent1-llama-8b", "cuda:0: needs", "cuda:1: needs"] {
         assert!(stdout.contains(part), "{part:?} missing:\n{stdout}");
     }
+    assert!(!home.path().join("hub").exists(), "nothing downloaded or cached");
+}
+
+/// The preset makes the pair fit two 80 GB GPUs (LoRA on llama-8b, gradient checkpointing,
+/// one sequence per micro-batch), and the plan says so without a GPU or a download.
+#[test]
+fn the_headline_preset_fits_two_80_gb_gpus() {
+    let home = tempfile::tempdir().unwrap();
+    let config = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/qwen1.5b-llama8b.toml");
+    let out = hacpo_offline(
+        &[
+            "train",
+            "--config",
+            config.to_str().unwrap(),
+            "--devices",
+            "cuda:0,cuda:1",
+            "--device-memory",
+            "80GB",
+            "--dry-run",
+        ],
+        home.path(),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    for part in [
+        "agent1-llama-8b (LoRA r16)",
+        "gradient checkpointing",
+        "cuda:0: needs",
+        "cuda:1: needs",
+        "dry run: the plan fits",
+    ] {
+        assert!(stdout.contains(part), "{part:?} missing:\n{stdout}");
+    }
+    assert!(!stdout.contains("DOES NOT FIT"), "{stdout}");
     assert!(!home.path().join("hub").exists(), "nothing downloaded or cached");
 }
 

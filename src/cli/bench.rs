@@ -14,11 +14,16 @@ use super::Format;
 #[command(after_help = "Examples:\n  \
     hacpo bench                      # ~5M-parameter Llama config, random weights\n  \
     hacpo bench --model \"$(../shared/scripts/fetch-smollm2.sh)\" --format json\n  \
-    hacpo bench --trainer            # where a two-agent HACPO step spends its time")]
+    hacpo bench --trainer            # where a two-agent HACPO step spends its time\n  \
+    hacpo bench --random-shape qwen-1.5b --device cuda   # a Qwen2.5-1.5B-shaped model, random weights")]
 pub struct BenchArgs {
     /// Model to measure (directory, .gguf or zoo id); default: the built-in tiny-5m config.
-    #[arg(short, long)]
+    #[arg(short, long, conflicts_with = "random_shape")]
     pub model: Option<String>,
+    /// Random weights in the shape of a zoo entry (e.g. qwen-1.5b), from the config the zoo
+    /// carries: no download.
+    #[arg(long, value_name = "ZOO_ID")]
+    pub random_shape: Option<String>,
     /// cpu, cuda, cuda:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -92,6 +97,11 @@ pub fn run(args: BenchArgs) -> Result<()> {
 }
 
 fn load<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
+    if let Some(id) = &args.random_shape {
+        let entry = hacpo::model::zoo::find(id).ok_or_else(|| hacpo::resolve::unknown_model(id))?;
+        let config = entry.model_config()?;
+        return weights::build(&config, &mut weights::RandomWeights::new(&config, 0, 0.02), device);
+    }
     match &args.model {
         Some(m) => Ok(hacpo::model::load::<B>(m, device)?.model),
         None => {
@@ -102,7 +112,11 @@ fn load<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device)
 }
 
 fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<()> {
-    let name = args.model.clone().unwrap_or_else(|| "tiny-5m (random)".into());
+    let name = match (&args.random_shape, &args.model) {
+        (Some(id), _) => format!("{id} shape (random)"),
+        (None, Some(m)) => m.clone(),
+        (None, None) => "tiny-5m (random)".into(),
+    };
     let model = load::<B>(args, device)?;
     let context = model.config.max_position_embeddings;
     for (flag, len) in [

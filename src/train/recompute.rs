@@ -38,13 +38,20 @@ pub struct Trunk<B: Backend> {
     top: Tensor<AD<B>, 3>,
 }
 
+/// What [`forward`] returns: [`crate::generate::score::response_hidden`]'s three parts and the
+/// trunk to finish the backward pass with.
+pub struct Recomputed<B: Backend> {
+    pub trunk: Trunk<B>,
+    /// The selected final hidden states, a graph from the final norm on.
+    pub hidden: Tensor<AD<B>, 2>,
+    pub targets: Vec<u32>,
+    pub lens: Vec<usize>,
+}
+
 /// The forward pass of [`crate::generate::score::response_hidden`] with recomputation: the
-/// same hidden states (a graph from the final norm on), targets and response lengths, and the
-/// [`Trunk`] whose [`Trunk::backward`] completes the backward pass below the final norm.
-pub fn forward<B: Backend>(
-    model: &CausalLm<AD<B>>,
-    requests: &[(Vec<u32>, Vec<u32>)],
-) -> Result<(Trunk<B>, Tensor<AD<B>, 2>, Vec<u32>, Vec<usize>)> {
+/// same hidden states, targets and response lengths, and the [`Trunk`] whose
+/// [`Trunk::backward`] completes the backward pass below the final norm.
+pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u32>)]) -> Result<Recomputed<B>> {
     let batch = TokenBatch::of(&model.config, requests)?;
     let (b, t) = (batch.b, batch.t);
     let inner = model.valid();
@@ -61,7 +68,12 @@ pub fn forward<B: Backend>(
     let hidden = model.norm.forward(top.clone());
     let d = hidden.dims()[2];
     let rows = hidden.reshape([b * t, d]).select(0, batch.rows(&model.device()));
-    Ok((Trunk { ids, batch: (b, t), inputs, top }, rows, batch.targets, batch.lens))
+    Ok(Recomputed {
+        trunk: Trunk { ids, batch: (b, t), inputs, top },
+        hidden: rows,
+        targets: batch.targets,
+        lens: batch.lens,
+    })
 }
 
 impl<B: Backend> Trunk<B> {
@@ -143,7 +155,7 @@ mod tests {
             let mut whole = GradStore::<Cpu>::default();
             whole.accumulate(&m, &loss(&m, hidden).backward());
 
-            let (trunk, hidden, targets, lens) = forward(&m, &requests).unwrap();
+            let Recomputed { trunk, hidden, targets, lens } = forward(&m, &requests).unwrap();
             assert_eq!((targets.len(), lens), (6, vec![4, 2]));
             let mut recomputed = GradStore::<Cpu>::default();
             let head = loss(&m, hidden).backward();

@@ -198,8 +198,8 @@ fn minibatch_step<B: Backend>(
         let requests: Vec<(Vec<u32>, Vec<u32>)> =
             micro.iter().map(|&j| (batch.views[j].prompt_ids.clone(), batch.views[j].response_ids.clone())).collect();
         let (hidden, targets, lens, trunk) = if settings.gradient_checkpointing {
-            let (trunk, hidden, targets, lens) = crate::train::recompute::forward(&policy.model, &requests)?;
-            (hidden, targets, lens, Some(trunk))
+            let r = crate::train::recompute::forward(&policy.model, &requests)?;
+            (r.hidden, r.targets, r.lens, Some(r.trunk))
         } else {
             let (hidden, targets, lens) = response_hidden(&policy.model, &requests)?;
             (hidden, targets, lens, None)

@@ -33,6 +33,8 @@ pub struct TrainerBenchOptions {
     pub max_new_tokens: usize,
     pub hidden: usize,
     pub layers: usize,
+    /// Recompute layers in the update's backward pass (`algo.gradient_checkpointing`).
+    pub gradient_checkpointing: bool,
 }
 
 /// Mean seconds per measured step, and token counts, over both agents.
@@ -150,6 +152,7 @@ group_size = {g}
 prompts_per_step = {p}
 minibatch_prompts = {p}
 micro_batch_sequences = 8
+gradient_checkpointing = {ckpt}
 
 [algo.optimizer]
 lr = 1e-5
@@ -175,6 +178,7 @@ model = "{llama}"
         g = opts.group_size,
         p = opts.prompts_per_step,
         n = opts.max_new_tokens,
+        ckpt = opts.gradient_checkpointing,
         prompts = opts.prompts.display(),
         qwen = qwen.display(),
         llama = llama.display(),

@@ -72,6 +72,9 @@ pub struct BenchArgs {
     /// --trainer: response length (random models rarely stop early).
     #[arg(long, default_value_t = 64)]
     pub max_new_tokens: usize,
+    /// --trainer: recompute each layer in the update's backward pass (algo.gradient_checkpointing).
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// --trainer: hidden size and layers of both agents.
     #[arg(long, default_value_t = 256)]
     pub hidden: usize,
@@ -181,6 +184,7 @@ fn run_trainer<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::
         max_new_tokens: args.max_new_tokens,
         hidden: args.hidden,
         layers: args.layers,
+        gradient_checkpointing: args.gradient_checkpointing,
     };
     eprintln!(
         "benchmarking a HACPO step: 2 agents, {} prompts × G={} × {} new tokens, {} threads",

@@ -257,6 +257,14 @@ impl<B: Backend> Trainer<B> {
                     Some(c) => lora::load_adapter(p.model, &checkpoint::agent_dir(c, k))?,
                     None => lora::attach(p.model, l, mix_seed(&[config.run.seed, 0x10AA, k as u64])),
                 };
+                let trainable = lora::adapter_parameters(&p.model.config, l);
+                let total = p.model.config.num_parameters() as u64 + trainable;
+                tracing::info!(
+                    policy = config.policy_name(k),
+                    rank = l.rank,
+                    "LoRA: {trainable} trainable parameters of {total} ({:.2}%)",
+                    100.0 * trainable as f64 / total as f64
+                );
                 p
             }
         };

@@ -648,12 +648,8 @@ mod tests {
     fn a_plan_that_does_not_fit_names_the_agent_the_numbers_and_the_ways_out() {
         let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
         cfg.policies = vec![crate::config::PolicyConfig {
-            model: "llama-8b".into(),
-            name: None,
             device: "cuda:0".into(),
-            chat_template_kwargs: Default::default(),
-            lora: None,
-            lr: None,
+            ..crate::config::PolicyConfig::new("llama-8b")
         }];
         let plan = MemoryPlan::of(&cfg, Some(80_000_000_000)).unwrap();
         assert_eq!(plan.devices.len(), 1);

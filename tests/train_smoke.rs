@@ -71,17 +71,7 @@ fn config(run: &Path, agents: &[&Path], algo_name: &str) -> TrainConfig {
     cfg.algo.optimizer.lr = 1e-3;
     cfg.rollout.max_new_tokens = 12;
     cfg.rollout.batch_prompts = 2;
-    cfg.policies = agents
-        .iter()
-        .map(|p| PolicyConfig {
-            model: p.to_str().unwrap().into(),
-            name: None,
-            device: "cpu".into(),
-            chat_template_kwargs: Default::default(),
-            lora: None,
-            lr: None,
-        })
-        .collect();
+    cfg.policies = agents.iter().map(|p| PolicyConfig::new(p.to_str().unwrap())).collect();
     cfg
 }
 

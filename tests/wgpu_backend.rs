@@ -179,17 +179,7 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
     cfg.rollout.temperature = 0.5;
     cfg.rollout.max_new_tokens = 4;
     cfg.rollout.batch_prompts = 2;
-    cfg.policies = agents
-        .iter()
-        .map(|p| hacpo::config::PolicyConfig {
-            model: p.to_str().unwrap().into(),
-            name: None,
-            device: "cpu".into(),
-            chat_template_kwargs: Default::default(),
-            lora: None,
-            lr: None,
-        })
-        .collect();
+    cfg.policies = agents.iter().map(|p| hacpo::config::PolicyConfig::new(p.to_str().unwrap())).collect();
     let questions = ["What is 1 + 1?", "Name a number.", "What is 5 - 3?", "Count to two."];
     let prompts = questions
         .iter()

@@ -90,18 +90,7 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
         None => TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &args.overrides)?,
     };
     if !args.agents.is_empty() {
-        cfg.policies = args
-            .agents
-            .iter()
-            .map(|m| PolicyConfig {
-                model: m.clone(),
-                name: None,
-                device: "cpu".into(),
-                chat_template_kwargs: Default::default(),
-                lora: None,
-                lr: None,
-            })
-            .collect();
+        cfg.policies = args.agents.iter().map(PolicyConfig::new).collect();
     }
     if let Some(rank) = args.lora {
         let lora = hacpo::model::lora::LoraConfig { rank, alpha: 2.0 * rank as f64, ..Default::default() };

@@ -212,6 +212,20 @@ fn default_device() -> String {
     "cpu".into()
 }
 
+impl PolicyConfig {
+    /// A policy of `model` with every other setting at its default (CPU, fully fine-tuned).
+    pub fn new(model: impl Into<String>) -> Self {
+        PolicyConfig {
+            model: model.into(),
+            name: None,
+            device: default_device(),
+            chat_template_kwargs: Default::default(),
+            lora: None,
+            lr: None,
+        }
+    }
+}
+
 /// A whole training run.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

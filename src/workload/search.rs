@@ -537,17 +537,8 @@ mod tests {
     }
 
     fn cfg(policies: &[&str], roles: &[(&str, &[&str])]) -> TrainConfig {
-        let policies = policies
-            .iter()
-            .map(|m| PolicyConfig {
-                model: m.to_string(),
-                name: Some(m.to_string()),
-                device: "cpu".into(),
-                chat_template_kwargs: Default::default(),
-                lora: None,
-                lr: None,
-            })
-            .collect();
+        let policies =
+            policies.iter().map(|m| PolicyConfig { name: Some(m.to_string()), ..PolicyConfig::new(*m) }).collect();
         let roles = roles
             .iter()
             .map(|(n, p)| RoleConfig {

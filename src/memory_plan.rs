@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
 use crate::model::lora::LoraConfig;
+use crate::model::precision::FrozenDtype;
 
 /// Bytes per stored number: f32 everywhere for now.
 const F32: u64 = 4;
@@ -97,10 +98,11 @@ impl Workload {
 
 /// The estimate for a model of shape `m` running `w`, fully fine-tuned or with `lora` adapters
 /// (the base frozen: gradients and moments for the adapters only, the base is the reference).
-pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>) -> Footprint {
+pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, frozen: FrozenDtype) -> Footprint {
     let params = m.num_parameters() as u64;
     let adapter = lora.map_or(0, |l| crate::model::lora::adapter_parameters(m, l)) * F32;
-    let weights = params * F32 + adapter;
+    // A LoRA base is frozen, stored as `frozen`; so is a full fine-tune's reference.
+    let weights = params * if lora.is_some() { frozen.bytes() } else { F32 } + adapter;
     // What the optimizer updates.
     let trained = if lora.is_some() { adapter } else { weights };
     let (d, f) = (m.hidden_size as u64, m.intermediate_size as u64);
@@ -148,7 +150,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>) -> Fo
     let prefill = rollout_seqs * heads * (w.rollout_prompt as u64).pow(2) * 2 * F32;
     Footprint {
         weights,
-        reference: if w.reference && lora.is_none() { weights } else { 0 },
+        reference: if w.reference && lora.is_none() { params * frozen.bytes() } else { 0 },
         gradients: trained,
         optimizer: 2 * trained,
         activations,
@@ -168,6 +170,8 @@ pub struct PolicyPlan {
     pub shape: ModelConfig,
     /// The policy's adapters (`[agents.lora]`), if it trains with LoRA.
     pub lora: Option<LoraConfig>,
+    /// Storage of its frozen weights.
+    pub frozen_dtype: FrozenDtype,
     pub footprint: Footprint,
 }
 
@@ -238,8 +242,9 @@ impl MemoryPlan {
                 name: cfg.policy_name(k),
                 model: p.model.clone(),
                 device: DeviceSpec::parse_name(&p.device)?,
-                footprint: footprint(&shape, &workload, p.lora.as_ref()),
+                footprint: footprint(&shape, &workload, p.lora.as_ref(), p.frozen_dtype),
                 lora: p.lora.clone(),
+                frozen_dtype: p.frozen_dtype,
                 shape,
             });
         }
@@ -291,28 +296,33 @@ impl MemoryPlan {
             ways.push("one device per agent (--devices cuda:0,cuda:1)".into());
         }
         msg.push_str(&format!("Ways out: {}.\n", ways.join("; ")));
-        msg.push_str(
-            "bf16 storage is not available yet. --dry-run prints the whole plan; --skip-memory-check \
-             trains anyway.",
-        );
+        msg.push_str("--dry-run prints the whole plan; --skip-memory-check trains anyway.");
         Err(Error::InvalidArgument(msg))
     }
 
     /// What the device would need under each setting that lowers the plan.
     fn ways_out(&self, cfg: &TrainConfig, d: &DevicePlan) -> Vec<(String, u64)> {
-        // `lora`: every policy of the device that trains fully gets default adapters.
+        // `lora`: every policy of the device that trains fully gets default adapters; `bf16`:
+        // every policy stores its frozen weights in bf16.
         let default_lora = LoraConfig::default();
-        let need = |w: &Workload, lora: bool| -> u64 {
+        let need_as = |w: &Workload, lora: bool, bf16: bool| -> u64 {
             d.policies
                 .iter()
                 .map(|&k| {
                     let p = &self.policies[k];
                     let adapters = p.lora.as_ref().or(lora.then_some(&default_lora));
-                    footprint(&p.shape, w, adapters).peak()
+                    let frozen = if bf16 { FrozenDtype::Bf16 } else { p.frozen_dtype };
+                    footprint(&p.shape, w, adapters, frozen).peak()
                 })
                 .sum()
         };
+        let need = |w: &Workload, lora: bool| need_as(w, lora, false);
         let need_with = |w: &Workload| need(w, false);
+        // bf16 storage lowers what is frozen: a LoRA base or a reference.
+        let bf16_helps = d.policies.iter().any(|&k| {
+            let p = &self.policies[k];
+            p.frozen_dtype == FrozenDtype::F32 && (p.lora.is_some() || self.workload.reference)
+        }) && d.device != DeviceSpec::Wgpu;
         let w = self.workload;
         let full: Vec<&str> = d
             .policies
@@ -363,6 +373,12 @@ impl MemoryPlan {
                 need(&w, true),
             ));
         }
+        if bf16_helps {
+            out.push((
+                "frozen_dtype = \"bf16\" under each [[agents]] (the LoRA base or KL reference in bf16)".into(),
+                need_as(&w, false, true),
+            ));
+        }
         out.extend(changes.iter().map(|(what, change)| {
             let mut changed = w;
             change(&mut changed);
@@ -371,7 +387,7 @@ impl MemoryPlan {
         if out.len() > 1 {
             let mut all = w;
             changes.iter().for_each(|(_, change)| change(&mut all));
-            out.push(("all of these".into(), need(&all, !full.is_empty())));
+            out.push(("all of these".into(), need_as(&all, !full.is_empty(), d.device != DeviceSpec::Wgpu)));
         }
         out
     }
@@ -407,17 +423,18 @@ impl fmt::Display for MemoryPlan {
         )?;
         writeln!(
             f,
-            "  {:<28} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  device",
+            "  {:<34} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  device",
             "policy", "params", "weights", "ref", "grads", "adamw", "activ", "rollout", "peak"
         )?;
         for p in &self.policies {
             let fp = &p.footprint;
             writeln!(
                 f,
-                "  {:<28} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
-                match &p.lora {
-                    Some(l) => format!("{} (LoRA r{})", p.name, l.rank),
-                    None => p.name.clone(),
+                "  {:<34} {:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}  {}",
+                match (&p.lora, p.frozen_dtype) {
+                    (Some(l), FrozenDtype::F32) => format!("{} (LoRA r{})", p.name, l.rank),
+                    (Some(l), dtype) => format!("{} (LoRA r{}, {})", p.name, l.rank, dtype.name()),
+                    (None, _) => p.name.clone(),
                 },
                 count(p.shape.num_parameters() as u64),
                 gb(fp.weights),
@@ -583,7 +600,7 @@ mod tests {
                 e.params
             );
             let w = workload(1024, true);
-            let f = footprint(&shape, &w, None);
+            let f = footprint(&shape, &w, None, FrozenDtype::F32);
             assert_eq!(f.weights, shape.num_parameters() as u64 * 4, "{}", e.id);
             assert_eq!((f.reference, f.gradients, f.optimizer), (f.weights, f.weights, 2 * f.weights), "{}", e.id);
         }
@@ -593,7 +610,7 @@ mod tests {
     fn full_fine_tuning_of_llama_8b_needs_more_than_one_80_gb_gpu() {
         let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
         let w = workload(512, false);
-        let f = footprint(&shape, &w, None);
+        let f = footprint(&shape, &w, None, FrozenDtype::F32);
         // 8.03e9 parameters × (4 weights + 4 gradients + 8 moments) bytes.
         assert!((f.weights + f.gradients + f.optimizer) as f64 > 128e9);
         assert!(f.peak() as f64 > 80e9);
@@ -603,17 +620,18 @@ mod tests {
     fn activations_grow_with_the_micro_batch_and_quadratically_with_length() {
         let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
         let w = workload(1024, true);
-        let one = footprint(&shape, &w, None).activations as f64;
-        let four = footprint(&shape, &Workload { micro_batch: 4, ..w }, None).activations as f64;
-        let long = footprint(&shape, &Workload { train_len: 4096, ..w }, None).activations as f64;
+        let one = footprint(&shape, &w, None, FrozenDtype::F32).activations as f64;
+        let four = footprint(&shape, &Workload { micro_batch: 4, ..w }, None, FrozenDtype::F32).activations as f64;
+        let long = footprint(&shape, &Workload { train_len: 4096, ..w }, None, FrozenDtype::F32).activations as f64;
         assert!(four > 3.5 * one && four < 4.0 * one, "{one} {four}");
         // 4× the tokens: the per-token part 4×, the attention part 16×.
         assert!(long > 5.0 * one && long < 16.0 * one, "{one} {long}");
-        let no_ref = footprint(&shape, &Workload { reference: false, ..w }, None);
+        let no_ref = footprint(&shape, &Workload { reference: false, ..w }, None, FrozenDtype::F32);
         assert_eq!(no_ref.reference, 0);
         // Checkpointing keeps each layer's input and one layer's activations: for 28 layers,
         // far less than all of them (the transient attention scores stay).
-        let recomputed = footprint(&shape, &Workload { checkpointing: true, ..w }, None).activations as f64;
+        let recomputed =
+            footprint(&shape, &Workload { checkpointing: true, ..w }, None, FrozenDtype::F32).activations as f64;
         assert!(recomputed < one / 4.0, "{one} {recomputed}");
     }
 
@@ -621,14 +639,19 @@ mod tests {
     fn lora_keeps_gradients_and_moments_of_the_adapters_only_and_no_reference_copy() {
         let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
         let lora = LoraConfig::default();
-        let full = footprint(&shape, &workload(1024, true), None);
-        let f = footprint(&shape, &workload(1024, true), Some(&lora));
+        let full = footprint(&shape, &workload(1024, true), None, FrozenDtype::F32);
+        let f = footprint(&shape, &workload(1024, true), Some(&lora), FrozenDtype::F32);
         let adapter = crate::model::lora::adapter_parameters(&shape, &lora) * 4;
         // Rank 16 on all seven projections of 32 layers: 16 × 81,920 × 32 = 41.9M parameters.
         assert_eq!(adapter, 41_943_040 * 4);
         assert_eq!(f.weights, full.weights + adapter);
         assert_eq!((f.reference, f.gradients, f.optimizer), (0, adapter, 2 * adapter));
         assert_eq!((f.activations, f.rollout), (full.activations, full.rollout));
+        // A bf16 base: half the base's bytes, the adapters still f32.
+        let half = footprint(&shape, &workload(1024, true), Some(&lora), FrozenDtype::Bf16);
+        assert_eq!(half.weights, full.weights / 2 + adapter);
+        let reference = footprint(&shape, &workload(1024, true), None, FrozenDtype::Bf16);
+        assert_eq!((reference.weights, reference.reference), (full.weights, full.weights / 2));
     }
 
     #[test]

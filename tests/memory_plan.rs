@@ -71,8 +71,8 @@ fn the_headline_pair_is_planned_per_device_without_a_gpu_or_a_download() {
     assert!(!home.path().join("hub").exists(), "nothing downloaded or cached");
 }
 
-/// The preset makes the pair fit two 80 GB GPUs (LoRA on llama-8b, gradient checkpointing,
-/// one sequence per micro-batch), and the plan says so without a GPU or a download.
+/// The preset makes the pair fit two 80 GB GPUs (LoRA on a bf16 llama-8b base, gradient
+/// checkpointing, one sequence per micro-batch), and the plan says so without a GPU or a download.
 #[test]
 fn the_headline_preset_fits_two_80_gb_gpus() {
     let home = tempfile::tempdir().unwrap();
@@ -93,7 +93,7 @@ fn the_headline_preset_fits_two_80_gb_gpus() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
     for part in [
-        "agent1-llama-8b (LoRA r16)",
+        "agent1-llama-8b (LoRA r16, bf16)",
         "gradient checkpointing",
         "cuda:0: needs",
         "cuda:1: needs",

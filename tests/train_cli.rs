@@ -146,7 +146,8 @@ fn sigkill_and_resume_equals_an_uninterrupted_run() {
     assert_eq!(deterministic_metrics(&killed), reference);
 }
 
-/// LoRA adapters on both agents (`--lora 4`): the first step's KL against the base is zero
+/// LoRA adapters on both agents (`--lora 4`), one base stored in bf16: the first step's KL
+/// against the base is zero
 /// (a fresh adapter is the identity), checkpoints hold PEFT adapters and no base weights, a
 /// SIGKILLed run resumes to the uninterrupted run's numbers, and `convert --merge-lora`
 /// writes a loadable merged model.
@@ -155,7 +156,9 @@ fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
     let s = setup(3);
     let cfg = s.config.to_str().unwrap();
     let whole = s.data.path().join("lora-whole");
-    let out = run(&["train", "--config", cfg, "--lora", "4", "--out", whole.to_str().unwrap()]);
+    // Agent 0's frozen base in bf16, agent 1's in f32.
+    let bf16 = "agents.0.frozen_dtype=\"bf16\"";
+    let out = run(&["train", "--config", cfg, "--lora", "4", "--set", bf16, "--out", whole.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     let reference = deterministic_metrics(&whole);
     let first_kl = reference[0]["data"]["actor/kl_loss"].as_f64().unwrap();
@@ -175,7 +178,7 @@ fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
 
     let killed = s.data.path().join("lora-killed");
     common::train_killed_after_checkpoint(
-        &["train", "--config", cfg, "--lora", "4", "--out", killed.to_str().unwrap()],
+        &["train", "--config", cfg, "--lora", "4", "--set", bf16, "--out", killed.to_str().unwrap()],
         1,
     );
     let out = run(&["train", "--resume", killed.to_str().unwrap()]);

@@ -206,6 +206,10 @@ pub struct PolicyConfig {
     /// a full fine-tune's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lr: Option<f64>,
+    /// Storage of the weights that do not train (a LoRA base, the KL reference): `f32`, `bf16`
+    /// or `f16`; compute stays f32.
+    #[serde(default, skip_serializing_if = "crate::model::precision::FrozenDtype::is_f32")]
+    pub frozen_dtype: crate::model::precision::FrozenDtype,
 }
 
 fn default_device() -> String {
@@ -222,6 +226,7 @@ impl PolicyConfig {
             chat_template_kwargs: Default::default(),
             lora: None,
             lr: None,
+            frozen_dtype: Default::default(),
         }
     }
 }
@@ -494,8 +499,17 @@ impl TrainConfig {
         self.workload.validate(self)?;
         let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
         for (i, p) in self.policies.iter().enumerate() {
-            crate::backend::DeviceSpec::parse_name(&p.device)
+            let device = crate::backend::DeviceSpec::parse_name(&p.device)
                 .map_err(|e| Error::config("training config", format!("policies[{i}].device: {e}")))?;
+            if device == crate::backend::DeviceSpec::Wgpu
+                && p.frozen_dtype == crate::model::precision::FrozenDtype::Bf16
+            {
+                return bad(
+                    &format!("policies[{i}].frozen_dtype"),
+                    "bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there, or bf16 on a CUDA device"
+                        .into(),
+                );
+            }
             if names[..i].contains(&names[i]) {
                 return bad(&format!("policies[{i}].name"), format!("{:?} names two policies", names[i]));
             }
@@ -709,6 +723,18 @@ model = "b"
         std::fs::write(&path, "[algo.hacpo]\nnaive = true\neps_low = 0.001\n").unwrap();
         let (c, _) = TrainConfig::load_saved(&path, &[]).unwrap();
         assert_eq!((c.algo.name.as_str(), c.algo.clip_low), ("naive", Some(0.001)));
+    }
+
+    #[test]
+    fn bf16_frozen_weights_are_refused_on_wgpu_and_f16_is_not() {
+        use crate::model::precision::FrozenDtype;
+        let mut c = TrainConfig::from_toml(EMBEDDED_DEFAULT, "default", &[]).unwrap();
+        c.policies[0].device = "wgpu".into();
+        c.policies[0].frozen_dtype = FrozenDtype::Bf16;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("policies[0].frozen_dtype") && e.contains("bf16 is not available on wgpu"), "{e}");
+        c.policies[0].frozen_dtype = FrozenDtype::F16;
+        c.validate().unwrap();
     }
 
     #[test]

@@ -217,7 +217,8 @@ pub fn merge<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
             None => linear,
             Some(adapter) => {
                 let trainable = linear.weight.is_require_grad();
-                let merged = (linear.weight.val() + adapter.delta()).detach().set_require_grad(trainable);
+                let base = super::precision::f32_weight(linear.weight.val());
+                let merged = (base + adapter.delta()).detach().set_require_grad(trainable);
                 Linear { weight: Param::from_tensor(merged).set_require_grad(trainable), lora: None, bias: linear.bias }
             }
         })

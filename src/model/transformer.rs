@@ -18,7 +18,8 @@
 //! rollout batch sizes (M = 64) with a row-major right-hand side (measured with burn-flex
 //! 0.21). Loading and saving transpose to and from HF's `[out, in]`.
 //!
-//! Invariant: all maths runs in f32 on whatever backend `B` is; the forward pass never
+//! Invariant: all maths runs in f32 on whatever backend `B` is (weights stored in bf16/f16,
+//! see [`super::precision`], are cast where they are used); the forward pass never
 //! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
 
 use burn::module::{Module, Param};
@@ -29,6 +30,7 @@ use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
+use super::precision::f32_weight;
 use super::rope::Rope;
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
@@ -47,12 +49,12 @@ impl<B: Backend> Linear<B> {
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
         // GEMM per batch row and sum them.
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
-        let mut y = x2.clone().matmul(self.weight.val());
+        let mut y = x2.clone().matmul(f32_weight(self.weight.val()));
         if let Some(adapter) = &self.lora {
             y = y + adapter.forward(x2);
         }
         if let Some(b) = &self.bias {
-            y = y + b.val().unsqueeze_dim(0);
+            y = y + f32_weight(b.val()).unsqueeze_dim(0);
         }
         let mut out = dims;
         out[D - 1] = self.weight.dims()[1];
@@ -73,7 +75,7 @@ impl<B: Backend> RmsNorm<B> {
         let x = x * (var + self.eps).sqrt().recip();
         let mut shape = [1usize; D];
         shape[D - 1] = self.weight.dims()[0];
-        x * self.weight.val().reshape(shape)
+        x * f32_weight(self.weight.val()).reshape(shape)
     }
 }
 
@@ -210,7 +212,7 @@ impl<B: Backend> CausalLm<B> {
     ) -> Tensor<B, 3> {
         let t = ids.dims()[1];
         let start = cache.as_ref().map_or(0, |c| c.len());
-        let mut x = burn::tensor::module::embedding(self.embed_tokens.val(), ids);
+        let mut x = burn::tensor::module::embedding(f32_weight(self.embed_tokens.val()), ids);
         for (i, layer) in self.layers.iter().enumerate() {
             let c = cache.as_deref_mut().map(|c| (c, i, start));
             x = layer.forward(x, layout, c);
@@ -235,10 +237,10 @@ impl<B: Backend> CausalLm<B> {
 
     /// The output projection `[vocab, hidden]` (the embedding matrix when tied).
     pub fn lm_head_weight(&self) -> Tensor<B, 2> {
-        match &self.lm_head {
+        f32_weight(match &self.lm_head {
             Some(w) => w.val(),
             None => self.embed_tokens.val(),
-        }
+        })
     }
 
     /// Logits `[n, vocab]` for hidden states `[n, hidden]`. Callers select the rows they need

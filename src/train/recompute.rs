@@ -58,7 +58,8 @@ pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u
     let device = inner.device();
     let layout = inner.layout_tensors(&Layout::dense(b, t));
     let ids = batch.ids::<B>(&device);
-    let mut x = burn::tensor::module::embedding(inner.embed_tokens.val(), ids.clone());
+    let mut x =
+        burn::tensor::module::embedding(crate::model::precision::f32_weight(inner.embed_tokens.val()), ids.clone());
     let mut inputs = Vec::with_capacity(inner.layers.len());
     for layer in &inner.layers {
         inputs.push(x.clone());

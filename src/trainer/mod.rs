@@ -30,6 +30,7 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
 use crate::model::lora;
+use crate::model::precision::store_frozen;
 use crate::policy::Policy;
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
@@ -257,6 +258,7 @@ impl<B: Backend> Trainer<B> {
                     Some(c) => lora::load_adapter(p.model, &checkpoint::agent_dir(c, k))?,
                     None => lora::attach(p.model, l, mix_seed(&[config.run.seed, 0x10AA, k as u64])),
                 };
+                p.model = store_frozen(p.model, config.policies[k].frozen_dtype);
                 let trainable = lora::adapter_parameters(&p.model.config, l);
                 let total = p.model.config.num_parameters() as u64 + trainable;
                 tracing::info!(
@@ -271,7 +273,7 @@ impl<B: Backend> Trainer<B> {
         // The reference is always the starting model, also on resume (with LoRA, the base
         // under the adapters: no copy is loaded).
         let reference = if config.algo.kl_coef > 0.0 && lora.is_none() {
-            Some(crate::model::load::<B>(&source, &device)?.model)
+            Some(store_frozen(crate::model::load::<B>(&source, &device)?.model, config.policies[k].frozen_dtype))
         } else {
             None
         };

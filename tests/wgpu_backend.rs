@@ -42,6 +42,27 @@ fn forward_matches_transformers_on_wgpu() {
     }
 }
 
+/// Weights stored in f16 (`frozen_dtype = "f16"`, what the KL reference and a LoRA base use)
+/// give the CPU's f16-stored logits on wgpu: the same rounding, cast back to f32 where used.
+#[test]
+fn f16_stored_weights_give_the_cpus_logits_on_wgpu() {
+    use hacpo::model::precision::{FrozenDtype, store_frozen};
+    for name in FIXTURES {
+        let r = reference(name);
+        let gpu = store_frozen(load(name), FrozenDtype::F16);
+        let cpu = store_frozen(
+            load_model_dir::<hacpo::backend::Cpu>(&fixture(&format!("models/{name}")), &Default::default()).unwrap(),
+            FrozenDtype::F16,
+        );
+        let ours = full_logits_on(&gpu, &r.prompt_a, &device()).concat();
+        let diff = max_abs_diff(&ours, &full_logits_on(&cpu, &r.prompt_a, &Default::default()).concat());
+        assert!(diff < TOLERANCE, "{name}: f16-stored logits differ from the CPU's by {diff}");
+        // f16 rounding moves the logits, but not far.
+        let rounding = max_abs_diff(&ours, &r.logits_a);
+        assert!(rounding > 0.0 && rounding < 0.05, "{name}: f16 storage moved logits by {rounding}");
+    }
+}
+
 #[test]
 fn batched_greedy_generation_matches_transformers_on_wgpu() {
     for name in FIXTURES {

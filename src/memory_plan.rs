@@ -412,7 +412,7 @@ impl fmt::Display for MemoryPlan {
         let w = &self.workload;
         writeln!(
             f,
-            "memory plan (f32; micro-batch {} × {} tokens{}; rollout {} × {}+{} tokens{}):",
+            "memory plan (f32 compute; micro-batch {} × {} tokens{}; rollout {} × {}+{} tokens{}):",
             w.micro_batch,
             w.train_len,
             if w.checkpointing { ", gradient checkpointing" } else { "" },

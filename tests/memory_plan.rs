@@ -105,6 +105,41 @@ fn the_headline_preset_fits_two_80_gb_gpus() {
     assert!(!home.path().join("hub").exists(), "nothing downloaded or cached");
 }
 
+/// The command-line way to the same: LoRA on a bf16 base, checkpointing, one sequence per
+/// micro-batch, for llama-8b alone on one 80 GB GPU.
+#[test]
+fn llama_8b_fits_one_80_gb_gpu_with_lora_a_bf16_base_and_checkpointing() {
+    let home = tempfile::tempdir().unwrap();
+    let out = hacpo_offline(
+        &[
+            "train",
+            "--agents",
+            "llama-8b",
+            "--devices",
+            "cuda:0",
+            "--lora",
+            "16",
+            "--frozen-dtype",
+            "bf16",
+            "--set",
+            "algo.gradient_checkpointing=true",
+            "--set",
+            "algo.micro_batch_sequences=1",
+            "--set",
+            "rollout.batch_prompts=1",
+            "--device-memory",
+            "80GB",
+            "--dry-run",
+        ],
+        home.path(),
+    );
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", text(&out.stderr));
+    assert!(stdout.contains("agent0-llama-8b (LoRA r16, bf16)") && stdout.contains("fits"), "{stdout}");
+    let out = hacpo_offline(&["train", "--agents", "llama-8b", "--frozen-dtype", "bf8", "--dry-run"], home.path());
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+}
+
 #[test]
 fn the_dry_run_of_the_default_prints_a_plan_that_fits_and_writes_no_run() {
     let dir = tempfile::tempdir().unwrap();

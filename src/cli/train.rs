@@ -15,7 +15,8 @@ use hacpo::{Error, Result};
     hacpo train --config configs/hacpo-math.toml --set algo.hacpo.alpha=3 --set algo.hacpo.delta_step=0.01\n  \
     hacpo train --resume runs/size-pair\n  \
     hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n  \
-    hacpo train --lora 16                        # LoRA adapters (PEFT layout) instead of full fine-tuning\n\n\
+    hacpo train --lora 16                        # LoRA adapters (PEFT layout) instead of full fine-tuning\n  \
+    hacpo train --agents llama-8b --lora 16 --frozen-dtype bf16 --set algo.gradient_checkpointing=true\n\n\
     Algorithms: hacpo, gspo, grpo, gspo2x, naive, drgrpo. Ablations: --set algo.hacpo.capability_baseline=false\n\
     (also discrepancy_coef, exp_is, stepwise).")]
 pub struct TrainArgs {
@@ -65,6 +66,10 @@ pub struct TrainArgs {
     /// the base weights frozen; per agent: an [agents.lora] table in the config.
     #[arg(long, value_name = "RANK")]
     pub lora: Option<usize>,
+    /// Store every agent's frozen weights (a LoRA base, the KL reference) as bf16 or f16;
+    /// compute stays f32. Per agent: frozen_dtype under its [[agents]].
+    #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16", "f16"])]
+    pub frozen_dtype: Option<String>,
 }
 
 impl TrainArgs {
@@ -74,6 +79,7 @@ impl TrainArgs {
             || !self.overrides.is_empty()
             || self.algo.is_some()
             || self.lora.is_some()
+            || self.frozen_dtype.is_some()
     }
 }
 
@@ -95,6 +101,11 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
     if let Some(rank) = args.lora {
         let lora = hacpo::model::lora::LoraConfig { rank, alpha: 2.0 * rank as f64, ..Default::default() };
         cfg.policies.iter_mut().for_each(|p| p.lora = Some(lora.clone()));
+    }
+    if let Some(d) = &args.frozen_dtype {
+        let dtype: hacpo::model::precision::FrozenDtype =
+            serde_json::from_value(serde_json::Value::String(d.clone())).expect("clap checked the value");
+        cfg.policies.iter_mut().for_each(|p| p.frozen_dtype = dtype);
     }
     if let Some(a) = &args.algo {
         hacpo::rl::registry::check(a)?;

@@ -188,30 +188,22 @@ fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
     let merged = s.data.path().join("merged");
     let out = run(&["convert", "--merge-lora", agent.to_str().unwrap(), "--out", merged.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
-    let out = run(&[
-        "generate",
-        "--model",
-        merged.to_str().unwrap(),
-        "--prompt",
-        "What is 4 minus 2?",
-        "--max-new-tokens",
-        "4",
-        "--greedy",
-    ]);
-    assert!(out.status.success(), "{}", stderr(&out));
+    let greedy = |model: &Path| {
+        let out = run(&[
+            "generate",
+            "--model",
+            model.to_str().unwrap(),
+            "--prompt",
+            "What is 4 minus 2?",
+            "--max-new-tokens",
+            "4",
+            "--greedy",
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        out.stdout
+    };
     // The adapter directory itself loads as the merged model.
-    let direct = run(&[
-        "generate",
-        "--model",
-        agent.to_str().unwrap(),
-        "--prompt",
-        "What is 4 minus 2?",
-        "--max-new-tokens",
-        "4",
-        "--greedy",
-    ]);
-    assert!(direct.status.success(), "{}", stderr(&direct));
-    assert_eq!(out.stdout, direct.stdout);
+    assert_eq!(greedy(&merged), greedy(&agent));
 }
 
 #[test]

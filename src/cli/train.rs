@@ -103,8 +103,7 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
         cfg.policies.iter_mut().for_each(|p| p.lora = Some(lora.clone()));
     }
     if let Some(d) = &args.frozen_dtype {
-        let dtype: hacpo::model::precision::FrozenDtype =
-            serde_json::from_value(serde_json::Value::String(d.clone())).expect("clap checked the value");
+        let dtype = hacpo::model::precision::FrozenDtype::parse(d).expect("clap checked the value");
         cfg.policies.iter_mut().for_each(|p| p.frozen_dtype = dtype);
     }
     if let Some(a) = &args.algo {

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
 use super::transformer::{CausalLm, Linear};
-use super::weights::{HostTensor, ParamVisitor, WeightSource, walk_params};
+use super::weights::{HostTensor, ParamVisitor, WeightSource, transposed, walk_params};
 use crate::error::{Error, Result, write_atomic};
 
 /// The file names PEFT uses.
@@ -152,14 +152,22 @@ fn map_linears<B: Backend>(
     Ok(CausalLm { layers, ..model })
 }
 
+/// Every projection of `model` with its HF prefix, in checkpoint order (read-only
+/// [`map_linears`]).
+fn linears<B: Backend>(model: &CausalLm<B>) -> impl Iterator<Item = (String, &Linear<B>)> {
+    model.layers.iter().enumerate().flat_map(|(i, l)| {
+        let (a, m) = (&l.self_attn, &l.mlp);
+        let attn = [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
+            .map(|(module, l)| (format!("model.layers.{i}.self_attn.{module}"), l));
+        let mlp = [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)]
+            .map(|(module, l)| (format!("model.layers.{i}.mlp.{module}"), l));
+        attn.into_iter().chain(mlp)
+    })
+}
+
 /// Whether any projection of `model` carries an adapter.
 pub fn has_adapters<B: Backend>(model: &CausalLm<B>) -> bool {
-    model.layers.iter().any(|l| {
-        let (a, m) = (&l.self_attn, &l.mlp);
-        [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
-            .iter()
-            .any(|x| x.lora.is_some())
-    })
+    linears(model).any(|(_, l)| l.lora.is_some())
 }
 
 /// The model with every weight trainable or frozen (no gradient computed or kept for it).
@@ -245,15 +253,15 @@ pub fn adapter_tensors<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTens
         let shape = t.dims().to_vec();
         HostTensor { shape, data: t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 adapter") }
     }
-    let mut out = Vec::new();
-    let _ = map_linears(model.clone(), |name, _, linear| {
-        if let Some(a) = &linear.lora {
-            out.push((format!("base_model.model.{name}.lora_A.weight"), host(a.a.val())));
-            out.push((format!("base_model.model.{name}.lora_B.weight"), host(a.b.val())));
-        }
-        Ok(linear)
-    });
-    out
+    linears(model)
+        .filter_map(|(name, linear)| linear.lora.as_ref().map(|a| (name, a)))
+        .flat_map(|(name, a)| {
+            [
+                (format!("base_model.model.{name}.lora_A.weight"), host(a.a.val())),
+                (format!("base_model.model.{name}.lora_B.weight"), host(a.b.val())),
+            ]
+        })
+        .collect()
 }
 
 /// Writes `model`'s adapters to `dir` as PEFT does. `base` is what `base_model_name_or_path`
@@ -371,15 +379,10 @@ pub fn load_adapter<B: Backend>(model: CausalLm<B>, dir: &Path) -> Result<Causal
                 message: format!("adapter tensor {name} holds a non-finite value ({bad})"),
             });
         }
-        // PEFT's [r, in] / [out, r] → this crate's [in, r] / [r, out], transposed on the host
-        // so that the matmuls read a contiguous tensor, as they do for a fresh adapter.
+        // PEFT's [r, in] / [out, r] → this crate's [in, r] / [r, out], as the loader does for
+        // a projection's weight.
         let [rows, cols] = shape;
-        let mut data = vec![0f32; t.data.len()];
-        for (i, row) in t.data.chunks_exact(cols).enumerate() {
-            for (j, &x) in row.iter().enumerate() {
-                data[j * rows + i] = x;
-            }
-        }
+        let data = transposed(&t.data, rows, cols);
         Ok(Some(Tensor::<B, 2>::from_data(TensorData::new(data, [cols, rows]), &device)))
     };
     let r = info.rank;
@@ -434,8 +437,9 @@ pub fn adapter_parameters(c: &super::ModelConfig, config: &LoraConfig) -> u64 {
     (per_layer * c.num_hidden_layers) as u64
 }
 
+/// Test helpers shared with `precision`'s tests.
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use burn::backend::Autodiff;
     use burn::tensor::Int;
 
@@ -444,27 +448,33 @@ mod tests {
     use crate::model::weights::{RandomWeights, build};
     use crate::model::{Layout, ModelConfig};
 
-    /// A Qwen2-shaped model (q/k/v biases, GQA 4/2, untied) small enough for a unit test.
-    fn model<B: Backend>() -> CausalLm<B> {
+    /// A Qwen2-shaped model (q/k/v biases, GQA 4/2) small enough for a unit test.
+    pub(crate) fn model<B: Backend>(tied: bool) -> CausalLm<B> {
         let v = serde_json::json!({
             "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
-            "tie_word_embeddings": false
+            "tie_word_embeddings": tied
         });
         let config = ModelConfig::from_json(&v, "test").unwrap();
         build::<B>(&config, &mut RandomWeights::new(&config, 3, 0.2), &Default::default()).unwrap()
     }
 
-    fn logits<B: Backend>(m: &CausalLm<B>) -> Vec<f32> {
+    /// The logits `[7, vocab]` of a fixed 7-token prompt, on the model's backend.
+    pub(crate) fn logits_tensor<B: Backend>(m: &CausalLm<B>) -> Tensor<B, 2> {
         let ids = [5i64, 9, 1, 33, 60, 2, 17];
         let t = ids.len();
         let input = Tensor::<B, 2, Int>::from_data(TensorData::new(ids.to_vec(), [1, t]), &m.device());
         let hidden = m.forward_hidden(input, &m.layout_tensors(&Layout::dense(1, t)), None);
-        m.logits(hidden.reshape([t, 32])).into_data().convert::<f32>().into_vec().unwrap()
+        m.logits(hidden.reshape([t, 32]))
     }
 
-    fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    /// [`logits_tensor`] on the host.
+    pub(crate) fn logits<B: Backend>(m: &CausalLm<B>) -> Vec<f32> {
+        logits_tensor(m).into_data().convert::<f32>().into_vec().unwrap()
+    }
+
+    pub(crate) fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
     }
 
@@ -489,7 +499,7 @@ mod tests {
 
     #[test]
     fn a_fresh_adapter_leaves_the_model_unchanged() {
-        let base = model::<Cpu>();
+        let base = model::<Cpu>(false);
         let adapted = attach(base.clone(), &small(), 1);
         assert!(has_adapters(&adapted));
         assert_eq!(logits(&adapted), logits(&base));
@@ -497,7 +507,7 @@ mod tests {
 
     #[test]
     fn merged_weights_equal_the_adapter_forward_and_stripping_gives_the_base() {
-        let base = model::<Cpu>();
+        let base = model::<Cpu>(false);
         let adapted = trained(attach(base.clone(), &small(), 1), 2);
         let with_adapter = logits(&adapted);
         assert!(max_diff(&with_adapter, &logits(&base)) > 1e-2, "the adapter changes the model");
@@ -510,7 +520,7 @@ mod tests {
 
     #[test]
     fn an_adapter_saved_in_peft_layout_loads_back_onto_the_base() {
-        let base = model::<Cpu>();
+        let base = model::<Cpu>(false);
         let config =
             LoraConfig { target_modules: vec!["q_proj".into(), "v_proj".into(), "down_proj".into()], ..small() };
         let adapted = trained(attach(base.clone(), &config, 1), 2);
@@ -544,17 +554,15 @@ mod tests {
         let dir2 = tempfile::tempdir().unwrap();
         save_adapter(&other, &LoraConfig { rank: 2, ..small() }, "x", dir2.path()).unwrap();
         std::fs::copy(dir.path().join(CONFIG_FILE), dir2.path().join(CONFIG_FILE)).unwrap();
-        let e = load_adapter(model::<Cpu>(), dir2.path()).unwrap_err().to_string();
+        let e = load_adapter(model::<Cpu>(false), dir2.path()).unwrap_err().to_string();
         assert!(e.contains("lora_A.weight") && e.contains("shape"), "{e}");
     }
 
     #[test]
     fn only_the_adapters_receive_gradients() {
         type Ad = Autodiff<Cpu>;
-        let adapted = trained(attach(model::<Ad>(), &small(), 1), 2);
-        let ids = Tensor::<Ad, 2, Int>::from_data(TensorData::new(vec![1i64, 2, 3, 4], [1, 4]), &Default::default());
-        let hidden = adapted.forward_hidden(ids, &adapted.layout_tensors(&Layout::dense(1, 4)), None);
-        let grads = adapted.logits(hidden.reshape([4, 32])).powi_scalar(2).mean().backward();
+        let adapted = trained(attach(model::<Ad>(false), &small(), 1), 2);
+        let grads = logits_tensor(&adapted).powi_scalar(2).mean().backward();
         let mut store = crate::train::optim::GradStore::<Cpu>::default();
         store.accumulate(&adapted, &grads);
         let names = store.names();
@@ -564,7 +572,7 @@ mod tests {
 
     #[test]
     fn the_parameter_count_matches_the_attached_adapters() {
-        let base = model::<Cpu>();
+        let base = model::<Cpu>(false);
         for config in [small(), LoraConfig { target_modules: vec!["o_proj".into(), "up_proj".into()], ..small() }] {
             let adapted = attach(base.clone(), &config, 1);
             let n: usize = adapter_tensors(&adapted).iter().map(|(_, t)| t.data.len()).sum();

@@ -40,6 +40,11 @@ impl FrozenDtype {
         }
     }
 
+    /// The dtype the config spells `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [FrozenDtype::F32, FrozenDtype::Bf16, FrozenDtype::F16].into_iter().find(|d| d.name() == name)
+    }
+
     /// Bytes per stored weight.
     pub fn bytes(self) -> u64 {
         match self {
@@ -83,47 +88,27 @@ pub fn store_frozen<B: Backend>(model: CausalLm<B>, dtype: FrozenDtype) -> Causa
 mod tests {
     use burn::backend::Autodiff;
     use burn::module::AutodiffModule;
-    use burn::tensor::{Int, TensorData};
 
     use super::*;
     use crate::backend::Cpu;
+    use crate::model::lora::tests::{logits, logits_tensor, max_diff, model};
     use crate::model::lora::{LoraConfig, attach};
-    use crate::model::weights::{RandomWeights, build};
-    use crate::model::{Layout, ModelConfig};
-
-    fn model<B: Backend>() -> CausalLm<B> {
-        let v = serde_json::json!({
-            "model_type": "qwen2", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
-            "tie_word_embeddings": true
-        });
-        let config = ModelConfig::from_json(&v, "test").unwrap();
-        build::<B>(&config, &mut RandomWeights::new(&config, 3, 0.2), &Default::default()).unwrap()
-    }
-
-    fn hidden<B: Backend>(m: &CausalLm<B>) -> Tensor<B, 2> {
-        let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(vec![5i64, 9, 1, 33, 60], [1, 5]), &m.device());
-        let h = m.forward_hidden(ids, &m.layout_tensors(&Layout::dense(1, 5)), None);
-        m.logits(h.reshape([5, 32]))
-    }
 
     #[test]
     fn a_lora_base_in_bf16_or_f16_keeps_the_logits_and_trains_only_the_adapters_in_f32() {
         type Ad = Autodiff<Cpu>;
         let config = LoraConfig { rank: 4, ..Default::default() };
-        let full = attach(model::<Ad>(), &config, 1);
-        let reference: Vec<f32> = hidden(&full).into_data().convert::<f32>().into_vec().unwrap();
+        // Tied: the embedding is the LM head too, both stored in the lower precision.
+        let full = attach(model::<Ad>(true), &config, 1);
+        let reference = logits(&full);
         for (dtype, tolerance) in [(FrozenDtype::Bf16, 5e-2), (FrozenDtype::F16, 5e-3)] {
             let half = store_frozen(full.clone(), dtype);
             assert_ne!(half.embed_tokens.val().dtype(), DType::F32);
             let adapter = half.layers[0].self_attn.q_proj.lora.as_ref().unwrap();
             assert_eq!(adapter.a.val().dtype(), DType::F32, "adapters stay f32");
-            let logits = hidden(&half);
-            let ours: Vec<f32> = logits.clone().into_data().convert::<f32>().into_vec().unwrap();
-            let d = ours.iter().zip(&reference).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            let d = max_diff(&logits(&half), &reference);
             assert!(d < tolerance, "{dtype:?}: logits differ by {d}");
-            let grads = logits.powi_scalar(2).mean().backward();
+            let grads = logits_tensor(&half).powi_scalar(2).mean().backward();
             let mut store = crate::train::optim::GradStore::<Cpu>::default();
             store.accumulate(&half, &grads);
             let names = store.names();

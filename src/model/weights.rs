@@ -165,12 +165,7 @@ impl<B: Backend> Loader<'_, B> {
     fn linear_weight(&mut self, name: &str) -> Result<Param<Tensor<B, 2>>> {
         let t = self.host(name)?;
         let (out, inp) = (t.shape[0], t.shape[1]);
-        let mut data = vec![0f32; t.data.len()];
-        for (o, row) in t.data.chunks_exact(inp).enumerate() {
-            for (i, &x) in row.iter().enumerate() {
-                data[i * out + o] = x;
-            }
-        }
+        let data = transposed(&t.data, out, inp);
         Ok(Param::from_tensor(Tensor::from_data(TensorData::new(data, [inp, out]), self.device)))
     }
 
@@ -183,6 +178,18 @@ impl<B: Backend> Loader<'_, B> {
     fn norm(&mut self, name: &str) -> Result<RmsNorm<B>> {
         Ok(RmsNorm { weight: self.param1(name)?, eps: self.config.rms_norm_eps })
     }
+}
+
+/// The transpose of a row-major `[rows, cols]` matrix, on the host (so that the device tensor
+/// is contiguous and the matmuls read it as fast as any other).
+pub(crate) fn transposed(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut out = vec![0f32; data.len()];
+    for (i, row) in data.chunks_exact(cols).enumerate() {
+        for (j, &x) in row.iter().enumerate() {
+            out[j * rows + i] = x;
+        }
+    }
+    out
 }
 
 fn expected_shape(config: &ModelConfig, name: &str) -> Vec<usize> {

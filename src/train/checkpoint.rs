@@ -160,30 +160,31 @@ pub fn damage(dir: &Path) -> Option<String> {
         let agent = agent_dir(dir, k);
         // A LoRA policy's part is its adapter (PEFT layout) and tokenizer.
         let adapter = lora::is_adapter_dir(&agent);
-        let needed =
-            if adapter { ["adapter_config.json", "tokenizer.json"] } else { ["config.json", "tokenizer.json"] };
+        let needed = if adapter { [lora::CONFIG_FILE, "tokenizer.json"] } else { ["config.json", "tokenizer.json"] };
         for f in needed {
             if !agent.join(f).is_file() {
                 return Some(format!("agent-{k}/{f} is missing"));
             }
         }
-        let index = std::fs::read_to_string(agent.join("model.safetensors.index.json"));
-        let weights: Vec<PathBuf> = match index {
-            _ if adapter => vec![agent.join(lora::WEIGHTS_FILE)],
-            Ok(index) => {
-                let v: serde_json::Value = match serde_json::from_str(&index) {
-                    Ok(v) => v,
-                    Err(_) => return Some(format!("agent-{k}/model.safetensors.index.json is unreadable")),
-                };
-                let mut files: Vec<String> = v["weight_map"]
-                    .as_object()
-                    .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
-                    .unwrap_or_default();
-                files.sort();
-                files.dedup();
-                files.into_iter().map(|f| agent.join(f)).collect()
+        let weights: Vec<PathBuf> = if adapter {
+            vec![agent.join(lora::WEIGHTS_FILE)]
+        } else {
+            match std::fs::read_to_string(agent.join("model.safetensors.index.json")) {
+                Ok(index) => {
+                    let v: serde_json::Value = match serde_json::from_str(&index) {
+                        Ok(v) => v,
+                        Err(_) => return Some(format!("agent-{k}/model.safetensors.index.json is unreadable")),
+                    };
+                    let mut files: Vec<String> = v["weight_map"]
+                        .as_object()
+                        .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+                        .unwrap_or_default();
+                    files.sort();
+                    files.dedup();
+                    files.into_iter().map(|f| agent.join(f)).collect()
+                }
+                Err(_) => vec![agent.join("model.safetensors")],
             }
-            Err(_) => vec![agent.join("model.safetensors")],
         };
         for f in weights.iter().chain(std::iter::once(&optimizer_path(dir, k))) {
             if let Err(why) = check_safetensors(f) {

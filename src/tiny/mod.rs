@@ -78,7 +78,7 @@ macro_rules! shipped {
 const SHIPPED: &[Shipped] = &[
     shipped!("tiny-qwen-4d6251e7ff849352"),
     shipped!("tiny-llama-d0a1f7271ecb55ac"),
-    shipped!("tiny-searcher-93adc704a48dbdaa"),
+    shipped!("tiny-searcher-99586f289182fb20"),
 ];
 
 /// Names of the shipped agent directories.

@@ -15,9 +15,11 @@
 //! author is the Answerer's reading, the step a tiny model learns least reliably.
 //!
 //! They come from worlds generated with other seeds than the run's, so the policy learns to
-//! read passages, not the run's facts. A habit rate above one half makes the habit the greedy
-//! choice: the pre-trained team answers almost nothing right greedily, though it samples the
-//! right output of every role often enough for a group to find it.
+//! read passages, not the run's facts. The shipped spec shows each habit in 40% of a role's
+//! demonstrations: at 55% the habit was every role's greedy choice and the right team was
+//! sampled so rarely that no algorithm found an answer in a short study; at 40% the pre-trained
+//! team answers some held-out questions greedily and samples right outputs often enough for
+//! RL to reward them.
 
 use std::path::Path;
 

@@ -4,6 +4,7 @@
 
 mod bench;
 mod convert;
+mod env;
 mod eval;
 mod eval_search;
 mod generate;
@@ -67,6 +68,8 @@ pub enum Command {
     Report(report::ReportArgs),
     /// Compare algorithms (and HACPO ablations) over seeds: runs the matrix, then one table.
     Study(study::StudyArgs),
+    /// The planning environments (Plan-Path, Sokoban, Sudoku): sample instances, or play one.
+    Env(env::EnvArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -83,6 +86,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Pretrain(a) => pretrain::run(a),
         Command::Report(a) => report::run(a),
         Command::Study(a) => study::run(a),
+        Command::Env(a) => env::run(a),
     }
 }
 

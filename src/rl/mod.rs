@@ -11,13 +11,15 @@
 //! - [`algorithm`]: the [`Algorithm`] trait the trainer uses, [`registry`] the algorithms
 //!   by name, [`algos`] one file per algorithm (HACPO, naive, GSPO, GSPO×2, GRPO, Dr. GRPO,
 //!   MHGPO's three samplings);
-//! - [`mhgpo`]: MHGPO's rollout trees, reward propagation and heterogeneous-group advantages.
+//! - [`mhgpo`]: MHGPO's rollout trees, reward propagation and heterogeneous-group advantages;
+//! - [`atgrpo`]: AT-GRPO's turn-wise group keys, mixed rewards and branch selection.
 //!
 //! The scalar core is plain f64 Rust, testable without a model; the tensor side is checked
 //! against it. Nothing here knows about threads or files (inspect parses a string).
 
 pub mod algorithm;
 pub mod algos;
+pub mod atgrpo;
 pub mod capability;
 pub mod hacpo;
 pub mod inspect;

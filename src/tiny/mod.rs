@@ -176,11 +176,7 @@ pub fn cache_root() -> PathBuf {
 /// Where `spec` pre-trained on `task` (its generator's settings) is cached.
 pub fn cache_dir(spec: &TinySpec, task: &impl Serialize) -> PathBuf {
     let key = serde_json::to_string(&(RECIPE_VERSION, spec, task)).expect("json");
-    // FNV-1a: stable across builds and platforms (std's hasher is not).
-    let mut h: u64 = 0xcbf29ce484222325;
-    for b in key.bytes() {
-        h = (h ^ b as u64).wrapping_mul(0x100000001b3);
-    }
+    let h = crate::stable_hash::hash_bytes(key.as_bytes());
     cache_root().join("tiny").join(format!("{}-{h:016x}", spec.id))
 }
 

@@ -36,13 +36,51 @@ pub struct StudyOptions {
 struct Variant {
     name: String,
     overrides: Vec<String>,
+    /// Each role of a multi-agent workload gets its own copy of the config's one policy.
+    per_role: bool,
+}
+
+/// An `--algos` name: a registered algorithm, or one with `-shared` (one policy plays every
+/// role, as the config has it) or `-per-role` (a copy of the policy per role).
+fn variant(a: &str) -> Result<Variant> {
+    let (algo, per_role) = match (a.strip_suffix("-per-role"), a.strip_suffix("-shared")) {
+        _ if crate::rl::registry::names().contains(&a) => (a, false),
+        (Some(stem), _) => (stem, true),
+        (_, Some(stem)) => (stem, false),
+        _ => (a, false),
+    };
+    crate::rl::registry::check(algo).map_err(|e| {
+        Error::InvalidArgument(format!("{e} (a name may end in -shared or -per-role for multi-agent workloads)"))
+    })?;
+    Ok(Variant { name: a.to_string(), overrides: vec![format!("algo.name={algo:?}")], per_role })
+}
+
+/// `cfg` with its one policy copied once per role of its workload, each copy playing its role.
+fn split_roles(mut cfg: TrainConfig) -> Result<TrainConfig> {
+    let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
+    let single_agent = algorithm.turns().is_some_and(|t| t.single_agent);
+    let roles = crate::workload::role_names(cfg.workload.kind, single_agent);
+    let bad = |m: String| Err(Error::InvalidArgument(format!("a -per-role variant {m}")));
+    if roles.len() < 2 {
+        return bad(format!("needs a workload with two roles or more; {} has {}", cfg.algo.name, roles.len()));
+    }
+    if cfg.policies.len() != 1 || !cfg.roles.is_empty() {
+        return bad("copies the config's one policy for each role: give one [[policies]] entry and no [[roles]]".into());
+    }
+    let base = cfg.policy_name(0);
+    let policy = cfg.policies.remove(0);
+    for role in roles {
+        let name = format!("{base}-{role}");
+        cfg.policies.push(crate::config::PolicyConfig { name: Some(name.clone()), ..policy.clone() });
+        cfg.roles.push(crate::config::RoleConfig { name: role.to_string(), policies: vec![name], template: None });
+    }
+    Ok(cfg)
 }
 
 fn variants(args: &StudyOptions) -> Result<Vec<Variant>> {
     let mut out = Vec::new();
     for a in &args.algos {
-        crate::rl::registry::check(a)?;
-        out.push(Variant { name: a.clone(), overrides: vec![format!("algo.name={a:?}")] });
+        out.push(variant(a)?);
     }
     for m in &args.ablate {
         if !ABLATIONS.contains(&m.as_str()) {
@@ -54,6 +92,7 @@ fn variants(args: &StudyOptions) -> Result<Vec<Variant>> {
         out.push(Variant {
             name: format!("hacpo-no-{m}"),
             overrides: vec!["algo.name=\"hacpo\"".into(), format!("algo.hacpo.{m}=false")],
+            per_role: false,
         });
     }
     if out.is_empty() {
@@ -74,6 +113,9 @@ fn config_for(args: &StudyOptions, variant: &Variant, seed: u64, dir: &Path) -> 
         None => TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &overrides)?,
     };
     cfg.run.out_dir = dir.to_path_buf();
+    if variant.per_role {
+        cfg = split_roles(cfg)?;
+    }
     Ok(cfg)
 }
 
@@ -119,8 +161,12 @@ pub fn run(args: &StudyOptions) -> Result<()> {
         reports[i].push(run);
     }
     // The search team is judged by its answers' F1; the other workloads by accuracy.
-    let searches = plan.iter().any(|(_, _, _, cfg)| cfg.workload.kind == crate::workload::WorkloadKind::Search);
-    let table = markdown(&variants, &rows, args.seeds, if searches { "F1" } else { "accuracy" });
+    let metric = match plan.first().map(|(_, _, _, cfg)| cfg.workload.kind) {
+        Some(crate::workload::WorkloadKind::Search) => "F1",
+        Some(crate::workload::WorkloadKind::Turns) => "success rate",
+        _ => "accuracy",
+    };
+    let table = markdown(&variants, &rows, args.seeds, metric);
     let csv = results_csv(&rows);
     std::fs::create_dir_all(&args.out).map_err(|e| Error::io("create", &args.out, e))?;
     crate::error::write_atomic(&args.out.join("results.csv"), csv.as_bytes())?;
@@ -252,4 +298,41 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
         s += &format!(" {rollouts} | {step_s} | {peak} |\n");
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PolicyConfig;
+    use crate::workload::WorkloadKind;
+
+    fn turns_config(algo: &str) -> TrainConfig {
+        let mut cfg = TrainConfig {
+            policies: vec![PolicyConfig { name: Some("tiny".into()), ..PolicyConfig::new("tiny-planner") }],
+            ..Default::default()
+        };
+        cfg.workload.kind = WorkloadKind::Turns;
+        cfg.algo.name = algo.into();
+        cfg
+    }
+
+    #[test]
+    fn per_role_variants_copy_the_one_policy_for_each_role() {
+        let v = variant("atgrpo-per-role").unwrap();
+        assert!(v.per_role && v.overrides == ["algo.name=\"atgrpo\""] && v.name == "atgrpo-per-role");
+        let v = variant("atgrpo-shared").unwrap();
+        assert!(!v.per_role && v.overrides == ["algo.name=\"atgrpo\""]);
+        assert!(!variant("mas-grpo").unwrap().per_role);
+        assert!(variant("chess-per-role").err().unwrap().to_string().contains("-per-role"));
+
+        let split = split_roles(turns_config("atgrpo")).unwrap();
+        let names: Vec<String> = (0..split.policies.len()).map(|k| split.policy_name(k)).collect();
+        assert_eq!(names, ["tiny-tool", "tiny-plan"]);
+        assert_eq!(split.policies[1].model, "tiny-planner");
+        let roles: Vec<(&str, &[String])> = split.roles.iter().map(|r| (r.name.as_str(), &r.policies[..])).collect();
+        assert_eq!(roles, [("tool", &["tiny-tool".to_string()][..]), ("plan", &["tiny-plan".to_string()][..])]);
+
+        assert!(split_roles(turns_config("single-grpo")).unwrap_err().to_string().contains("two roles"));
+        assert!(split_roles(split).unwrap_err().to_string().contains("one [[policies]] entry"));
+    }
 }

@@ -29,6 +29,7 @@ fn every_config_file_parses_and_validates() {
         if path.extension().is_some_and(|e| e == "toml") {
             let cfg = TrainConfig::load(&path, &[]).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(!cfg.policies.is_empty(), "{} names no policies", path.display());
+            cfg.validate().unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(hacpo::rl::registry::names().contains(&cfg.algo.name.as_str()), "{}", path.display());
             seen.push(path.file_name().unwrap().to_string_lossy().into_owned());
         }
@@ -37,6 +38,9 @@ fn every_config_file_parses_and_validates() {
     assert_eq!(
         seen,
         [
+            "atgrpo-plan-path-qwen3-1.7b.toml",
+            "atgrpo-sokoban-qwen3-1.7b.toml",
+            "atgrpo-sudoku-qwen3-1.7b.toml",
             "hacpo-math.toml",
             "mhgpo-hotpotqa.toml",
             "qwen1.5b-llama8b.toml",

@@ -475,16 +475,38 @@ fn settings() -> hacpo::rl::AlgoSettings {
 #[test]
 fn registry_lists_algorithms_and_reshapes_batches() {
     use hacpo::rl::{BatchShape, registry};
-    let names = ["hacpo", "gspo", "grpo", "gspo2x", "naive", "drgrpo", "mhgpo-is", "mhgpo-fof", "mhgpo-rr", "mappo"];
+    let names = [
+        "hacpo",
+        "gspo",
+        "grpo",
+        "gspo2x",
+        "naive",
+        "drgrpo",
+        "mhgpo-is",
+        "mhgpo-fof",
+        "mhgpo-rr",
+        "mappo",
+        "atgrpo",
+        "mas-grpo",
+        "single-grpo",
+    ];
     assert_eq!(registry::names(), names);
     let e = registry::build::<Ad>("ppo", &settings()).err().unwrap().to_string();
     assert!(e.contains("unknown algorithm") && e.contains(&names.join(", ")), "{e}");
-    // Only the search workload's algorithms train rollout trees, and only MAPPO has a critic.
+    // Only the search workload's algorithms train rollout trees, only the turn-wise ones roll
+    // episodes out over turns, and only MAPPO has a critic.
+    let turn_wise = ["atgrpo", "mas-grpo", "single-grpo"];
     for name in names {
         let algo = registry::build::<Ad>(name, &settings()).unwrap();
         assert_eq!(algo.tree().is_some(), name.starts_with("mhgpo") || name == "mappo", "{name}");
+        assert_eq!(algo.turns().is_some(), turn_wise.contains(&name), "{name}");
         assert_eq!(algo.critic().is_some(), name == "mappo", "{name}");
     }
+    // AT-GRPO groups per turn; the baselines whole trajectories, single-grpo without the tool.
+    let turns = |n: &str| registry::build::<Ad>(n, &settings()).unwrap().turns().unwrap();
+    assert_eq!(turns("atgrpo").grouping, hacpo::rl::atgrpo::Grouping::TurnWise);
+    assert_eq!(turns("mas-grpo").grouping, hacpo::rl::atgrpo::Grouping::Trajectory);
+    assert!(turns("single-grpo").single_agent && !turns("mas-grpo").single_agent);
     let shape = BatchShape { policies: 2, group_size: 8, minibatch_prompts: 4, norm_length: 96 };
     let doubled = registry::batch_shape("gspo2x", &settings(), shape).unwrap();
     assert_eq!((doubled.group_size, doubled.minibatch_prompts), (16, 2));

@@ -259,10 +259,12 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
     let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
     let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
     // The algorithms of single-stage workloads; MHGPO's tree algorithms train the search
-    // pipeline (tests/search_train.rs).
+    // pipeline (tests/search_train.rs), the turn-wise ones the planning teams
+    // (tests/turns_train.rs).
     let settings = hacpo::config::AlgoConfig::default().settings();
     let single_stage = hacpo::rl::registry::names().into_iter().filter(|name| {
-        hacpo::rl::registry::build::<burn::backend::Autodiff<Cpu>>(name, &settings).unwrap().tree().is_none()
+        let algo = hacpo::rl::registry::build::<burn::backend::Autodiff<Cpu>>(name, &settings).unwrap();
+        algo.tree().is_none() && algo.turns().is_none()
     });
     for name in single_stage {
         let run = tempfile::tempdir().unwrap();

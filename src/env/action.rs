@@ -185,15 +185,24 @@ impl Parser<'_> {
     }
 }
 
-/// The moves of an answer: `#### ["U", "R"]`, `[U, R]`, `['up', 'right']`.
+/// The words of a bare atom: `[U R R]` is read as `[U, R, R]`.
+fn words(atom: &str) -> impl Iterator<Item = &str> {
+    atom.split_whitespace()
+}
+
+/// The moves of an answer: `#### ["U", "R"]`, `[U, R]`, `[U R]`, `['up', 'right']`.
 pub fn parse_moves(text: &str) -> Result<Vec<Move>, ParseError> {
-    last_list(text)?
-        .iter()
-        .map(|item| match item {
-            Item::Atom(a) => Move::parse(a).ok_or_else(|| ParseError(format!("{a:?} is not a move (U, D, L or R)"))),
-            Item::List(_) => Err(ParseError("a move list holds letters, not lists".into())),
-        })
-        .collect()
+    let mut moves = Vec::new();
+    for item in last_list(text)? {
+        let Item::Atom(a) = item else { return Err(ParseError("a move list holds letters, not lists".into())) };
+        for w in words(&a) {
+            moves.push(Move::parse(w).ok_or_else(|| ParseError(format!("{w:?} is not a move (U, D, L or R)")))?);
+        }
+        if moves.len() > MAX_ITEMS {
+            return Err(ParseError(format!("the answer has more than {MAX_ITEMS} items")));
+        }
+    }
+    Ok(moves)
 }
 
 /// Integers of a nested list, row by row: `[[1,2],[3,4]]` → `[[1,2],[3,4]]`.
@@ -201,13 +210,16 @@ pub fn parse_int_rows(text: &str) -> Result<Vec<Vec<i64>>, ParseError> {
     last_list(text)?
         .iter()
         .map(|row| match row {
-            Item::List(cells) => cells
-                .iter()
-                .map(|c| match c {
-                    Item::Atom(a) => a.parse::<i64>().map_err(|_| ParseError(format!("{a:?} is not a whole number"))),
-                    Item::List(_) => Err(ParseError("lists nested too deep".into())),
-                })
-                .collect(),
+            Item::List(cells) => {
+                let mut row = Vec::new();
+                for c in cells {
+                    let Item::Atom(a) = c else { return Err(ParseError("lists nested too deep".into())) };
+                    for w in words(a) {
+                        row.push(w.parse::<i64>().map_err(|_| ParseError(format!("{w:?} is not a whole number")))?);
+                    }
+                }
+                Ok(row)
+            }
             Item::Atom(a) => Err(ParseError(format!("expected a list of rows, found {a:?}"))),
         })
         .collect()
@@ -226,6 +238,8 @@ mod tests {
         assert_eq!(parse_moves("#### []"), Ok(vec![]));
         // Text after the list does not hide it (PettingLLMs' regex returned None here).
         assert_eq!(parse_moves("#### [\"L\"] done"), Ok(vec![L]));
+        // Bare letters may be separated by spaces as well as commas.
+        assert_eq!(parse_moves("[R R, d]"), Ok(vec![R, R, D]));
     }
 
     #[test]
@@ -254,6 +268,7 @@ mod tests {
     fn grids_and_fill_steps_are_rows_of_integers() {
         assert_eq!(parse_int_rows("#### [[1,2],[3, 4]]"), Ok(vec![vec![1, 2], vec![3, 4]]));
         assert_eq!(parse_int_rows("[[0,1,2]]"), Ok(vec![vec![0, 1, 2]]));
+        assert_eq!(parse_int_rows("[[1 2], [3 4]]"), Ok(vec![vec![1, 2], vec![3, 4]]));
         assert!(parse_int_rows("[[1,x]]").is_err());
         assert!(parse_int_rows("[1,2]").is_err());
         assert!(parse_int_rows("[[[1]]]").is_err());

@@ -16,6 +16,7 @@ pub mod action;
 pub mod plan_path;
 pub mod sokoban;
 pub mod sudoku;
+pub mod task;
 pub mod tool;
 
 use std::fmt;

@@ -127,6 +127,11 @@ pub fn extract_code(text: &str) -> &str {
     python.or(blocks.last()).map_or(text, |(_, body)| body.trim_matches('\n'))
 }
 
+/// Whether the python tool's interpreter runs (a clear error naming what to install if not).
+pub fn check_python(limits: &PythonLimits) -> Result<()> {
+    interpreter(&limits.python).map(|_| ())
+}
+
 /// Runs `code` with `python3` under `limits` in a fresh empty directory.
 pub fn run_python(code: &str, limits: &PythonLimits) -> Result<ProgramRun> {
     let dir = tempfile::tempdir().map_err(|e| Error::io("create a directory for", Path::new("python tool"), e))?;

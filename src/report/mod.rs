@@ -50,7 +50,9 @@ const CURVES: &[&str] = &[
     "critic/score/mean",
     "val/accuracy",
     "val/f1",
+    "val/success",
     "search/f1",
+    "turns/success_rate",
     "hacpo/capability",
     "hacpo/omega_mean",
     "hacpo/cross_clip_frac",
@@ -111,12 +113,19 @@ pub fn read(dir: &Path) -> Result<RunReport> {
             AgentResult {
                 agent: name.clone(),
                 before: change.and_then(|c| c.before),
-                after: change
-                    .map(|c| c.after)
-                    .or_else(|| mine.iter().rev().find_map(|m| m.get("val/accuracy").or(m.get("val/f1")).copied())),
+                after: change.map(|c| c.after).or_else(|| {
+                    mine.iter()
+                        .rev()
+                        .find_map(|m| m.get("val/accuracy").or(m.get("val/f1")).or(m.get("val/success")).copied())
+                }),
                 final_reward: (!last.is_empty()).then(|| last.iter().sum::<f64>() / last.len() as f64),
-                // A search team's trees have more outputs than questions × G: count what it sampled.
-                rollouts: match mine.iter().filter_map(|m| m.get("search/outputs")).sum::<f64>() {
+                // A search team's trees and a turn-wise team's episodes have more outputs than
+                // prompts × G: count what they sampled.
+                rollouts: match mine
+                    .iter()
+                    .filter_map(|m| m.get("search/outputs").or(m.get("turns/outputs")))
+                    .sum::<f64>()
+                {
                     n if n > 0.0 => n as u64,
                     _ => steps * (cfg.algo.prompts_per_step * group) as u64,
                 },

@@ -185,6 +185,12 @@ pub trait Algorithm<B: Backend>: Send + Sync {
         None
     }
 
+    /// How the turn-wise workload rolls episodes out for it (AT-GRPO's branching or whole
+    /// trajectories); `None`: the algorithm does not train turn-wise workloads.
+    fn turns(&self) -> Option<super::atgrpo::TurnRollout> {
+        None
+    }
+
     /// The critic an actor-critic algorithm trains beside the policy (MAPPO's value head);
     /// `None` for critic-free algorithms. With one, the trainer estimates every own token's
     /// value at step start and hands the loss per-token advantages (GAE) instead of

@@ -27,6 +27,14 @@ pub enum Grouping {
     Trajectory,
 }
 
+/// How the turn-wise workload rolls an episode out for an algorithm.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TurnRollout {
+    pub grouping: Grouping,
+    /// Only the plan role plays (single-agent GRPO): no tool role, no tool.
+    pub single_agent: bool,
+}
+
 /// One decision of an agent: the task, the agent's role, the turn and the exact prompt text.
 #[derive(Clone, Copy, Debug)]
 pub struct Decision<'a> {

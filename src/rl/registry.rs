@@ -6,7 +6,7 @@
 use burn::tensor::backend::Backend;
 
 use super::algorithm::{AlgoSettings, Algorithm};
-use super::algos::{drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mappo::Mappo, mhgpo::Mhgpo};
+use super::algos::{atgrpo::Atgrpo, drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mappo::Mappo, mhgpo::Mhgpo};
 use crate::error::{Error, Result};
 
 /// Builds an algorithm from the run's settings.
@@ -36,6 +36,9 @@ pub fn entries<B: Backend>() -> Vec<Entry<B>> {
         entry("mhgpo-fof", |s| Ok(Box::new(Mhgpo::new(s, "fof")?))), // search workload: fork G at the Rewriter
         entry("mhgpo-rr", |s| Ok(Box::new(Mhgpo::new(s, "rr")?))),   // search workload: fork at a random role
         entry("mappo", |s| Ok(Box::new(Mappo::new(s)?))),             // search workload: PPO with a value head, GAE
+        entry("atgrpo", |s| Ok(Box::new(Atgrpo::new(s, "atgrpo")?))),           // turn-wise workload: K branches per (task, agent, turn) (§5)
+        entry("mas-grpo", |s| Ok(Box::new(Atgrpo::new(s, "mas-grpo")?))),       // turn-wise workload: K whole trajectories per task
+        entry("single-grpo", |s| Ok(Box::new(Atgrpo::new(s, "single-grpo")?))), // turn-wise workload: the plan role alone
     ]
 }
 

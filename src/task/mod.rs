@@ -33,13 +33,16 @@ pub enum TaskKind {
     /// Questions answered from passages (`train`/`validation`: `hotpotqa`, `musique` or a
     /// questions file with `corpus`), played by the search workload.
     Qa,
+    /// Generated planning environments (`train`: `plan-path`, `sokoban` or `sudoku`; settings
+    /// under `[task.env]`), played over turns by the turn-wise workload.
+    Env,
 }
 
 impl TaskKind {
     /// `--task` on the command line.
     pub fn parse(s: &str) -> Result<Self> {
         serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
-            .map_err(|_| crate::Error::InvalidArgument(format!("unknown task {s:?}; use math, arith or qa")))
+            .map_err(|_| crate::Error::InvalidArgument(format!("unknown task {s:?}; use math, arith, qa or env")))
     }
 }
 
@@ -63,6 +66,8 @@ pub struct TaskConfig {
     pub corpus: String,
     /// The generated knowledge base of `train = "tiny-kb"`.
     pub kb: crate::search::kb::KbConfig,
+    /// `env`: how many train and held-out instances.
+    pub env: crate::env::task::EnvTaskConfig,
 }
 
 impl Default for TaskConfig {
@@ -78,6 +83,7 @@ impl Default for TaskConfig {
             arith: Default::default(),
             corpus: String::new(),
             kb: Default::default(),
+            env: Default::default(),
         }
     }
 }
@@ -88,6 +94,7 @@ pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
         TaskKind::Arith => Arc::new(MathTask::arith(cfg)?),
         TaskKind::Math => Arc::new(MathTask::from_config(cfg)?),
         TaskKind::Qa => Arc::new(crate::search::task::QaTask::from_config(cfg)?),
+        TaskKind::Env => Arc::new(crate::env::task::EnvTask::from_config(cfg)?),
     })
 }
 

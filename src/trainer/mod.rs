@@ -185,7 +185,7 @@ impl<B: Backend> Trainer<B> {
         metrics: MetricsSink,
     ) -> Result<Self> {
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
-        let workload = crate::workload::build::<B>(&config, task.clone(), algorithm.tree(), algorithm.name())?;
+        let workload = crate::workload::build::<B, _>(&config, task.clone(), algorithm.as_ref())?;
         if policies.len() < algorithm.min_policies() {
             return Err(Error::config(
                 "training config",

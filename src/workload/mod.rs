@@ -10,12 +10,15 @@
 //!   `solver`, and everything goes to one pool.
 //! - [`search::Search`] is the multi-agent search pipeline (Rewriter → BM25 → Reranker →
 //!   Answerer) rolled out as MHGPO trees, rewards propagated from the Answerer upwards.
+//! - [`turns::Turns`] is the turn-wise tool + plan team on the planning environments, rolled
+//!   out as AT-GRPO's per-turn branches or as whole trajectories.
 //!
 //! [`build`] picks the workload of a config and checks its roles.
 
 pub mod exchange;
 pub mod pool;
 pub mod search;
+pub mod turns;
 
 use std::sync::Arc;
 
@@ -26,7 +29,6 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::SamplingParams;
 use crate::policy::Policy;
-use crate::rl::mhgpo::TreeRollout;
 use crate::sample::Sample;
 use crate::task::{Task, TaskKind, TaskPrompt};
 use crate::tokenizer::Message;
@@ -42,6 +44,9 @@ pub enum WorkloadKind {
     /// The multi-agent search pipeline, trained with `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr` or
     /// `mappo`.
     Search,
+    /// A tool role and a plan role over turns on a planning environment, trained with
+    /// `atgrpo`, `mas-grpo` or `single-grpo`.
+    Turns,
 }
 
 /// `[workload]`: which workload, and each workload's settings.
@@ -50,6 +55,7 @@ pub enum WorkloadKind {
 pub struct WorkloadConfig {
     pub kind: WorkloadKind,
     pub search: search::SearchConfig,
+    pub turns: turns::TurnsConfig,
 }
 
 impl WorkloadConfig {
@@ -64,8 +70,63 @@ impl WorkloadConfig {
             (WorkloadKind::Exchange, TaskKind::Qa) => {
                 bad("task.kind = \"qa\" is played by the search pipeline: set [workload] kind = \"search\"".into())
             }
+            (WorkloadKind::Turns, TaskKind::Env) => {
+                crate::env::EnvKind::parse(&cfg.task.train)
+                    .map_err(|e| Error::config("training config", format!("task.train: {e}")))?;
+                self.turns.validate()
+            }
+            (WorkloadKind::Turns, other) => bad(format!(
+                "workload.kind = \"turns\" plays planning environments: set task.kind = \"env\" (it is {other:?})"
+            )),
+            (_, TaskKind::Env) => {
+                bad("task.kind = \"env\" is played over turns: set [workload] kind = \"turns\"".into())
+            }
             _ => Ok(()),
+        }?;
+        // The algorithm must train this workload: checked here so `--dry-run` says so too.
+        let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
+        if let Some(m) = pairing_error(self.kind, algorithm.name(), algorithm.tree().is_some(), algorithm.turns()) {
+            return bad(m);
         }
+        if let (WorkloadKind::Turns, Some(t)) = (self.kind, algorithm.turns()) {
+            turns::players(cfg, t.single_agent)?;
+        }
+        Ok(())
+    }
+}
+
+/// The roles of workload `kind` (none for the exchange, whose one role every policy plays;
+/// only the plan role for a single-agent turn-wise algorithm).
+pub fn role_names(kind: WorkloadKind, single_agent: bool) -> Vec<&'static str> {
+    match kind {
+        WorkloadKind::Exchange => vec![],
+        WorkloadKind::Search => crate::search::pipeline::Role::ALL.iter().map(|r| r.name()).collect(),
+        WorkloadKind::Turns if single_agent => vec![turns::ROLES[1]],
+        WorkloadKind::Turns => turns::ROLES.to_vec(),
+    }
+}
+
+/// Why algorithm `name` cannot train workload `kind`, if it cannot.
+fn pairing_error(
+    kind: WorkloadKind,
+    name: &str,
+    tree: bool,
+    turns: Option<crate::rl::atgrpo::TurnRollout>,
+) -> Option<String> {
+    match kind {
+        WorkloadKind::Exchange if tree => {
+            Some(format!("algo.name: {name} trains the search pipeline; set [workload] kind = \"search\""))
+        }
+        WorkloadKind::Exchange if turns.is_some() => {
+            Some(format!("algo.name: {name} trains the turn-wise workload; set [workload] kind = \"turns\""))
+        }
+        WorkloadKind::Search if !tree => Some(format!(
+            "algo.name: the search workload trains with mhgpo-is, mhgpo-fof, mhgpo-rr or mappo, not {name}"
+        )),
+        WorkloadKind::Turns if turns.is_none() => {
+            Some(format!("algo.name: the turn-wise workload trains with atgrpo, mas-grpo or single-grpo, not {name}"))
+        }
+        _ => None,
     }
 }
 
@@ -161,34 +222,20 @@ pub fn validation_label(key: &str) -> &str {
 }
 
 /// The workload of `cfg`, its roles checked against the policies and the algorithm.
-pub fn build<B: Backend>(
+pub fn build<B: Backend, A: Backend>(
     cfg: &TrainConfig,
     task: Arc<dyn Task>,
-    tree: Option<TreeRollout>,
-    algorithm: &str,
+    algorithm: &dyn crate::rl::algorithm::Algorithm<A>,
 ) -> Result<Box<dyn Workload<B>>> {
-    match cfg.workload.kind {
-        WorkloadKind::Exchange => {
-            if tree.is_some() {
-                return Err(Error::config(
-                    "training config",
-                    format!("algo.name: {algorithm} trains the search pipeline; set [workload] kind = \"search\""),
-                ));
-            }
-            Ok(Box::new(exchange::Exchange::new(cfg, task)?))
-        }
-        WorkloadKind::Search => {
-            let Some(tree) = tree else {
-                return Err(Error::config(
-                    "training config",
-                    format!(
-                        "algo.name: the search workload trains with mhgpo-is, mhgpo-fof, mhgpo-rr or mappo, not {algorithm}"
-                    ),
-                ));
-            };
-            Ok(Box::new(search::Search::new(cfg, task, tree)?))
-        }
+    let (tree, turns) = (algorithm.tree(), algorithm.turns());
+    if let Some(m) = pairing_error(cfg.workload.kind, algorithm.name(), tree.is_some(), turns) {
+        return Err(Error::config("training config", m));
     }
+    Ok(match (cfg.workload.kind, tree, turns) {
+        (WorkloadKind::Search, Some(tree), _) => Box::new(search::Search::new(cfg, task, tree)?),
+        (WorkloadKind::Turns, _, Some(turns)) => Box::new(turns::Turns::new(cfg, task, turns)?),
+        _ => Box::new(exchange::Exchange::new(cfg, task)?),
+    })
 }
 
 /// One sampled completion of [`sample_in_chunks`], as a sample stores it.

@@ -203,6 +203,19 @@ pub fn tiny_agent_favouring(
     seed: u64,
     texts: &[&str],
 ) -> tempfile::TempDir {
+    tiny_agent_writing(tokenizer, family, hidden, seed, texts, true)
+}
+
+/// [`tiny_agent_favouring`], with EOS favoured too or not (then it writes until the token
+/// limit: long answers made of `texts`).
+pub fn tiny_agent_writing(
+    tokenizer: &str,
+    family: &str,
+    hidden: usize,
+    seed: u64,
+    texts: &[&str],
+    favour_eos: bool,
+) -> tempfile::TempDir {
     use hacpo::model::weights::{RandomWeights, build};
     use hacpo::model::{ModelConfig, SaveDtype, save_pretrained};
     let dir = tempfile::tempdir().unwrap();
@@ -220,7 +233,7 @@ pub fn tiny_agent_favouring(
     });
     let config = ModelConfig::from_json(&cfg, "tiny agent").unwrap();
     let mut favoured: Vec<u32> = texts.iter().flat_map(|t| tok.encode(t, false).unwrap()).collect();
-    if !texts.is_empty() {
+    if !texts.is_empty() && favour_eos {
         favoured.push(eos[0]);
     }
     let mut weights = Favouring { inner: RandomWeights::new(&config, seed, 0.2), hidden, favoured };

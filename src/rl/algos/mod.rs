@@ -1,5 +1,6 @@
 //! The algorithms of the registry, one file each (see `super::registry`).
 
+pub mod atgrpo;
 pub mod drgrpo;
 pub mod grpo;
 pub mod gspo;

@@ -1,0 +1,602 @@
+//! The turn-wise multi-agent workload (`workload.kind = "turns"`, ALGORITHMS.md §5): a tool
+//! role and a plan role solve a generated planning task (`src/env/`) over up to T turns.
+//!
+//! ```text
+//! per turn, for every unfinished episode:
+//!   tool role: K outputs ─▶ the tool (simulate on a copy, or run the program) ─▶ local rewards
+//!              the best branch's report goes to the plan role
+//!   plan role: K outputs ─▶ each applied to a copy of the state ─▶ team rewards
+//!              the best branch is executed: every branch continues from it
+//! ```
+//!
+//! That is AT-GRPO's tree sampling (`atgrpo`): every decision's K branches share one prompt and
+//! form the group (task, agent, turn). With whole trajectories (`mas-grpo`, `single-grpo`) K
+//! episodes per task run side by side, one output per decision, and outputs group by identical
+//! prompt, so after the first turn the groups are singletons. Rewards are immediate: a plan
+//! branch gets `α · (its move's environment reward)`; a tool branch `α · (the executed plan's
+//! reward this turn) + (its own actions' reward on a copy)`, −1 when its answer is unreadable
+//! or its program fails. Roles run turn by turn over all episodes at once, each role one
+//! batched generation by the policy that plays it: one policy for both roles (shared) or one
+//! per role through `[[roles]]`.
+
+use std::sync::{Arc, Mutex};
+
+use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
+
+use super::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed, sample_in_chunks};
+use crate::config::TrainConfig;
+use crate::env::task::instance;
+use crate::env::tool::{self, PythonLimits, ToolResult};
+use crate::env::{EnvKind, FORMAT_PENALTY, Instance, Outcome};
+use crate::error::{Error, Result};
+use crate::generate::{FinishReason, greedy_responses};
+use crate::policy::Policy;
+use crate::rl::atgrpo::{Decision, Grouping, TurnRollout, best_branch, group_key, mixed_reward};
+use crate::sample::Sample;
+use crate::task::{Task, TaskPrompt};
+use crate::tokenizer::Message;
+use crate::train::metrics::Metrics;
+
+/// Which tool the tool role's output goes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ToolKind {
+    /// The tool role writes moves; they are simulated on a copy of the state.
+    #[default]
+    Simulate,
+    /// The tool role writes a Python program that prints the moves (`[workload.turns.python]`).
+    Python,
+}
+
+/// `[workload.turns]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TurnsConfig {
+    /// The turn limit T: an episode not solved by then fails.
+    pub turns: usize,
+    /// α in `α · team + local`.
+    pub alpha: f64,
+    pub tool: ToolKind,
+    /// The python tool's interpreter and limits.
+    pub python: PythonLimits,
+}
+
+impl Default for TurnsConfig {
+    fn default() -> Self {
+        TurnsConfig { turns: 4, alpha: 1.0, tool: ToolKind::Simulate, python: PythonLimits::default() }
+    }
+}
+
+impl TurnsConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |key: &str, m: String| Err(Error::config("training config", format!("workload.turns.{key}: {m}")));
+        if !(1..=64).contains(&self.turns) {
+            return bad("turns", format!("the turn limit is 1 to 64, not {}", self.turns));
+        }
+        if !(self.alpha.is_finite() && self.alpha >= 0.0) {
+            return bad("alpha", format!("α weighs the team reward: a number ≥ 0, not {}", self.alpha));
+        }
+        let p = &self.python;
+        if !(p.timeout_s.is_finite() && p.timeout_s > 0.0 && p.timeout_s <= 600.0) {
+            return bad("python.timeout_s", format!("seconds in (0, 600], not {}", p.timeout_s));
+        }
+        if p.memory_mib < 64 {
+            return bad(
+                "python.memory_mib",
+                format!("at least 64 MiB (Python itself needs some), not {}", p.memory_mib),
+            );
+        }
+        if p.output_bytes == 0 || p.python.is_empty() {
+            return bad("python", "output_bytes must be positive and python must name an interpreter".into());
+        }
+        Ok(())
+    }
+}
+
+/// The roles, in turn order.
+pub const ROLES: [&str; 2] = ["tool", "plan"];
+const TOOL: usize = 0;
+const PLAN: usize = 1;
+/// Characters of the tool's output and report a plan prompt shows (outputs are bounded by
+/// `max_new_tokens`, a program's printout is not).
+const SHOWN_CHARS: usize = 800;
+/// Past turns a prompt recounts.
+const HISTORY: usize = 2;
+const GENERATE_STREAM: u64 = 0x7A125;
+
+/// The workload.
+pub struct Turns {
+    task: Arc<dyn Task>,
+    kind: EnvKind,
+    config: TurnsConfig,
+    rollout: TurnRollout,
+    /// The policy that plays each role, in [`ROLES`] order.
+    players: [usize; 2],
+    /// What the last step's episodes did (the trainer asks for metrics after the rollout).
+    stats: Mutex<EpisodeStats>,
+}
+
+/// Who plays what: one policy for every role, or `[[roles]]` naming each role once with one
+/// policy; every policy plays something. Single-agent: only the plan role.
+pub fn players(cfg: &TrainConfig, single_agent: bool) -> Result<[usize; 2]> {
+    let bad = |m: String| Err(Error::config("training config", m));
+    let needed: &[usize] = if single_agent { &[PLAN] } else { &[TOOL, PLAN] };
+    if cfg.roles.is_empty() {
+        if cfg.policies.len() != 1 {
+            return bad(format!(
+                "roles: with {} policies the turn-wise workload needs [[roles]] entries for {} naming the one policy that plays each",
+                cfg.policies.len(),
+                needed.iter().map(|&r| ROLES[r]).collect::<Vec<_>>().join(" and ")
+            ));
+        }
+        return Ok([0, 0]);
+    }
+    let mut players = [None; 2];
+    for (i, r) in cfg.roles.iter().enumerate() {
+        let Some(k) = ROLES.iter().position(|n| *n == r.name) else {
+            return bad(format!("roles[{i}].name: the turn-wise workload's roles are tool and plan, not {:?}", r.name));
+        };
+        if players[k].is_some() {
+            return bad(format!("roles[{i}].name: {:?} is given twice", r.name));
+        }
+        if r.template.is_some() {
+            return bad(format!("roles[{i}].template: the turn-wise roles' prompts are built in; leave it out"));
+        }
+        let policy = match r.policies.as_slice() {
+            [] if cfg.policies.len() == 1 => 0,
+            [p] => cfg
+                .policy_index(p)
+                .ok_or_else(|| Error::config("training config", format!("roles[{i}].policies: no policy {p:?}")))?,
+            _ => return bad(format!("roles[{i}].policies: one policy plays the {} role; name exactly one", r.name)),
+        };
+        players[k] = Some(policy);
+    }
+    if let Some(&missing) = needed.iter().find(|&&r| players[r].is_none()) {
+        return bad(format!("roles: no [[roles]] entry for {}", ROLES[missing]));
+    }
+    let played: Vec<usize> = needed.iter().filter_map(|&r| players[r]).collect();
+    if let Some(k) = (0..cfg.policies.len()).find(|k| !played.contains(k)) {
+        return bad(format!(
+            "roles: policy {:?} plays no role{}; give it one or remove it from [[policies]]",
+            cfg.policy_name(k),
+            if single_agent { " (single-agent: only plan plays)" } else { "" }
+        ));
+    }
+    let plan = players[PLAN].expect("checked");
+    Ok([players[TOOL].unwrap_or(plan), plan])
+}
+
+/// One task being played.
+#[derive(Clone, Debug)]
+struct Episode {
+    /// Index into the step's prompts.
+    prompt: usize,
+    state: Instance,
+    /// What each past turn executed and what came of it.
+    history: Vec<String>,
+    turns: usize,
+}
+
+/// One output of one role, in the order [`Turns::play`] asked for them.
+#[derive(Clone, Debug)]
+struct Output {
+    episode: usize,
+    turn: usize,
+    role: usize,
+    messages: Vec<Message>,
+    reward: f64,
+    penalty: f64,
+    /// Plan outputs: whether this branch solved the task.
+    solved: bool,
+}
+
+/// What a step's (or a validation's) episodes did.
+#[derive(Clone, Copy, Debug, Default)]
+struct EpisodeStats {
+    episodes: usize,
+    solved: usize,
+    turns: usize,
+    /// Moves (or fills) the plan role's outputs applied, and how many of them were refused.
+    applied: usize,
+    invalid: usize,
+    /// Plan outputs, and those that could not be read.
+    plans: usize,
+    unreadable: usize,
+    tool_runs: usize,
+    tool_errors: usize,
+}
+
+impl EpisodeStats {
+    fn rate(n: usize, d: usize) -> f64 {
+        if d == 0 { 0.0 } else { n as f64 / d as f64 }
+    }
+}
+
+/// Generates the outputs of one role for a batch of prompts: `branches` texts per prompt.
+type Generate<'a> = dyn FnMut(usize, usize, &[Vec<Message>], usize) -> Result<Vec<Vec<String>>> + 'a;
+
+impl Turns {
+    pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>, rollout: TurnRollout) -> Result<Self> {
+        let kind = task
+            .train()
+            .first()
+            .or(task.validation().first())
+            .map(instance)
+            .transpose()?
+            .map(|i| i.kind())
+            .ok_or_else(|| Error::config("training config", "task.env: no instances to play"))?;
+        cfg.workload.turns.validate()?;
+        if cfg.workload.turns.tool == ToolKind::Python {
+            // A missing interpreter is said before the first step, not in it.
+            tool::check_python(&cfg.workload.turns.python)?;
+        }
+        Ok(Turns {
+            players: players(cfg, rollout.single_agent)?,
+            task,
+            kind,
+            config: cfg.workload.turns.clone(),
+            rollout,
+            stats: Default::default(),
+        })
+    }
+
+    fn describe_task(&self) -> &'static str {
+        match self.kind {
+            EnvKind::PlanPath => "Plan-Path: walk from S to the goal G without entering walls (#).",
+            EnvKind::Sokoban => "Sokoban: push the box ($) onto the target (.).",
+            EnvKind::Sudoku => "Sudoku 4x4: fill the empty cells.",
+        }
+    }
+
+    fn history(&self, e: &Episode) -> String {
+        let from = e.history.len().saturating_sub(HISTORY);
+        e.history[from..].iter().map(|h| format!("{h}\n")).collect()
+    }
+
+    /// The tool role's prompt.
+    fn tool_messages(&self, e: &Episode, turn: usize) -> Vec<Message> {
+        let ask = match self.config.tool {
+            ToolKind::Simulate => format!(
+                "Propose the moves to try; they will be simulated and the planner sees the result. Answer with {}.",
+                self.kind.answer_format()
+            ),
+            ToolKind::Python => format!(
+                "Write a Python program in a ```python block that finds the moves and prints them as **Actions List**: {}.",
+                self.kind.answer_format().trim_start_matches("#### ")
+            ),
+        };
+        let text = format!(
+            "You are the tool agent. {}\nTurn {} of {}.\n{}\n{}{ask}",
+            self.describe_task(),
+            turn + 1,
+            self.config.turns,
+            e.state.render(),
+            self.history(e)
+        );
+        vec![Message::user(text)]
+    }
+
+    /// The plan role's prompt, with the tool's best branch when there is a tool role.
+    fn plan_messages(&self, e: &Episode, turn: usize, tool: Option<&str>) -> Vec<Message> {
+        let tool = tool.map_or(String::new(), |t| format!("{t}\n"));
+        let text = format!(
+            "You are the plan agent. {}\nTurn {} of {}.\n{}\n{}{tool}Decide the moves to execute now. Answer with {}.",
+            self.describe_task(),
+            turn + 1,
+            self.config.turns,
+            e.state.render(),
+            self.history(e),
+            self.kind.answer_format()
+        );
+        vec![Message::user(text)]
+    }
+
+    fn use_tool(&self, state: &Instance, text: &str) -> Result<ToolResult> {
+        match self.config.tool {
+            ToolKind::Simulate => Ok(tool::simulate(state, text)),
+            ToolKind::Python => tool::python(state, text, &self.config.python),
+        }
+    }
+
+    /// Plays `episodes` for up to T turns, `branches` outputs per decision (the best one
+    /// executed); returns every output in the order `generate` produced them, and the stats.
+    fn play(
+        &self,
+        episodes: &mut [Episode],
+        branches: usize,
+        generate: &mut Generate<'_>,
+    ) -> Result<(Vec<Output>, EpisodeStats)> {
+        let mut outputs = Vec::new();
+        let mut stats = EpisodeStats { episodes: episodes.len(), ..Default::default() };
+        for turn in 0..self.config.turns {
+            let active: Vec<usize> = (0..episodes.len()).filter(|&e| !episodes[e].state.done()).collect();
+            if active.is_empty() {
+                break;
+            }
+            // The tool role: each branch's tool result; the best one is shown to the planner.
+            let mut shown: Vec<Option<String>> = vec![None; episodes.len()];
+            let mut tool_outputs: Vec<(usize, usize)> = Vec::new(); // (output index, episode)
+            if !self.rollout.single_agent {
+                let messages: Vec<Vec<Message>> =
+                    active.iter().map(|&e| self.tool_messages(&episodes[e], turn)).collect();
+                let texts = generate(TOOL, turn, &messages, branches)?;
+                for ((&e, messages), texts) in active.iter().zip(messages).zip(texts) {
+                    let mut locals = Vec::with_capacity(branches);
+                    let mut reports = Vec::with_capacity(branches);
+                    for text in &texts {
+                        let result = self.use_tool(&episodes[e].state, text)?;
+                        stats.tool_runs += 1;
+                        stats.tool_errors += usize::from(result.tool_error);
+                        let unreadable = result.outcome.as_ref().is_none_or(|o| o.format_error.is_some());
+                        let local =
+                            result.outcome.as_ref().filter(|_| !unreadable).map_or(FORMAT_PENALTY, |o| o.reward);
+                        locals.push(local);
+                        let said: String = text.trim().chars().take(SHOWN_CHARS).collect();
+                        let report: String = result.report.chars().take(SHOWN_CHARS).collect();
+                        reports.push(format!("The tool agent proposed:\n{said}\n{report}"));
+                        tool_outputs.push((outputs.len(), e));
+                        outputs.push(Output {
+                            episode: e,
+                            turn,
+                            role: TOOL,
+                            messages: messages.clone(),
+                            reward: local,
+                            penalty: if unreadable { FORMAT_PENALTY } else { 0.0 },
+                            solved: false,
+                        });
+                    }
+                    shown[e] = Some(reports.swap_remove(best_branch(&locals)));
+                }
+            }
+            // The plan role: each branch applied to a copy; the best one is executed.
+            let messages: Vec<Vec<Message>> =
+                active.iter().map(|&e| self.plan_messages(&episodes[e], turn, shown[e].as_deref())).collect();
+            let texts = generate(PLAN, turn, &messages, branches)?;
+            let mut executed = vec![0.0; episodes.len()];
+            for ((&e, messages), texts) in active.iter().zip(messages).zip(texts) {
+                let mut results: Vec<(Instance, Outcome)> = Vec::with_capacity(branches);
+                for text in &texts {
+                    let mut copy = episodes[e].state.clone();
+                    let outcome = copy.apply(text);
+                    stats.plans += 1;
+                    stats.applied += outcome.applied;
+                    stats.invalid += outcome.invalid;
+                    stats.unreadable += usize::from(outcome.format_error.is_some());
+                    outputs.push(Output {
+                        episode: e,
+                        turn,
+                        role: PLAN,
+                        messages: messages.clone(),
+                        reward: mixed_reward(self.config.alpha, outcome.reward, 0.0),
+                        penalty: if outcome.format_error.is_some() { FORMAT_PENALTY } else { 0.0 },
+                        solved: outcome.solved,
+                    });
+                    results.push((copy, outcome));
+                }
+                let rewards: Vec<f64> = results.iter().map(|(_, o)| o.reward).collect();
+                let best = best_branch(&rewards);
+                let (state, outcome) = results.swap_remove(best);
+                let line = format!("Turn {}: executed {}", turn + 1, state.describe(&outcome));
+                let ep = &mut episodes[e];
+                ep.state = state;
+                ep.history.push(line);
+                ep.turns += 1;
+                executed[e] = outcome.reward;
+            }
+            // A tool branch shares the team's executed reward of its turn.
+            for (i, e) in tool_outputs {
+                outputs[i].reward = mixed_reward(self.config.alpha, executed[e], outputs[i].reward);
+            }
+        }
+        stats.solved = episodes.iter().filter(|e| e.state.solved()).count();
+        stats.turns = episodes.iter().map(|e| e.turns).sum();
+        Ok((outputs, stats))
+    }
+}
+
+/// `messages` in `policy`'s chat template; a prompt longer than `max_tokens` is an error.
+fn encode<B: Backend>(policy: &Policy<B>, role: usize, messages: &[Message], max_tokens: usize) -> Result<Vec<u32>> {
+    let ids = policy.encode_prompt(messages, usize::MAX)?;
+    if ids.len() > max_tokens {
+        return Err(Error::InvalidArgument(format!(
+            "a {} prompt of policy {} has {} tokens, above rollout.max_prompt_tokens = {max_tokens}; raise it",
+            ROLES[role],
+            policy.name,
+            ids.len()
+        )));
+    }
+    Ok(ids)
+}
+
+/// A generated output as a sample stores it.
+struct Drawn {
+    prompt_ids: Vec<u32>,
+    response_ids: Vec<u32>,
+    text: String,
+    finish_reason: FinishReason,
+    policy: usize,
+    version: u64,
+}
+
+impl<B: Backend> Workload<B> for Turns {
+    fn name(&self) -> &str {
+        "turns"
+    }
+
+    fn validation_key(&self) -> &'static str {
+        "val/success"
+    }
+
+    fn rollout(
+        &self,
+        policies: &[Policy<B>],
+        prompts: &[TaskPrompt],
+        settings: &RolloutSettings,
+    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)> {
+        let k = settings.group_size;
+        let (per_task, branches) = match self.rollout.grouping {
+            Grouping::TurnWise => (1, k),
+            Grouping::Trajectory => (k, 1),
+        };
+        let mut episodes = Vec::with_capacity(prompts.len() * per_task);
+        for (p, prompt) in prompts.iter().enumerate() {
+            let state = instance(prompt)?;
+            episodes.extend((0..per_task).map(|_| Episode {
+                prompt: p,
+                state: state.clone(),
+                history: vec![],
+                turns: 0,
+            }));
+        }
+        let mut timings = vec![RolloutTimings::default(); policies.len()];
+        let mut drawn: Vec<Drawn> = Vec::new();
+        let mut generate =
+            |role: usize, turn: usize, messages: &[Vec<Message>], branches: usize| -> Result<Vec<Vec<String>>> {
+                let policy = &policies[self.players[role]];
+                let _span =
+                tracing::info_span!("rollout", policy = %policy.name, role = ROLES[role], turn, step = settings.step)
+                    .entered();
+                let ids: Vec<Vec<u32>> = messages
+                    .iter()
+                    .map(|m| encode(policy, role, m, settings.max_prompt_tokens))
+                    .collect::<Result<_>>()?;
+                let seed = |c: usize| {
+                    mix_seed(&[settings.run_seed, settings.step, GENERATE_STREAM, turn as u64, role as u64, c as u64])
+                };
+                let mut outs = sample_in_chunks(policy, &ids, settings, branches, seed, &mut timings[policy.index])?;
+                // Outputs in episode then branch order, as `play` reads them.
+                outs.sort_by_key(|o| (o.prompt, o.sample_index));
+                let mut texts = vec![Vec::with_capacity(branches); ids.len()];
+                for out in outs {
+                    texts[out.prompt].push(out.text.clone());
+                    drawn.push(Drawn {
+                        prompt_ids: ids[out.prompt].clone(),
+                        response_ids: out.response_ids,
+                        text: out.text,
+                        finish_reason: out.finish_reason,
+                        policy: policy.index,
+                        version: policy.version,
+                    });
+                }
+                Ok(texts)
+            };
+        let (outputs, stats) = self.play(&mut episodes, branches, &mut generate)?;
+        if outputs.len() != drawn.len() {
+            return Err(Error::Internal(format!("{} outputs for {} generations", outputs.len(), drawn.len())));
+        }
+        let mut counters = vec![0usize; prompts.len()];
+        let mut samples = Vec::with_capacity(outputs.len());
+        for (o, d) in outputs.into_iter().zip(drawn) {
+            let p = episodes[o.episode].prompt;
+            let task = format!("{}@{p}", prompts[p].id);
+            let prompt_text: String = o.messages.iter().map(|m| m.content.as_str()).collect();
+            let group = group_key(
+                self.rollout.grouping,
+                &Decision { task: &task, role: ROLES[o.role], turn: o.turn as u32, prompt: &prompt_text },
+            );
+            let sample_index = counters[p];
+            counters[p] += 1;
+            samples.push(Sample {
+                id: 0,
+                policy: d.policy,
+                role: ROLES[o.role].to_string(),
+                group,
+                parent: None,
+                turn: o.turn as u32,
+                prompt: p,
+                sample_index,
+                messages: o.messages,
+                text: d.text,
+                prompt_ids: d.prompt_ids,
+                response_ids: d.response_ids,
+                token_logps: vec![],
+                values: vec![],
+                // Immediate rewards: the rollout already knows them (AT-GRPO §5.2).
+                reward: Some(o.reward),
+                penalty: o.penalty,
+                score: (o.role == PLAN).then_some(f64::from(u8::from(o.solved))),
+                train: true,
+                policy_version: d.version,
+                finish_reason: d.finish_reason,
+            });
+        }
+        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
+        Ok((samples, timings))
+    }
+
+    /// Rewards are immediate and set by the rollout; this checks that none is missing.
+    fn assign_rewards(&self, samples: &mut [Sample], _prompts: &[TaskPrompt]) -> Result<()> {
+        match samples.iter().position(|s| s.reward.is_none()) {
+            Some(i) => Err(Error::Internal(format!("turn-wise sample {i} has no reward"))),
+            None => Ok(()),
+        }
+    }
+
+    /// Success rate, turns, invalid and unreadable answers, tool errors, each role's reward
+    /// and the sizes of the groups actually formed.
+    fn metrics(&self, samples: &[Sample], _prompts: &[TaskPrompt]) -> Metrics {
+        let s = *self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mean = |xs: &[f64]| if xs.is_empty() { 0.0 } else { xs.iter().sum::<f64>() / xs.len() as f64 };
+        let mut m = Metrics::new();
+        m.insert("turns/success_rate".into(), EpisodeStats::rate(s.solved, s.episodes));
+        m.insert("turns/mean_turns".into(), EpisodeStats::rate(s.turns, s.episodes));
+        m.insert("turns/invalid_action_rate".into(), EpisodeStats::rate(s.invalid, s.applied));
+        m.insert("turns/unreadable_rate".into(), EpisodeStats::rate(s.unreadable, s.plans));
+        m.insert("turns/tool_error_rate".into(), EpisodeStats::rate(s.tool_errors, s.tool_runs));
+        m.insert("turns/outputs".into(), samples.len() as f64);
+        let mut groups: std::collections::HashMap<&crate::sample::GroupKey, usize> = Default::default();
+        for x in samples {
+            *groups.entry(&x.group).or_default() += 1;
+        }
+        m.insert("turns/group_size".into(), EpisodeStats::rate(samples.len(), groups.len()));
+        m.insert(
+            "turns/singleton_groups".into(),
+            EpisodeStats::rate(groups.values().filter(|&&n| n == 1).count(), groups.len()),
+        );
+        for role in ROLES {
+            let rewards: Vec<f64> = samples.iter().filter(|x| x.role == role).map(|x| x.reward()).collect();
+            if !rewards.is_empty() {
+                m.insert(format!("turns/{role}/reward"), mean(&rewards));
+            }
+        }
+        m
+    }
+
+    /// The team plays every held-out instance greedily, one branch per decision.
+    fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>> {
+        let mut episodes: Vec<Episode> = self
+            .task
+            .validation()
+            .iter()
+            .enumerate()
+            .map(|(p, prompt)| Ok(Episode { prompt: p, state: instance(prompt)?, history: vec![], turns: 0 }))
+            .collect::<Result<_>>()?;
+        let mut generate =
+            |role: usize, _turn: usize, messages: &[Vec<Message>], _branches: usize| -> Result<Vec<Vec<String>>> {
+                let policy = &policies[self.players[role]];
+                let ids: Vec<Vec<u32>> = messages
+                    .iter()
+                    .map(|m| encode(policy, role, m, settings.max_prompt_tokens))
+                    .collect::<Result<_>>()?;
+                let texts = greedy_responses(
+                    &policy.inference_model(),
+                    &policy.tokenizer,
+                    &policy.eos_token_ids,
+                    &ids,
+                    settings.max_new_tokens,
+                    settings.batch_prompts,
+                )?;
+                Ok(texts.into_iter().map(|t| vec![t]).collect())
+            };
+        let (_, s) = self.play(&mut episodes, 1, &mut generate)?;
+        let team = Metrics::from([
+            ("val/success".to_string(), EpisodeStats::rate(s.solved, s.episodes)),
+            ("val/mean_turns".to_string(), EpisodeStats::rate(s.turns, s.episodes)),
+            ("val/invalid_action_rate".to_string(), EpisodeStats::rate(s.invalid, s.applied)),
+            ("val/unreadable_rate".to_string(), EpisodeStats::rate(s.unreadable, s.plans)),
+            ("val/tool_error_rate".to_string(), EpisodeStats::rate(s.tool_errors, s.tool_runs)),
+        ]);
+        Ok(vec![team; policies.len()])
+    }
+}

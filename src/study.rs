@@ -115,6 +115,13 @@ fn config_for(args: &StudyOptions, variant: &Variant, seed: u64, dir: &Path) -> 
     cfg.run.out_dir = dir.to_path_buf();
     if variant.per_role {
         cfg = split_roles(cfg)?;
+    } else if variant.name.ends_with("-shared") && (cfg.policies.len() != 1 || !cfg.roles.is_empty()) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: a -shared variant has one policy play every role; the config has {} [[policies]] and {} [[roles]]",
+            variant.name,
+            cfg.policies.len(),
+            cfg.roles.len()
+        )));
     }
     Ok(cfg)
 }

@@ -8,9 +8,9 @@
 //! cannot be read) and knows a solution (BFS or the solver). `clone` it to simulate an answer on
 //! a copy, as AT-GRPO does for every branch.
 //!
-//! Train and held-out instances never meet: they come from disjoint seed ranges, and an
-//! instance belongs to the held-out split only when a hash of its content says so, so two
-//! seeds that happen to generate the same small puzzle still land in the same split.
+//! Train and held-out instances never meet: an instance belongs to the held-out split only when
+//! a hash of its content says so, so two seeds that happen to generate the same small puzzle
+//! still land in the same split (the splits' generator seeds also start apart, at 0 and 2^40).
 
 pub mod action;
 pub mod plan_path;
@@ -148,7 +148,7 @@ impl Instance {
         // Instances whose content hash falls in the other split are skipped: the splits share
         // no instance, however small the space of puzzles.
         for attempt in 0u64.. {
-            let seed = split.base_seed() + index.wrapping_mul(1 << 16) + attempt;
+            let seed = split.base_seed().wrapping_add(index.wrapping_mul(1 << 16)).wrapping_add(attempt);
             let mut rng = ChaCha8Rng::seed_from_u64(seed ^ kind_salt(kind));
             let instance = match kind {
                 EnvKind::PlanPath => Instance::PlanPath(PlanPath::generate(&mut rng)),
@@ -246,14 +246,7 @@ impl Instance {
             Instance::Sudoku(s) => {
                 let action = parse_int_rows(text).map_err(|e| e.0).and_then(|rows| SudokuAction::from_rows(&rows));
                 match action {
-                    Ok(a) => {
-                        let (reward, valid) = s.step(&a);
-                        let n = match &a {
-                            SudokuAction::Grid(_) => 1,
-                            SudokuAction::Fills(f) => f.len(),
-                        };
-                        (reward, usize::from(!valid), n)
-                    }
+                    Ok(a) => s.step(&a),
                     Err(e) => return Outcome { done: self.done(), solved: self.solved(), ..unread(e) },
                 }
             }

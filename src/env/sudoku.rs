@@ -100,17 +100,18 @@ impl Sudoku {
         (1..=N as u8).filter(|&v| fits(&self.grid, r, c, v)).collect()
     }
 
-    /// One answer; returns its reward and whether it was valid.
-    pub fn step(&mut self, action: &SudokuAction) -> (f64, bool) {
+    /// One answer; returns its reward, how many of its fills (or its one grid) were refused,
+    /// and how many were applied (fills after the puzzle is solved are not).
+    pub fn step(&mut self, action: &SudokuAction) -> (f64, usize, usize) {
         if self.solved() {
-            return (0.0, true);
+            return (0.0, 0, 0);
         }
         let before = self.filled();
-        let mut reward = 0.0;
-        let mut valid = true;
+        let (mut reward, mut invalid, mut applied) = (0.0, 0, 0);
         match action {
             SudokuAction::Grid(grid) => {
                 reward += STEP;
+                applied = 1;
                 let keeps_clues =
                     (0..N).all(|r| (0..N).all(|c| self.clues[r][c] == 0 || self.clues[r][c] == grid[r][c]));
                 if keeps_clues {
@@ -120,15 +121,19 @@ impl Sudoku {
                     }
                 } else {
                     reward += INVALID_FILL;
-                    valid = false;
+                    invalid = 1;
                 }
             }
             SudokuAction::Fills(fills) => {
                 for &(r, c, v) in fills {
+                    if self.solved() {
+                        break;
+                    }
+                    applied += 1;
                     reward += STEP;
                     if self.grid[r][c] != 0 || !fits(&self.grid, r, c, v) {
                         reward += INVALID_FILL;
-                        valid = false;
+                        invalid += 1;
                         continue;
                     }
                     reward += VALID_FILL;
@@ -136,9 +141,6 @@ impl Sudoku {
                         reward += FORCED_FILL;
                     }
                     self.grid[r][c] = v;
-                    if self.solved() {
-                        break;
-                    }
                 }
             }
         }
@@ -146,7 +148,7 @@ impl Sudoku {
         if self.solved() {
             reward += SOLVED;
         }
-        (reward, valid)
+        (reward, invalid, applied)
     }
 
     /// Fill steps that complete the puzzle from the current grid (when it is on the way).
@@ -271,8 +273,8 @@ mod tests {
         let (r, c) = (0..N).flat_map(|r| (0..N).map(move |c| (r, c))).find(|&(r, c)| s.clues[r][c] != 0).unwrap();
         // A fill on a clue is invalid and changes nothing.
         let other = s.clues[r][c] % N as u8 + 1;
-        let (reward, valid) = s.step(&SudokuAction::Fills(vec![(r, c, other)]));
-        assert!(!valid && s.grid == s.clues);
+        let (reward, invalid, applied) = s.step(&SudokuAction::Fills(vec![(r, c, other)]));
+        assert!(invalid == 1 && applied == 1 && s.grid == s.clues);
         assert!((reward - (STEP + INVALID_FILL)).abs() < 1e-12);
         // Some other valid grid that changes a clue is refused: PettingLLMs' bug.
         let mut relabelled = s.solution;
@@ -280,11 +282,14 @@ mod tests {
             *v = *v % N as u8 + 1;
         }
         assert!(consistent(&relabelled));
-        let (_, valid) = s.step(&SudokuAction::Grid(relabelled));
-        assert!(!valid && !s.solved());
+        let (_, invalid, _) = s.step(&SudokuAction::Grid(relabelled));
+        assert!(invalid == 1 && !s.solved());
         // The solution's fills solve it.
-        let (reward, valid) = s.step(&SudokuAction::Fills(s.remaining_fills()));
-        assert!(valid && s.solved());
+        let fills = s.remaining_fills();
+        let mut twice = fills.clone();
+        twice.extend(fills.iter().copied()); // the second copy comes after the solve: not applied
+        let (reward, invalid, applied) = s.step(&SudokuAction::Fills(twice));
+        assert!(invalid == 0 && applied == fills.len() && s.solved());
         assert!(reward > SOLVED);
     }
 
@@ -294,8 +299,8 @@ mod tests {
         let mut grid = s.solution;
         let (r, c) = (0..N).flat_map(|r| (0..N).map(move |c| (r, c))).find(|&(r, c)| s.clues[r][c] == 0).unwrap();
         grid[r][c] = grid[r][c] % N as u8 + 1;
-        let (reward, valid) = s.step(&SudokuAction::Grid(grid));
-        assert!(valid && !s.solved());
+        let (reward, invalid, _) = s.step(&SudokuAction::Grid(grid));
+        assert!(invalid == 0 && !s.solved());
         assert!(reward < CONFLICT + PROGRESS);
     }
 

@@ -6,13 +6,15 @@
 //! (isolated: no user site, no `PYTHON*` variables) in a fresh empty working directory, with an
 //! empty environment, no standard input, in its own process group, under address-space, CPU
 //! time, file size and core-dump limits, killed (the whole group) at the wall-clock limit, and
-//! its output read up to a cap. It is not a container: give it a machine you do not mind it
-//! reading files on.
+//! its output read up to a cap. It is not a container: the program runs as the user, so it
+//! can read, write and delete the user's files (run directories included), use the network
+//! and signal other processes. Run untrusted models' programs as a separate user or in a
+//! container.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -150,20 +152,25 @@ pub fn run_python(code: &str, limits: &PythonLimits) -> Result<ProgramRun> {
     let cap = limits.output_bytes;
     let out = child.stdout.take().expect("piped");
     let err = child.stderr.take().expect("piped");
-    let read = move |mut r: Box<dyn Read + Send>| {
+    // Each stream is read to its end by a thread (so the program never blocks on a full pipe)
+    // into a shared buffer, kept up to the cap; `done` says when a stream has closed.
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let read = |mut r: Box<dyn Read + Send>| {
+        let kept = Arc::new(Mutex::new(Vec::new()));
+        let (sink, done) = (kept.clone(), done_tx.clone());
         std::thread::spawn(move || {
-            let mut kept = Vec::new();
             let mut buf = [0u8; 8192];
-            // Read to the end (so the program never blocks on a full pipe), keep up to the cap.
             while let Ok(n) = r.read(&mut buf) {
                 if n == 0 {
                     break;
                 }
+                let mut kept = sink.lock().unwrap_or_else(|e| e.into_inner());
                 let room = cap.saturating_sub(kept.len());
                 kept.extend_from_slice(&buf[..n.min(room)]);
             }
-            String::from_utf8_lossy(&kept).into_owned()
-        })
+            let _ = done.send(());
+        });
+        kept
     };
     let (out, err) = (read(Box::new(out)), read(Box::new(err)));
     let deadline = Instant::now() + Duration::from_secs_f64(limits.timeout_s.max(0.0));
@@ -181,8 +188,18 @@ pub fn run_python(code: &str, limits: &PythonLimits) -> Result<ProgramRun> {
     };
     // The group is killed either way: a child the program left running must not outlive it.
     kill_group(&mut child);
-    let stdout = out.join().unwrap_or_default();
-    let stderr = err.join().unwrap_or_default();
+    // A grandchild that left the group (setsid) may hold the pipes open: wait a moment for the
+    // streams to close, then take what was read and leave the reader threads behind.
+    let grace = Instant::now() + Duration::from_secs(1);
+    for _ in 0..2 {
+        if done_rx.recv_timeout(grace.saturating_duration_since(Instant::now())).is_err() {
+            break;
+        }
+    }
+    let text = |kept: &Arc<Mutex<Vec<u8>>>| {
+        String::from_utf8_lossy(&kept.lock().unwrap_or_else(|e| e.into_inner())).into_owned()
+    };
+    let (stdout, stderr) = (text(&out), text(&err));
     Ok(ProgramRun { end, stdout, stderr })
 }
 
@@ -208,12 +225,18 @@ fn sandbox(cmd: &mut Command, limits: &PythonLimits) {
     // CPU seconds: the wall-clock limit rounded up, plus one, as a backstop to the kill.
     let cpu = limits.timeout_s.max(0.0).ceil() as u64 + 1;
     cmd.process_group(0);
-    // SAFETY: between fork and exec only async-signal-safe calls (setrlimit) are made, on
+    // SAFETY: between fork and exec only async-signal-safe calls (getrlimit, setrlimit) are made, on
     // values computed before the fork.
     unsafe {
         cmd.pre_exec(move || {
+            // Never above the inherited hard limit (raising it would fail with EPERM).
             let set = |resource, value: u64| {
-                let lim = libc::rlimit { rlim_cur: value as libc::rlim_t, rlim_max: value as libc::rlim_t };
+                let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                if libc::getrlimit(resource, &mut current) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let value = (value as libc::rlim_t).min(current.rlim_max);
+                let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
                 if libc::setrlimit(resource, &lim) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -342,6 +365,15 @@ mod tests {
         let run = run_python("import sys\nsys.stdout.write('a' * 10_000_000)\n", &quick()).unwrap();
         assert!(run.ok(), "{:?}", run.end);
         assert_eq!(run.stdout.len(), quick().output_bytes);
+    }
+
+    #[test]
+    fn a_grandchild_that_leaves_the_group_and_keeps_the_pipes_does_not_hang_the_tool() {
+        let code = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    time.sleep(30)\nprint('parent done')\n";
+        let started = Instant::now();
+        let run = run_python(code, &quick()).unwrap();
+        assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+        assert!(run.stdout.contains("parent done"), "{run:?}");
     }
 
     #[test]

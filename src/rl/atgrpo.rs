@@ -7,8 +7,9 @@
 //! (PettingLLMs' code divides the task index by the branch count, which would merge tasks).
 //! The baseline it replaces, whole-trajectory grouping, samples K independent trajectories and
 //! groups the outputs that answer the same prompt: after the first turn every trajectory has a
-//! history of its own, so those groups are singletons, whose advantage is their raw reward
-//! (verl's convention): no baseline, no variance reduction.
+//! history of its own (a role that reads another's output per trajectory, from the first), so
+//! those groups are singletons, whose advantage is their raw reward (verl's convention): no
+//! baseline, no variance reduction.
 
 use serde::{Deserialize, Serialize};
 

@@ -12,10 +12,13 @@
 //! That is AT-GRPO's tree sampling (`atgrpo`): every decision's K branches share one prompt and
 //! form the group (task, agent, turn). With whole trajectories (`mas-grpo`, `single-grpo`) K
 //! episodes per task run side by side, one output per decision, and outputs group by identical
-//! prompt, so after the first turn the groups are singletons. Rewards are immediate: a plan
-//! branch gets `α · (its move's environment reward)`; a tool branch `α · (the executed plan's
-//! reward this turn) + (its own actions' reward on a copy)`, −1 when its answer is unreadable
-//! or its program fails. Roles run turn by turn over all episodes at once, each role one
+//! prompt: the tool's groups are singletons after the first turn, the planner's from the first
+//! (its prompt holds its own trajectory's tool output) unless the tool outputs coincide.
+//! Rewards are immediate: a plan branch gets `α · (its moves' environment reward)` (its team
+//! and local reward are one quantity); a tool branch `α · (the executed plan's reward this
+//! turn) + (its own moves' reward on a copy)`, −1 when its answer is unreadable or its program
+//! fails. The team term is the same for a decision's K tool branches, so in AT-GRPO's groups it
+//! cancels: the tool learns from its own proposals. Roles run turn by turn over all episodes at once, each role one
 //! batched generation by the policy that plays it: one policy for both roles (shared) or one
 //! per role through `[[roles]]`.
 
@@ -74,8 +77,9 @@ impl TurnsConfig {
         if !(1..=64).contains(&self.turns) {
             return bad("turns", format!("the turn limit is 1 to 64, not {}", self.turns));
         }
-        if !(self.alpha.is_finite() && self.alpha >= 0.0) {
-            return bad("alpha", format!("α weighs the team reward: a number ≥ 0, not {}", self.alpha));
+        // α = 0 would zero the plan role's reward (its team and local rewards are one quantity).
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return bad("alpha", format!("α weighs the team reward: a number > 0, not {}", self.alpha));
         }
         let p = &self.python;
         if !(p.timeout_s.is_finite() && p.timeout_s > 0.0 && p.timeout_s <= 600.0) {
@@ -321,6 +325,7 @@ impl Turns {
                 let messages: Vec<Vec<Message>> =
                     active.iter().map(|&e| self.tool_messages(&episodes[e], turn)).collect();
                 let texts = generate(TOOL, turn, &messages, branches)?;
+                check_counts(&texts, active.len(), branches)?;
                 for ((&e, messages), texts) in active.iter().zip(messages).zip(texts) {
                     let mut locals = Vec::with_capacity(branches);
                     let mut reports = Vec::with_capacity(branches);
@@ -353,6 +358,7 @@ impl Turns {
             let messages: Vec<Vec<Message>> =
                 active.iter().map(|&e| self.plan_messages(&episodes[e], turn, shown[e].as_deref())).collect();
             let texts = generate(PLAN, turn, &messages, branches)?;
+            check_counts(&texts, active.len(), branches)?;
             let mut executed = vec![0.0; episodes.len()];
             for ((&e, messages), texts) in active.iter().zip(messages).zip(texts) {
                 let mut results: Vec<(Instance, Outcome)> = Vec::with_capacity(branches);
@@ -393,6 +399,14 @@ impl Turns {
         stats.turns = episodes.iter().map(|e| e.turns).sum();
         Ok((outputs, stats))
     }
+}
+
+/// Every prompt got its `branches` outputs (the branch bookkeeping relies on it).
+fn check_counts(texts: &[Vec<String>], prompts: usize, branches: usize) -> Result<()> {
+    if texts.len() != prompts || texts.iter().any(|t| t.len() != branches) {
+        return Err(Error::Internal(format!("expected {branches} outputs for each of {prompts} prompts")));
+    }
+    Ok(())
 }
 
 /// `messages` in `policy`'s chat template; a prompt longer than `max_tokens` is an error.

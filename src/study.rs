@@ -195,6 +195,21 @@ pub fn run(args: &StudyOptions) -> Result<()> {
 /// Trains one run of the study in a `hacpo train` process of its own, so that each run's
 /// peak memory (`perf/peak_rss_gb`) and speed are its own, not left over from the run before
 /// (the allocator keeps freed memory for reuse). The planned config goes to
+/// This program's path for the runs. When the binary was replaced while the study ran (a
+/// rebuild or an upgrade: Linux then names the old one `PATH (deleted)`), the runs go on with
+/// the binary now at that path rather than stopping the study.
+fn own_executable() -> Result<PathBuf> {
+    let exe = std::env::current_exe().map_err(|e| Error::io("locate", Path::new("hacpo"), e))?;
+    let replaced = exe.to_str().and_then(|p| p.strip_suffix(" (deleted)")).map(PathBuf::from);
+    match replaced {
+        Some(now) if now.is_file() => {
+            eprintln!("note: {} was replaced while the study ran; the next runs use the new binary", now.display());
+            Ok(now)
+        }
+        _ => Ok(exe),
+    }
+}
+
 /// `OUT/plans/<variant>-seed-<seed>.toml`; a started run is resumed with it.
 fn train_in_child(out: &Path, name: &str, seed: u64, dir: &Path, cfg: &TrainConfig, started: bool) -> Result<()> {
     let plans = out.join("plans");
@@ -203,7 +218,7 @@ fn train_in_child(out: &Path, name: &str, seed: u64, dir: &Path, cfg: &TrainConf
     crate::error::write_atomic(&plan, cfg.to_toml().as_bytes())?;
     let exe = match std::env::var_os("HACPO_BIN") {
         Some(p) => PathBuf::from(p),
-        None => std::env::current_exe().map_err(|e| Error::io("locate", Path::new("hacpo"), e))?,
+        None => own_executable()?,
     };
     let mut command = std::process::Command::new(&exe);
     command.arg("train").arg("--config").arg(&plan);

@@ -307,7 +307,10 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
                 rows.iter().filter(|(n, _, r)| n == &v.name && &r.agent == a).map(|(_, _, r)| r).collect();
             let after: Vec<f64> = mine.iter().filter_map(|r| r.after).collect();
             let before: Vec<f64> = mine.iter().filter_map(|r| r.before).collect();
-            rollouts = mine.first().map(|r| r.rollouts).unwrap_or(0);
+            // The columns of agents a variant does not have must not reset it to 0.
+            if let Some(r) = mine.first() {
+                rollouts = r.rollouts;
+            }
             let Some((m, sd)) = report::mean_std(&after) else {
                 s += " – |";
                 continue;
@@ -356,5 +359,30 @@ mod tests {
 
         assert!(split_roles(turns_config("single-grpo")).unwrap_err().to_string().contains("two roles"));
         assert!(split_roles(split).unwrap_err().to_string().contains("one [[policies]] entry"));
+    }
+
+    /// A shared variant's row keeps its rollouts though a per-role variant adds agent columns
+    /// it has no value in.
+    #[test]
+    fn the_table_counts_a_variants_rollouts_whatever_columns_other_variants_add() {
+        let result = |agent: &str, rollouts: u64| AgentResult {
+            agent: agent.into(),
+            before: Some(0.4),
+            after: Some(0.3),
+            final_reward: None,
+            rollouts,
+            step_s: Some(1.0),
+            peak_rss_gb: None,
+        };
+        let variants = [variant("atgrpo-shared").unwrap(), variant("atgrpo-per-role").unwrap()];
+        let rows = vec![
+            ("atgrpo-shared".to_string(), 0, result("tiny", 960)),
+            ("atgrpo-per-role".to_string(), 0, result("tiny-tool", 480)),
+            ("atgrpo-per-role".to_string(), 0, result("tiny-plan", 480)),
+        ];
+        let table = markdown(&variants, &rows, 1, "success rate");
+        let shared = table.lines().find(|l| l.starts_with("| atgrpo-shared |")).unwrap();
+        assert!(shared.contains("| 30.0 ± 0.0 (40.0) | – | – | 960 |"), "{table}");
+        assert!(table.contains("Held-out success rate"), "{table}");
     }
 }

@@ -1,8 +1,9 @@
 //! The PNG figures of a run or a study, one question each:
 //! - `reward.png`: how each agent's sampled reward moves under each variant (a panel per agent);
-//! - `heldout.png`: held-out accuracy at each validation, per agent and variant;
-//! - `accuracy.png`: final held-out accuracy per agent and variant (mean ± std over seeds),
-//!   with the accuracy before training marked;
+//! - `heldout.png`: held-out accuracy at each validation, per agent and variant (the search
+//!   team's F1, the turn-wise team's success rate: whichever the runs record);
+//! - `accuracy.png`: final held-out accuracy (F1, success rate) per agent and variant (mean ±
+//!   std over seeds), with the value before training marked;
 //! - `capability.png`: HACPO's capability estimate and discrepancy coefficient ω over time.
 //!
 //! A variant is a list of runs of one configuration (seeds); curves are means over its runs.
@@ -57,6 +58,17 @@ fn seeds_note(variants: &[Variant]) -> String {
     if most > 1 { format!(", mean over {most} seeds") } else { String::new() }
 }
 
+/// The held-out metric the runs record (its key, and its name for axes): accuracy, the search
+/// team's F1, or the turn-wise team's success rate.
+fn heldout_metric(variants: &[Variant]) -> (&'static str, &'static str) {
+    const METRICS: [(&str, &str); 3] =
+        [("val/accuracy", "accuracy"), ("val/f1", "F1"), ("val/success", "success rate")];
+    let recorded = |key: &str| {
+        variants.iter().flat_map(|v| v.runs.iter()).flat_map(|r| &r.rows).any(|(_, _, m)| m.contains_key(key))
+    };
+    METRICS.into_iter().find(|(key, _)| recorded(key)).unwrap_or(METRICS[0])
+}
+
 /// Writes the figures into `dir`; returns their paths.
 pub fn write(dir: &Path, variants: &[Variant]) -> Result<Vec<PathBuf>> {
     let agents = agent_names(variants);
@@ -90,13 +102,14 @@ pub fn write(dir: &Path, variants: &[Variant]) -> Result<Vec<PathBuf>> {
     plot::line_panels(&path, &format!("Sampled reward per agent{seeds}"), &panels)?;
     written.push(path);
 
-    // Held-out accuracy over training, starting from the accuracy before it.
+    // Held-out accuracy (F1, success rate) over training, starting from its value before.
+    let (key, metric) = heldout_metric(variants);
     let panels: Vec<Panel> = agents
         .iter()
         .map(|agent| Panel {
             title: agent.clone(),
             x_desc: "training step".into(),
-            y_desc: "held-out accuracy, % (greedy)".into(),
+            y_desc: format!("held-out {metric}, % (greedy)"),
             series: variants
                 .iter()
                 .enumerate()
@@ -107,7 +120,7 @@ pub fn write(dir: &Path, variants: &[Variant]) -> Result<Vec<PathBuf>> {
                         .filter_map(|r| r.agents.iter().find(|a| &a.agent == agent).and_then(|a| a.before))
                         .collect();
                     let mut points: Vec<(f64, f64)> = mean_std(&before).map(|(m, _)| (0.0, m)).into_iter().collect();
-                    points.extend(mean_curve(v.runs, agent, "val/accuracy"));
+                    points.extend(mean_curve(v.runs, agent, key));
                     let points = points.into_iter().map(|(x, y)| (x, y * 100.0)).collect();
                     Series { name: v.name.clone(), points, markers: true, colour: i }
                 })
@@ -117,7 +130,7 @@ pub fn write(dir: &Path, variants: &[Variant]) -> Result<Vec<PathBuf>> {
         })
         .collect();
     let path = dir.join("heldout.png");
-    plot::line_panels(&path, &format!("Held-out accuracy during training{seeds}"), &panels)?;
+    plot::line_panels(&path, &format!("Held-out {metric} during training{seeds}"), &panels)?;
     written.push(path);
 
     // Final accuracy bars.
@@ -143,8 +156,8 @@ pub fn write(dir: &Path, variants: &[Variant]) -> Result<Vec<PathBuf>> {
     let error = if seeds.is_empty() { "" } else { " (bars: ± std over seeds)" };
     plot::grouped_bars(
         &path,
-        &format!("Held-out accuracy after training{error}"),
-        "held-out accuracy, % (greedy)",
+        &format!("Held-out {metric} after training{error}"),
+        &format!("held-out {metric}, % (greedy)"),
         &names,
         &groups,
         "before training",

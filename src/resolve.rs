@@ -10,11 +10,16 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::model::zoo;
 
-/// Fails fast on an unknown model id, before any model or dataset is loaded.
+/// Fails fast on an unknown model id, or a tiny agent the config's task cannot use, before any
+/// model or dataset is loaded.
 pub fn check_known(cfg: &TrainConfig) -> Result<()> {
     for p in &cfg.policies {
-        if !Path::new(&p.model).exists() && zoo::find(&p.model).is_none() && crate::tiny::find(&p.model).is_none() {
-            return Err(unknown_model(&p.model));
+        if Path::new(&p.model).exists() || zoo::find(&p.model).is_some() {
+            continue;
+        }
+        match crate::tiny::find(&p.model) {
+            Some(_) => crate::tiny::check_task(&p.model, cfg)?,
+            None => return Err(unknown_model(&p.model)),
         }
     }
     Ok(())

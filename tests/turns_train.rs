@@ -213,3 +213,45 @@ fn bad_turn_wise_input_gets_clear_errors() {
     let per_role = s.config("single-grpo", true, "");
     rejects(&["train", "--config", per_role.to_str().unwrap(), "--dry-run"], &["\"qwen\" plays no role"]);
 }
+
+/// The tiny Plan-Path study's config as a user first runs it: its planner is pre-trained into an
+/// empty cache (a short budget here; the recipe's own takes about 20 minutes), and the team
+/// trains a step, played greedily on held-out grids before and after. The planner is
+/// pre-trained for the simulate tool's prompts only, and says so.
+#[test]
+fn the_tiny_planpath_config_pretrains_its_planner_and_trains() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let dir = out.path().join("run");
+    let o = ok(common::hacpo_command(&[
+        "train",
+        "--config",
+        "configs/tiny-planpath.toml",
+        "--steps",
+        "1",
+        "--out",
+        dir.to_str().unwrap(),
+        "--set",
+        "task.val_limit=4",
+        "--set",
+        "pretrain.max_steps=2",
+        "--set",
+        "algo.prompts_per_step=2",
+        "--set",
+        "algo.minibatch_prompts=2",
+    ])
+    .env("HACPO_CACHE", cache.path())
+    .output()
+    .unwrap());
+    let log = text(&o);
+    assert!(log.contains("pre-training tiny-planner") && log.contains("right: tool"), "{log}");
+    let m = metrics(&dir);
+    for key in ["turns/success_rate", "turns/group_size", "turns/plan/reward"] {
+        assert!(m[0]["data"][key].is_number(), "{key} missing: {}", m[0]);
+    }
+    assert_eq!(get(&m[0], "turns/group_size"), 4.0);
+    rejects(
+        &["train", "--config", "configs/tiny-planpath.toml", "--dry-run", "--set", "workload.turns.tool=\"python\""],
+        &["tiny-planner", "workload.turns.tool = \"simulate\""],
+    );
+}

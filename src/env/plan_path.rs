@@ -124,10 +124,28 @@ impl PlanPath {
             out.push('\n');
         }
         out.push_str(&format!(
-            "You are at S = (row {}, column {}); the goal G is at (row {}, column {}). Rows count from 0 at the top, columns from 0 at the left.",
-            self.pos.0, self.pos.1, self.goal.0, self.goal.1
+            "You are at S = (row {}, column {}); the goal G is at (row {}, column {}), {} and {}. Rows count from 0 at the top, columns from 0 at the left.",
+            self.pos.0,
+            self.pos.1,
+            self.goal.0,
+            self.goal.1,
+            offset(self.pos.0, self.goal.0, "row", "down", "up"),
+            offset(self.pos.1, self.goal.1, "column", "right", "left"),
         ));
         out
+    }
+}
+
+/// Where the goal is along one axis, in words: `3 rows down`, `1 column left`, `in your row`.
+/// The prompt says it so that no model has to subtract coordinates to know the direction; the
+/// walls are the task.
+fn offset(from: usize, to: usize, axis: &str, forward: &str, back: &str) -> String {
+    let n = from.abs_diff(to);
+    let way = if to > from { forward } else { back };
+    match n {
+        0 => format!("in your {axis}"),
+        1 => format!("1 {axis} {way}"),
+        _ => format!("{n} {axis}s {way}"),
     }
 }
 
@@ -240,5 +258,9 @@ mod tests {
         assert_eq!(rows[p.pos.0].as_bytes()[p.pos.1], b'S');
         assert_eq!(rows[p.goal.0].as_bytes()[p.goal.1], b'G');
         assert!(rows.iter().all(|r| r.len() == SIZE));
+        let q = PlanPath { pos: (2, 8), goal: (6, 4), ..p.clone() };
+        assert!(q.render().contains("(row 6, column 4), 4 rows down and 4 columns left."), "{}", q.render());
+        let q = PlanPath { pos: (6, 3), goal: (6, 4), ..p };
+        assert!(q.render().contains("in your row and 1 column right."), "{}", q.render());
     }
 }

@@ -33,12 +33,14 @@ use crate::tokenizer::train::{ChatFormat, TokenizerKind, train};
 use crate::tokenizer::{Message, Tokenizer};
 use crate::train::sft::{SftConfig, SftReport, fine_tune};
 
+pub mod planner;
 pub mod search;
 
 const SPECS: &[(&str, &str)] = &[
     ("tiny-qwen", include_str!("../../models/tiny/tiny-qwen.toml")),
     ("tiny-llama", include_str!("../../models/tiny/tiny-llama.toml")),
     ("tiny-searcher", include_str!("../../models/tiny/tiny-searcher.toml")),
+    ("tiny-planner", include_str!("../../models/tiny/tiny-planner.toml")),
 ];
 
 /// Bump when pre-training changes in a way that makes cached weights stale.
@@ -73,12 +75,14 @@ macro_rules! shipped {
     };
 }
 
-/// The embedded default's agents and the tiny-search study's, pre-trained (`hacpo pretrain
-/// --out models/tiny/pretrained`, and `--config configs/tiny-search.toml` for the latter).
+/// The embedded default's agents and the tiny studies', pre-trained (`hacpo pretrain --out
+/// models/tiny/pretrained`, with `--config configs/tiny-search.toml` or
+/// `configs/tiny-planpath.toml` for the studies').
 const SHIPPED: &[Shipped] = &[
     shipped!("tiny-qwen-4d6251e7ff849352"),
     shipped!("tiny-llama-d0a1f7271ecb55ac"),
     shipped!("tiny-searcher-99586f289182fb20"),
+    shipped!("tiny-planner-41bb33cc35d3e848"),
 ];
 
 /// Names of the shipped agent directories.
@@ -119,6 +123,10 @@ pub struct CorpusConfig {
     /// the arithmetic agents' keys are what they were.)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub search: Option<search::SearchHabits>,
+    /// A planner's habits (`[corpus.planner]`): it is pre-trained on the turn-wise workload's
+    /// Plan-Path prompts (left out of the key when absent, as `search`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub planner: Option<planner::PlannerHabits>,
 }
 
 impl CorpusConfig {
@@ -317,6 +325,26 @@ pub(crate) fn save<B: Backend>(
 /// (the arith generator, or the search knowledge base), which `cfg` must be.
 fn agent_dir(spec: &TinySpec, cfg: &crate::config::TrainConfig) -> Result<PathBuf> {
     use crate::config::TaskKind;
+    if spec.corpus.planner.is_some() {
+        let plan_path = crate::env::EnvKind::PlanPath.name();
+        let turns = &cfg.workload.turns;
+        if cfg.task.kind != TaskKind::Env
+            || cfg.task.train != plan_path
+            || turns.tool != crate::workload::turns::ToolKind::Simulate
+        {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "{} is pre-trained on the turn-wise workload's Plan-Path prompts with the simulate tool; set \
+                     task.kind = \"env\", task.train = \"{plan_path}\" and workload.turns.tool = \"simulate\" \
+                     (see configs/tiny-planpath.toml) or use other agents",
+                    spec.id
+                ),
+            ));
+        }
+        // The prompts name the turn limit, so it is part of the key.
+        return Ok(cache_dir(spec, &(planner::RECIPE_VERSION, turns.turns)));
+    }
     if spec.corpus.search.is_some() {
         let kb = crate::search::task::TINY_KB;
         if cfg.task.kind != TaskKind::Qa || cfg.task.train != kb {
@@ -351,6 +379,9 @@ fn pretrain_for<B: Backend>(
 ) -> Result<()> {
     if spec.corpus.search.is_some() {
         return search::pretrain::<B>(spec, &cfg.task.kb, device, dir);
+    }
+    if spec.corpus.planner.is_some() {
+        return planner::pretrain::<B>(spec, &cfg.workload.turns, device, dir);
     }
     if arith.is_none() {
         *arith = Some(crate::data::arith::generate(&cfg.task.arith)?);
@@ -417,6 +448,14 @@ pub fn pretrain_agents<B: Backend>(
     Ok(dirs)
 }
 
+/// Whether the tiny agent `id` is pre-trained for `cfg`'s task (the error says what to set).
+pub fn check_task(id: &str, cfg: &crate::config::TrainConfig) -> Result<()> {
+    match find_for(id, &cfg.pretrain) {
+        Some(spec) => agent_dir(&spec, cfg).map(|_| ()),
+        None => Ok(()),
+    }
+}
+
 /// What the trainer loads for an agent spec: a tiny id's cached directory, else the spec.
 pub fn resolve(spec: &str, cfg: &crate::config::TrainConfig) -> Result<String> {
     let Some(t) = find_for(spec, &cfg.pretrain) else { return Ok(spec.to_string()) };
@@ -441,10 +480,13 @@ mod tests {
         TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &[]).unwrap()
     }
 
-    /// The configs whose tiny agents are shipped: the embedded default and the tiny-search study.
+    /// The configs whose tiny agents are shipped: the embedded default and the tiny studies.
     fn shipping_configs() -> Vec<TrainConfig> {
-        let search = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/configs/tiny-search.toml")).unwrap();
-        vec![default_config(), TrainConfig::from_toml(&search, "configs/tiny-search.toml", &[]).unwrap()]
+        let study = |name: &str| {
+            let path = format!("{}/configs/{name}", env!("CARGO_MANIFEST_DIR"));
+            TrainConfig::from_toml(&std::fs::read_to_string(&path).unwrap(), &path, &[]).unwrap()
+        };
+        vec![default_config(), study("tiny-search.toml"), study("tiny-planpath.toml")]
     }
 
     fn record(dir: &str) -> serde_json::Value {
@@ -493,7 +535,10 @@ mod tests {
                 let agent =
                     crate::model::load::<crate::backend::Cpu>(dir.to_str().unwrap(), &Default::default()).unwrap();
                 let (model, tokenizer, eos) = (&agent.model, &agent.tokenizer, &agent.eos_token_ids);
-                let (measured, floor, slack) = if spec.corpus.search.is_some() {
+                let (measured, floor, slack) = if spec.corpus.planner.is_some() {
+                    let demos = planner::held_out(&spec, &cfg.workload.turns).unwrap();
+                    (planner::skill(model, tokenizer, eos, &demos).unwrap().known, 0.5, 0.02)
+                } else if spec.corpus.search.is_some() {
                     let demos = search::held_out(&spec, &cfg.task.kb).unwrap();
                     // 150 outputs: allow three near-ties to flip on another CPU.
                     (search::skill(model, tokenizer, eos, &demos).unwrap().known, 0.5, 0.02)
@@ -556,7 +601,7 @@ mod tests {
     fn the_corpus_mixes_in_the_habit_at_its_rate_and_only_where_it_applies() {
         let cfg = ArithConfig { train_size: 4000, heldout_size: 10, ..Default::default() };
         let (train, _) = crate::data::arith::generate(&cfg).unwrap();
-        let corpus = CorpusConfig { habit: Some(Habit::LossAsGain), habit_rate: 0.7, search: None };
+        let corpus = CorpusConfig { habit: Some(Habit::LossAsGain), habit_rate: 0.7, search: None, planner: None };
         let solutions = corpus.solutions(&train, 3);
         assert_eq!(solutions, corpus.solutions(&train, 3), "deterministic");
         let has_loss = |p: &ArithProblem| p.ops.iter().any(|o| matches!(o, crate::data::arith::Op::Loss(_)));

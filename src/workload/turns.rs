@@ -112,7 +112,7 @@ const GENERATE_STREAM: u64 = 0x7A125;
 /// The workload.
 pub struct Turns {
     task: Arc<dyn Task>,
-    kind: EnvKind,
+    prompts: Prompts,
     config: TurnsConfig,
     rollout: TurnRollout,
     /// The policy that plays each role, in [`ROLES`] order.
@@ -169,6 +169,86 @@ pub fn players(cfg: &TrainConfig, single_agent: bool) -> Result<[usize; 2]> {
     }
     let plan = players[PLAN].expect("checked");
     Ok([players[TOOL].unwrap_or(plan), plan])
+}
+
+/// The roles' prompts (also what the tiny planner is pre-trained on, `tiny::planner`).
+#[derive(Clone, Copy, Debug)]
+pub struct Prompts {
+    pub kind: EnvKind,
+    /// The turn limit T the prompts name.
+    pub turns: usize,
+    pub tool: ToolKind,
+}
+
+impl Prompts {
+    pub fn new(kind: EnvKind, config: &TurnsConfig) -> Prompts {
+        Prompts { kind, turns: config.turns, tool: config.tool }
+    }
+
+    fn describe_task(&self) -> &'static str {
+        match self.kind {
+            EnvKind::PlanPath => "Plan-Path: walk from S to the goal G without entering walls (#).",
+            EnvKind::Sokoban => "Sokoban: push the box ($) onto the target (.).",
+            EnvKind::Sudoku => "Sudoku 4x4: fill the empty cells.",
+        }
+    }
+
+    /// The last [`HISTORY`] turns' lines ([`executed_line`]).
+    fn history(history: &[String]) -> String {
+        let from = history.len().saturating_sub(HISTORY);
+        history[from..].iter().map(|h| format!("{h}\n")).collect()
+    }
+
+    /// The tool role's prompt at `turn` (from 0).
+    pub fn tool(&self, state: &Instance, history: &[String], turn: usize) -> Vec<Message> {
+        let ask = match self.tool {
+            ToolKind::Simulate => format!(
+                "Propose the moves to try; they will be simulated and the planner sees the result. Answer with {}.",
+                self.kind.answer_format()
+            ),
+            ToolKind::Python => format!(
+                "Write a Python program in a ```python block that finds the moves and prints them as **Actions List**: {}.",
+                self.kind.answer_format().trim_start_matches("#### ")
+            ),
+        };
+        let text = format!(
+            "You are the tool agent. {}\nTurn {} of {}.\n{}\n{}{ask}",
+            self.describe_task(),
+            turn + 1,
+            self.turns,
+            state.render(),
+            Self::history(history)
+        );
+        vec![Message::user(text)]
+    }
+
+    /// The plan role's prompt at `turn`, with the tool's best branch ([`tool_shown`]) when
+    /// there is a tool role.
+    pub fn plan(&self, state: &Instance, history: &[String], turn: usize, tool: Option<&str>) -> Vec<Message> {
+        let tool = tool.map_or(String::new(), |t| format!("{t}\n"));
+        let text = format!(
+            "You are the plan agent. {}\nTurn {} of {}.\n{}\n{}{tool}Decide the moves to execute now. Answer with {}.",
+            self.describe_task(),
+            turn + 1,
+            self.turns,
+            state.render(),
+            Self::history(history),
+            self.kind.answer_format()
+        );
+        vec![Message::user(text)]
+    }
+}
+
+/// What the plan role is shown of a tool branch: its output and the tool's report.
+pub fn tool_shown(text: &str, report: &str) -> String {
+    let said: String = text.trim().chars().take(SHOWN_CHARS).collect();
+    let report: String = report.chars().take(SHOWN_CHARS).collect();
+    format!("The tool agent proposed:\n{said}\n{report}")
+}
+
+/// The history line of an executed turn (`turn` from 0).
+pub fn executed_line(turn: usize, state: &Instance, outcome: &Outcome) -> String {
+    format!("Turn {}: executed {}", turn + 1, state.describe(outcome))
 }
 
 /// One task being played.
@@ -238,62 +318,11 @@ impl Turns {
         Ok(Turns {
             players: players(cfg, rollout.single_agent)?,
             task,
-            kind,
+            prompts: Prompts::new(kind, &cfg.workload.turns),
             config: cfg.workload.turns.clone(),
             rollout,
             stats: Default::default(),
         })
-    }
-
-    fn describe_task(&self) -> &'static str {
-        match self.kind {
-            EnvKind::PlanPath => "Plan-Path: walk from S to the goal G without entering walls (#).",
-            EnvKind::Sokoban => "Sokoban: push the box ($) onto the target (.).",
-            EnvKind::Sudoku => "Sudoku 4x4: fill the empty cells.",
-        }
-    }
-
-    fn history(&self, e: &Episode) -> String {
-        let from = e.history.len().saturating_sub(HISTORY);
-        e.history[from..].iter().map(|h| format!("{h}\n")).collect()
-    }
-
-    /// The tool role's prompt.
-    fn tool_messages(&self, e: &Episode, turn: usize) -> Vec<Message> {
-        let ask = match self.config.tool {
-            ToolKind::Simulate => format!(
-                "Propose the moves to try; they will be simulated and the planner sees the result. Answer with {}.",
-                self.kind.answer_format()
-            ),
-            ToolKind::Python => format!(
-                "Write a Python program in a ```python block that finds the moves and prints them as **Actions List**: {}.",
-                self.kind.answer_format().trim_start_matches("#### ")
-            ),
-        };
-        let text = format!(
-            "You are the tool agent. {}\nTurn {} of {}.\n{}\n{}{ask}",
-            self.describe_task(),
-            turn + 1,
-            self.config.turns,
-            e.state.render(),
-            self.history(e)
-        );
-        vec![Message::user(text)]
-    }
-
-    /// The plan role's prompt, with the tool's best branch when there is a tool role.
-    fn plan_messages(&self, e: &Episode, turn: usize, tool: Option<&str>) -> Vec<Message> {
-        let tool = tool.map_or(String::new(), |t| format!("{t}\n"));
-        let text = format!(
-            "You are the plan agent. {}\nTurn {} of {}.\n{}\n{}{tool}Decide the moves to execute now. Answer with {}.",
-            self.describe_task(),
-            turn + 1,
-            self.config.turns,
-            e.state.render(),
-            self.history(e),
-            self.kind.answer_format()
-        );
-        vec![Message::user(text)]
     }
 
     fn use_tool(&self, state: &Instance, text: &str) -> Result<ToolResult> {
@@ -323,7 +352,7 @@ impl Turns {
             let mut tool_outputs: Vec<(usize, usize)> = Vec::new(); // (output index, episode)
             if !self.rollout.single_agent {
                 let messages: Vec<Vec<Message>> =
-                    active.iter().map(|&e| self.tool_messages(&episodes[e], turn)).collect();
+                    active.iter().map(|&e| self.prompts.tool(&episodes[e].state, &episodes[e].history, turn)).collect();
                 let texts = generate(TOOL, turn, &messages, branches)?;
                 check_counts(&texts, active.len(), branches)?;
                 for ((&e, messages), texts) in active.iter().zip(messages).zip(texts) {
@@ -337,9 +366,7 @@ impl Turns {
                         let local =
                             result.outcome.as_ref().filter(|_| !unreadable).map_or(FORMAT_PENALTY, |o| o.reward);
                         locals.push(local);
-                        let said: String = text.trim().chars().take(SHOWN_CHARS).collect();
-                        let report: String = result.report.chars().take(SHOWN_CHARS).collect();
-                        reports.push(format!("The tool agent proposed:\n{said}\n{report}"));
+                        reports.push(tool_shown(text, &result.report));
                         tool_outputs.push((outputs.len(), e));
                         outputs.push(Output {
                             episode: e,
@@ -356,7 +383,7 @@ impl Turns {
             }
             // The plan role: each branch applied to a copy; the best one is executed.
             let messages: Vec<Vec<Message>> =
-                active.iter().map(|&e| self.plan_messages(&episodes[e], turn, shown[e].as_deref())).collect();
+                active.iter().map(|&e| self.prompts.plan(&episodes[e].state, &episodes[e].history, turn, shown[e].as_deref())).collect();
             let texts = generate(PLAN, turn, &messages, branches)?;
             check_counts(&texts, active.len(), branches)?;
             let mut executed = vec![0.0; episodes.len()];
@@ -383,7 +410,7 @@ impl Turns {
                 let rewards: Vec<f64> = results.iter().map(|(_, o)| o.reward).collect();
                 let best = best_branch(&rewards);
                 let (state, outcome) = results.swap_remove(best);
-                let line = format!("Turn {}: executed {}", turn + 1, state.describe(&outcome));
+                let line = executed_line(turn, &state, &outcome);
                 let ep = &mut episodes[e];
                 ep.state = state;
                 ep.history.push(line);

@@ -251,7 +251,11 @@ pub fn skill<B: Backend>(
 impl std::fmt::Display for Skill {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let by_kind = |x: &[f64; 3]| {
-            Kind::ALL.iter().map(|k| format!("{} {:.0}%", k.name(), x[k.index()] * 100.0)).collect::<Vec<_>>().join(", ")
+            Kind::ALL
+                .iter()
+                .map(|k| format!("{} {:.0}%", k.name(), x[k.index()] * 100.0))
+                .collect::<Vec<_>>()
+                .join(", ")
         };
         write!(
             f,
@@ -285,10 +289,7 @@ pub fn held_out(spec: &TinySpec, turns: &TurnsConfig) -> Result<Vec<Demonstratio
 }
 
 fn habits(spec: &TinySpec) -> Result<&PlannerHabits> {
-    spec.corpus
-        .planner
-        .as_ref()
-        .ok_or_else(|| Error::Internal(format!("{} has no [corpus.planner]", spec.id)))
+    spec.corpus.planner.as_ref().ok_or_else(|| Error::Internal(format!("{} has no [corpus.planner]", spec.id)))
 }
 
 /// Pre-trains the planner `spec` from scratch for `turns` and writes it to `dir`.
@@ -312,10 +313,8 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, turns: &TurnsConfig, device: &B::De
         response.push(eos[0]);
         examples.push((prompt, response));
     }
-    let counts: Vec<String> = Kind::ALL
-        .iter()
-        .map(|k| format!("{} {}", demos.iter().filter(|d| d.kind == *k).count(), k.name()))
-        .collect();
+    let counts: Vec<String> =
+        Kind::ALL.iter().map(|k| format!("{} {}", demos.iter().filter(|d| d.kind == *k).count(), k.name())).collect();
     eprintln!("{}: {} demonstrations ({})", spec.id, demos.len(), counts.join(", "));
     let cfg = SftConfig { ..spec.pretrain.clone() };
     let mut last = None;

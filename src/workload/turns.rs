@@ -382,8 +382,10 @@ impl Turns {
                 }
             }
             // The plan role: each branch applied to a copy; the best one is executed.
-            let messages: Vec<Vec<Message>> =
-                active.iter().map(|&e| self.prompts.plan(&episodes[e].state, &episodes[e].history, turn, shown[e].as_deref())).collect();
+            let messages: Vec<Vec<Message>> = active
+                .iter()
+                .map(|&e| self.prompts.plan(&episodes[e].state, &episodes[e].history, turn, shown[e].as_deref()))
+                .collect();
             let texts = generate(PLAN, turn, &messages, branches)?;
             check_counts(&texts, active.len(), branches)?;
             let mut executed = vec![0.0; episodes.len()];

@@ -52,6 +52,29 @@ pub enum ToolKind {
     Python,
 }
 
+/// What a branch's moves earn.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TurnReward {
+    /// The environment's step rewards (PettingLLMs': per move, shaping, goal bonus).
+    #[default]
+    Steps,
+    /// 1 when the branch's answer solves the task, else 0 (an unreadable answer still −1):
+    /// progress that does not arrive earns nothing.
+    Success,
+}
+
+impl TurnReward {
+    /// The reward of an applied answer's outcome.
+    fn of(self, outcome: &Outcome) -> f64 {
+        match self {
+            _ if outcome.format_error.is_some() => FORMAT_PENALTY,
+            TurnReward::Steps => outcome.reward,
+            TurnReward::Success => f64::from(u8::from(outcome.solved)),
+        }
+    }
+}
+
 /// `[workload.turns]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -61,13 +84,21 @@ pub struct TurnsConfig {
     /// α in `α · team + local`.
     pub alpha: f64,
     pub tool: ToolKind,
+    /// `steps` (the default, the paper's) or `success`.
+    pub reward: TurnReward,
     /// The python tool's interpreter and limits.
     pub python: PythonLimits,
 }
 
 impl Default for TurnsConfig {
     fn default() -> Self {
-        TurnsConfig { turns: 4, alpha: 1.0, tool: ToolKind::Simulate, python: PythonLimits::default() }
+        TurnsConfig {
+            turns: 4,
+            alpha: 1.0,
+            tool: ToolKind::Simulate,
+            reward: TurnReward::Steps,
+            python: PythonLimits::default(),
+        }
     }
 }
 
@@ -342,6 +373,7 @@ impl Turns {
     ) -> Result<(Vec<Output>, EpisodeStats)> {
         let mut outputs = Vec::new();
         let mut stats = EpisodeStats { episodes: episodes.len(), ..Default::default() };
+        let reward = self.config.reward;
         for turn in 0..self.config.turns {
             let active: Vec<usize> = (0..episodes.len()).filter(|&e| !episodes[e].state.done()).collect();
             if active.is_empty() {
@@ -364,7 +396,7 @@ impl Turns {
                         stats.tool_errors += usize::from(result.tool_error);
                         let unreadable = result.outcome.as_ref().is_none_or(|o| o.format_error.is_some());
                         let local =
-                            result.outcome.as_ref().filter(|_| !unreadable).map_or(FORMAT_PENALTY, |o| o.reward);
+                            result.outcome.as_ref().filter(|_| !unreadable).map_or(FORMAT_PENALTY, |o| reward.of(o));
                         locals.push(local);
                         reports.push(tool_shown(text, &result.report));
                         tool_outputs.push((outputs.len(), e));
@@ -403,13 +435,13 @@ impl Turns {
                         turn,
                         role: PLAN,
                         messages: messages.clone(),
-                        reward: mixed_reward(self.config.alpha, outcome.reward, 0.0),
+                        reward: mixed_reward(self.config.alpha, reward.of(&outcome), 0.0),
                         penalty: if outcome.format_error.is_some() { FORMAT_PENALTY } else { 0.0 },
                         solved: outcome.solved,
                     });
                     results.push((copy, outcome));
                 }
-                let rewards: Vec<f64> = results.iter().map(|(_, o)| o.reward).collect();
+                let rewards: Vec<f64> = results.iter().map(|(_, o)| reward.of(o)).collect();
                 let best = best_branch(&rewards);
                 let (state, outcome) = results.swap_remove(best);
                 let line = executed_line(turn, &state, &outcome);
@@ -417,7 +449,7 @@ impl Turns {
                 ep.state = state;
                 ep.history.push(line);
                 ep.turns += 1;
-                executed[e] = outcome.reward;
+                executed[e] = reward.of(&outcome);
             }
             // A tool branch shares the team's executed reward of its turn.
             for (i, e) in tool_outputs {
@@ -641,5 +673,35 @@ impl<B: Backend> Workload<B> for Turns {
             ("val/tool_error_rate".to_string(), EpisodeStats::rate(s.tool_errors, s.tool_runs)),
         ]);
         Ok(vec![team; policies.len()])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::env::Split;
+
+    /// The step reward pays for progress; the success reward only for arriving; both give an
+    /// unreadable answer the format penalty.
+    #[test]
+    fn a_branch_earns_its_steps_or_only_its_success() {
+        let start = Instance::generate(EnvKind::PlanPath, Split::Train, 0);
+        let solution = start.solution().unwrap();
+        let first_move: String = solution.chars().take_while(|&c| c != ',').collect::<String>() + "]";
+        let (mut solved, mut partial, mut unreadable) = (start.clone(), start.clone(), start);
+        let solved = solved.apply(&format!("#### {solution}"));
+        let partial = partial.apply(&format!("#### {first_move}"));
+        let unreadable = unreadable.apply("no list here");
+        assert!(solved.solved && !partial.solved && partial.format_error.is_none(), "{first_move}");
+        assert_eq!(TurnReward::Steps.of(&solved), solved.reward);
+        assert!(TurnReward::Steps.of(&partial) > 0.5, "a move toward the goal earns about 1");
+        assert_eq!(TurnReward::Success.of(&solved), 1.0);
+        assert_eq!(TurnReward::Success.of(&partial), 0.0);
+        for r in [TurnReward::Steps, TurnReward::Success] {
+            assert_eq!(r.of(&unreadable), FORMAT_PENALTY);
+        }
+        let cfg: TurnsConfig = toml::from_str("reward = \"success\"").unwrap();
+        assert_eq!(cfg.reward, TurnReward::Success);
+        assert!(toml::from_str::<TurnsConfig>("reward = \"arrival\"").is_err());
     }
 }

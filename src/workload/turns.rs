@@ -363,6 +363,35 @@ impl Turns {
         }
     }
 
+    /// [`Self::use_tool`] on every (state, output) pair, in order. Python programs run on as
+    /// many threads as the machine has cores: each waits on a child process (up to its time
+    /// limit), so one after another a step's K × environments programs would add up.
+    fn use_tools(&self, jobs: &[(&Instance, &str)]) -> Result<Vec<ToolResult>> {
+        let threads = match self.config.tool {
+            ToolKind::Simulate => 1,
+            ToolKind::Python => std::thread::available_parallelism().map_or(1, |n| n.get()).min(jobs.len()),
+        };
+        if threads <= 1 {
+            return jobs.iter().map(|(state, text)| self.use_tool(state, text)).collect();
+        }
+        let chunk = jobs.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = jobs
+                .chunks(chunk)
+                .map(|part| {
+                    scope.spawn(move || {
+                        part.iter().map(|(state, text)| self.use_tool(state, text)).collect::<Result<Vec<_>>>()
+                    })
+                })
+                .collect();
+            let mut all = Vec::with_capacity(jobs.len());
+            for h in handles {
+                all.extend(h.join().map_err(|_| Error::Internal("a python tool thread panicked".into()))??);
+            }
+            Ok(all)
+        })
+    }
+
     /// Plays `episodes` for up to T turns, `branches` outputs per decision (the best one
     /// executed); returns every output in the order `generate` produced them, and the stats.
     fn play(
@@ -387,11 +416,18 @@ impl Turns {
                     active.iter().map(|&e| self.prompts.tool(&episodes[e].state, &episodes[e].history, turn)).collect();
                 let texts = generate(TOOL, turn, &messages, branches)?;
                 check_counts(&texts, active.len(), branches)?;
-                for ((&e, messages), texts) in active.iter().zip(messages).zip(texts) {
+                let states: &[Episode] = episodes;
+                let jobs: Vec<(&Instance, &str)> = active
+                    .iter()
+                    .zip(&texts)
+                    .flat_map(|(&e, texts)| texts.iter().map(move |t| (&states[e].state, t.as_str())))
+                    .collect();
+                let mut results = self.use_tools(&jobs)?.into_iter();
+                for ((&e, messages), texts) in active.iter().zip(messages).zip(&texts) {
                     let mut locals = Vec::with_capacity(branches);
                     let mut reports = Vec::with_capacity(branches);
-                    for text in &texts {
-                        let result = self.use_tool(&episodes[e].state, text)?;
+                    for text in texts {
+                        let result = results.next().expect("a result per job");
                         stats.tool_runs += 1;
                         stats.tool_errors += usize::from(result.tool_error);
                         let unreadable = result.outcome.as_ref().is_none_or(|o| o.format_error.is_some());

@@ -263,18 +263,9 @@ pub fn pretrain<B: Backend>(
     let solutions = spec.corpus.solutions(train, spec.pretrain.seed);
     let texts: Vec<String> =
         train.iter().zip(&solutions).take(TOKENIZER_TEXTS).map(|(p, s)| format!("{}\n{s}", p.question)).collect();
-    let tokenizer = train_tokenizer(spec, &texts)?;
-    let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
-    let config = model_config(spec, tokenizer.vocab_size(), &eos)?;
-    let model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
-
-    let mut examples = Vec::with_capacity(train.len());
-    for (p, solution) in train.iter().zip(&solutions) {
-        let prompt = tokenizer.encode_chat(&messages(p), true)?;
-        let mut response = tokenizer.encode(solution, false)?;
-        response.push(eos[0]);
-        examples.push((prompt, response));
-    }
+    let (tokenizer, eos, model) = untrained::<B>(spec, &texts, device)?;
+    let examples: Vec<_> =
+        train.iter().zip(&solutions).map(|(p, s)| example(&tokenizer, &eos, &messages(p), s)).collect::<Result<_>>()?;
     let eval = &heldout[..heldout.len().min(EVAL_PROBLEMS)];
     let max_new = max_solution_tokens(&tokenizer, train)?;
     let (model, report) =
@@ -292,6 +283,85 @@ pub fn pretrain<B: Backend>(
 
 pub(crate) fn train_tokenizer(spec: &TinySpec, texts: &[String]) -> Result<Tokenizer> {
     train(spec.tokenizer, spec.vocab_size, spec.chat_format, texts)
+}
+
+/// `spec` before pre-training: its tokenizer trained on `texts`, the end-of-turn id, and the
+/// model with random weights.
+pub(crate) fn untrained<B: Backend>(
+    spec: &TinySpec,
+    texts: &[String],
+    device: &B::Device,
+) -> Result<(Tokenizer, Vec<u32>, CausalLm<Autodiff<B>>)> {
+    let tokenizer = train_tokenizer(spec, texts)?;
+    let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
+    let config = model_config(spec, tokenizer.vocab_size(), &eos)?;
+    let model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
+    Ok((tokenizer, eos, model))
+}
+
+/// A demonstration as pre-training reads it: the chat prompt's ids, and the response's ids
+/// ending with the end-of-turn token.
+pub(crate) fn example(
+    tokenizer: &Tokenizer,
+    eos: &[u32],
+    messages: &[Message],
+    response: &str,
+) -> Result<(Vec<u32>, Vec<u32>)> {
+    let prompt = tokenizer.encode_chat(messages, true)?;
+    let mut response = tokenizer.encode(response, false)?;
+    response.push(eos[0]);
+    Ok((prompt, response))
+}
+
+/// How a tiny team player's greedy outputs on held-out demonstrations compare with the
+/// demonstrated ones, overall and per kind of demonstration (the search roles, the planner's
+/// prompts).
+pub struct Skill {
+    /// Share that is one of the two demonstrated outputs (what pre-training teaches).
+    pub known: f64,
+    /// Per kind, the same share.
+    pub known_by: [f64; 3],
+    /// Per kind, the share that is the right output.
+    pub right_by: [f64; 3],
+    names: [&'static str; 3],
+}
+
+impl Skill {
+    /// Tallies greedy outputs, each as (its kind's index, it is the demonstrated output, it is
+    /// the other one, the demonstrated output is the right one).
+    pub(crate) fn tally(
+        names: [&'static str; 3],
+        outputs: impl IntoIterator<Item = (usize, bool, bool, bool)>,
+    ) -> Skill {
+        let (mut known, mut right, mut count) = ([0.0; 3], [0.0; 3], [0.0; 3]);
+        for (k, is_output, is_other, output_right) in outputs {
+            count[k] += 1.0;
+            known[k] += f64::from(u8::from(is_output || is_other));
+            right[k] += f64::from(u8::from((is_output && output_right) || (is_other && !output_right)));
+        }
+        let share = |x: [f64; 3]| std::array::from_fn(|k| x[k] / f64::max(count[k], 1.0));
+        Skill {
+            known: known.iter().sum::<f64>() / count.iter().sum::<f64>().max(1.0),
+            known_by: share(known),
+            right_by: share(right),
+            names,
+        }
+    }
+}
+
+impl std::fmt::Display for Skill {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let by = |x: &[f64; 3]| {
+            self.names.iter().zip(x).map(|(n, v)| format!("{n} {:.0}%", v * 100.0)).collect::<Vec<_>>().join(", ")
+        };
+        write!(
+            f,
+            "{:.1}% of greedy outputs demonstrated ({}); right: {}",
+            self.known * 100.0,
+            by(&self.known_by),
+            by(&self.right_by)
+        )
+    }
 }
 
 pub(crate) fn model_config(spec: &TinySpec, vocab: usize, eos: &[u32]) -> Result<ModelConfig> {

@@ -23,7 +23,6 @@
 
 use std::path::Path;
 
-use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
@@ -34,12 +33,11 @@ use crate::env::action::{Move, parse_moves};
 use crate::env::{EnvKind, Instance, Split};
 use crate::error::{Error, Result};
 use crate::generate::greedy_responses;
-use crate::model::weights::{RandomWeights, build};
 use crate::tokenizer::{Message, Tokenizer};
-use crate::train::sft::{SftConfig, fine_tune};
+use crate::train::sft::fine_tune;
 use crate::workload::turns::{Prompts, TurnsConfig, executed_line, tool_shown};
 
-use super::TinySpec;
+use super::{Skill, TinySpec};
 
 /// Bump when the demonstrations change in a way that makes cached planners stale (part of
 /// their cache key, beside the spec and the turn settings).
@@ -212,17 +210,8 @@ pub fn corpus(prompts: &Prompts, habits: &PlannerHabits, first: u64, n: usize, s
     all
 }
 
-/// How a policy's greedy outputs on held-out demonstrations compare with the demonstrated ones
-/// (as move lists, so spacing and quoting do not matter).
-pub struct Skill {
-    /// Share that is one of the two demonstrated outputs (what pre-training teaches).
-    pub known: f64,
-    /// Per [`Kind`], the same share.
-    pub known_by_kind: [f64; 3],
-    /// Per [`Kind`], the share that is the right output.
-    pub right_by_kind: [f64; 3],
-}
-
+/// Scores `model`'s greedy outputs on held-out demonstrations, as move lists (spacing and
+/// quoting do not matter).
 pub fn skill<B: Backend>(
     model: &crate::model::CausalLm<B>,
     tokenizer: &Tokenizer,
@@ -231,40 +220,11 @@ pub fn skill<B: Backend>(
 ) -> Result<Skill> {
     let ids: Vec<Vec<u32>> = demos.iter().map(|d| tokenizer.encode_chat(&d.messages, true)).collect::<Result<_>>()?;
     let texts = greedy_responses(model, tokenizer, eos, &ids, MAX_OUTPUT_TOKENS, 64)?;
-    let (mut known, mut right, mut count) = ([0.0; 3], [0.0; 3], [0.0; 3]);
-    for (d, t) in demos.iter().zip(&texts) {
+    let outputs = demos.iter().zip(&texts).map(|(d, t)| {
         let moves = parse_moves(t).ok();
-        let (is_moves, is_other) = (moves.as_ref() == Some(&d.moves), moves.as_ref() == Some(&d.other));
-        let k = d.kind.index();
-        count[k] += 1.0;
-        known[k] += f64::from(u8::from(is_moves || is_other));
-        right[k] += f64::from(u8::from((is_moves && d.right) || (is_other && !d.right)));
-    }
-    let share = |x: [f64; 3]| std::array::from_fn(|k| x[k] / f64::max(count[k], 1.0));
-    Ok(Skill {
-        known: known.iter().sum::<f64>() / demos.len().max(1) as f64,
-        known_by_kind: share(known),
-        right_by_kind: share(right),
-    })
-}
-
-impl std::fmt::Display for Skill {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let by_kind = |x: &[f64; 3]| {
-            Kind::ALL
-                .iter()
-                .map(|k| format!("{} {:.0}%", k.name(), x[k.index()] * 100.0))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        write!(
-            f,
-            "{:.1}% of greedy outputs demonstrated ({}); right: {}",
-            self.known * 100.0,
-            by_kind(&self.known_by_kind),
-            by_kind(&self.right_by_kind)
-        )
-    }
+        (d.kind.index(), moves.as_ref() == Some(&d.moves), moves.as_ref() == Some(&d.other), d.right)
+    });
+    Ok(Skill::tally(Kind::ALL.map(Kind::name), outputs))
 }
 
 /// Output tokens an answer needs (18 moves at most on a 10×10 grid, one token each, and four
@@ -302,23 +262,16 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, turns: &TurnsConfig, device: &B::De
         .take(TOKENIZER_TEXTS)
         .map(|d| format!("{}\n{}", d.messages[0].content, answer(&d.moves)))
         .collect();
-    let tokenizer = super::train_tokenizer(spec, &texts)?;
-    let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
-    let config = super::model_config(spec, tokenizer.vocab_size(), &eos)?;
-    let model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
-    let mut examples = Vec::with_capacity(demos.len());
-    for d in &demos {
-        let prompt = tokenizer.encode_chat(&d.messages, true)?;
-        let mut response = tokenizer.encode(&answer(&d.moves), false)?;
-        response.push(eos[0]);
-        examples.push((prompt, response));
-    }
+    let (tokenizer, eos, model) = super::untrained::<B>(spec, &texts, device)?;
+    let examples: Vec<_> = demos
+        .iter()
+        .map(|d| super::example(&tokenizer, &eos, &d.messages, &answer(&d.moves)))
+        .collect::<Result<_>>()?;
     let counts: Vec<String> =
         Kind::ALL.iter().map(|k| format!("{} {}", demos.iter().filter(|d| d.kind == *k).count(), k.name())).collect();
     eprintln!("{}: {} demonstrations ({})", spec.id, demos.len(), counts.join(", "));
-    let cfg = SftConfig { ..spec.pretrain.clone() };
     let mut last = None;
-    let (model, report) = fine_tune::<B>(model, &examples, &cfg, &spec.id, |m| {
+    let (model, report) = fine_tune::<B>(model, &examples, &spec.pretrain, &spec.id, |m| {
         let s = skill(m, &tokenizer, &eos, &eval)?;
         eprintln!("{}: held-out {s}", spec.id);
         let known = s.known;

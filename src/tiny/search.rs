@@ -23,7 +23,6 @@
 
 use std::path::Path;
 
-use burn::backend::Autodiff;
 use burn::tensor::backend::Backend;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -32,7 +31,6 @@ use serde::{Deserialize, Serialize};
 use crate::error::Result;
 use crate::generate::greedy_responses;
 use crate::model::CausalLm;
-use crate::model::weights::{RandomWeights, build};
 use crate::search::corpus::Question;
 use crate::search::kb::{Fact, KbConfig, generate};
 use crate::search::pipeline::{Role, messages};
@@ -40,7 +38,7 @@ use crate::search::retriever::{Bm25, candidates};
 use crate::tokenizer::{Message, Tokenizer};
 use crate::train::sft::{SftConfig, SftReport, fine_tune};
 
-use super::TinySpec;
+use super::{Skill, TinySpec};
 
 /// Bump when the demonstrations change in a way that makes cached search agents stale (part
 /// of their cache key, beside the spec and the knowledge base's settings).
@@ -167,16 +165,6 @@ pub fn corpus(
     Ok(all)
 }
 
-/// How a policy's greedy outputs on held-out demonstrations compare with the demonstrated ones.
-pub struct Skill {
-    /// Share that is one of the two demonstrated outputs (what pre-training teaches).
-    pub known: f64,
-    /// Per role, the same share.
-    pub known_by_role: [f64; 3],
-    /// Per role, the share that is the right output.
-    pub right_by_role: [f64; 3],
-}
-
 /// Scores `model`'s greedy outputs on held-out demonstrations.
 pub fn skill<B: Backend>(
     model: &CausalLm<B>,
@@ -186,40 +174,11 @@ pub fn skill<B: Backend>(
 ) -> Result<Skill> {
     let ids: Vec<Vec<u32>> = demos.iter().map(|d| tokenizer.encode_chat(&d.messages, true)).collect::<Result<_>>()?;
     let texts = greedy_responses(model, tokenizer, eos, &ids, MAX_OUTPUT_TOKENS, 64)?;
-    let (mut known, mut right, mut count) = ([0.0; 3], [0.0; 3], [0.0; 3]);
-    for (d, t) in demos.iter().zip(&texts) {
+    let outputs = demos.iter().zip(&texts).map(|(d, t)| {
         let t = t.trim();
-        let (is_output, is_other) = (t == d.output.trim(), t == d.other.trim());
-        let r = d.role.index();
-        count[r] += 1.0;
-        known[r] += (is_output || is_other) as u8 as f64;
-        right[r] += ((is_output && d.right) || (is_other && !d.right)) as u8 as f64;
-    }
-    let share = |x: [f64; 3]| std::array::from_fn(|r| x[r] / f64::max(count[r], 1.0));
-    Ok(Skill {
-        known: known.iter().sum::<f64>() / demos.len().max(1) as f64,
-        known_by_role: share(known),
-        right_by_role: share(right),
-    })
-}
-
-impl std::fmt::Display for Skill {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let by_role = |x: &[f64; 3]| {
-            Role::ALL
-                .iter()
-                .map(|r| format!("{} {:.0}%", r.name(), x[r.index()] * 100.0))
-                .collect::<Vec<_>>()
-                .join(", ")
-        };
-        write!(
-            f,
-            "{:.1}% of greedy outputs demonstrated ({}); right: {}",
-            self.known * 100.0,
-            by_role(&self.known_by_role),
-            by_role(&self.right_by_role)
-        )
-    }
+        (d.role.index(), t == d.output.trim(), t == d.other.trim(), d.right)
+    });
+    Ok(Skill::tally(Role::ALL.map(|r| r.name()), outputs))
 }
 
 /// Output tokens the roles need (a list of two ids is the longest), with room to spare.
@@ -251,17 +210,11 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, 
         .take(TOKENIZER_TEXTS)
         .map(|d| format!("{}\n{}\n{}", d.messages[0].content, d.messages[1].content, d.output))
         .collect();
-    let tokenizer = super::train_tokenizer(spec, &texts)?;
-    let eos = vec![tokenizer.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
-    let config = super::model_config(spec, tokenizer.vocab_size(), &eos)?;
-    let mut model = build::<Autodiff<B>>(&config, &mut RandomWeights::new(&config, spec.pretrain.seed, 0.02), device)?;
-    let mut examples: Vec<(Role, Example)> = Vec::with_capacity(demos.len());
-    for d in &demos {
-        let prompt = tokenizer.encode_chat(&d.messages, true)?;
-        let mut response = tokenizer.encode(&d.output, false)?;
-        response.push(eos[0]);
-        examples.push((d.role, (prompt, response)));
-    }
+    let (tokenizer, eos, mut model) = super::untrained::<B>(spec, &texts, device)?;
+    let examples: Vec<(Role, Example)> = demos
+        .iter()
+        .map(|d| Ok((d.role, super::example(&tokenizer, &eos, &d.messages, &d.output)?)))
+        .collect::<Result<_>>()?;
     let stages = match habits.stages.is_empty() {
         true => vec![Stage { roles: Role::ALL.to_vec(), steps: spec.pretrain.max_steps, lr: None }],
         false => habits.stages.clone(),

@@ -6,9 +6,9 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 
-use common::deterministic_metrics as metrics;
+use common::{deterministic_metrics as metrics, output_text as text, rejects, run_hacpo as run, succeeded as ok};
 use serde_json::Value;
 
 struct Setup {
@@ -139,19 +139,6 @@ val_max_new_tokens = 6
 
 fn hacpo(args: &[&str]) -> Command {
     common::hacpo_command(args)
-}
-
-fn run(args: &[&str]) -> Output {
-    hacpo(args).output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "{}", text(&o));
-    o
 }
 
 /// `hacpo train ARGS --out DIR` killed right after its step-2 checkpoint (abort: no clean-up,
@@ -327,16 +314,6 @@ fn a_study_compares_mhgpo_with_mappo_by_held_out_f1() {
         assert!(rollouts > 4, "{csv}");
     }
     assert!(out.join("plans/mappo-seed-0.toml").exists());
-}
-
-/// Exit code 2 with a message that contains every part of `expect`.
-fn rejects(args: &[&str], expect: &[&str]) {
-    let out = run(args);
-    let log = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {log}");
-    for e in expect {
-        assert!(log.contains(e), "{args:?}: expected {e:?} in {log}");
-    }
 }
 
 #[test]

@@ -5,9 +5,8 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
-use common::deterministic_metrics as metrics;
+use common::{deterministic_metrics as metrics, output_text as text, rejects, run_hacpo as run, succeeded as ok};
 use serde_json::Value;
 
 /// Words the random policies favour, so that many answers hold a readable move list (`[R D]`,
@@ -88,19 +87,6 @@ heldout_instances = 2
         std::fs::write(&path, toml).unwrap();
         path
     }
-}
-
-fn run(args: &[&str]) -> Output {
-    common::hacpo_command(args).output().unwrap()
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn ok(o: Output) -> Output {
-    assert!(o.status.success(), "{}", text(&o));
-    o
 }
 
 fn get(record: &Value, key: &str) -> f64 {
@@ -186,15 +172,6 @@ fn the_python_tool_runs_the_tool_roles_programs() {
     let r = &metrics(&out)[0];
     // A random policy's "programs" fail to run: tool errors, shown to the planner, not fatal.
     assert!(get(r, "turns/tool_error_rate") > 0.0, "{r}");
-}
-
-fn rejects(args: &[&str], expect: &[&str]) {
-    let out = run(args);
-    let t = text(&out);
-    assert_eq!(out.status.code(), Some(2), "{args:?}: {t}");
-    for e in expect {
-        assert!(t.contains(e), "{args:?} should mention {e:?}: {t}");
-    }
 }
 
 #[test]

@@ -102,6 +102,32 @@ pub fn hacpo_command(args: &[&str]) -> std::process::Command {
     c
 }
 
+/// Runs `hacpo ARGS` to the end.
+pub fn run_hacpo(args: &[&str]) -> std::process::Output {
+    hacpo_command(args).output().unwrap()
+}
+
+/// A finished command's standard output and error, together.
+pub fn output_text(o: &std::process::Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// `o`, after checking that its command succeeded (else its output is the failure message).
+pub fn succeeded(o: std::process::Output) -> std::process::Output {
+    assert!(o.status.success(), "{}", output_text(&o));
+    o
+}
+
+/// `hacpo ARGS` exits with code 2 and a message that contains every part of `expect`.
+pub fn rejects(args: &[&str], expect: &[&str]) {
+    let out = run_hacpo(args);
+    let log = output_text(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {log}");
+    for e in expect {
+        assert!(log.contains(e), "{args:?}: expected {e:?} in {log}");
+    }
+}
+
 /// Runs `hacpo ARGS` (a training run) and lets it be killed right after the checkpoint of
 /// `step` is written (`HACPO_TEST_KILL_AFTER_CHECKPOINT`: abort, no clean-up, the lock left
 /// behind, like SIGKILL); fails if the run was not killed.

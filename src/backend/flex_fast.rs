@@ -20,6 +20,11 @@ pub fn without_fast_paths<R>(f: impl FnOnce() -> R) -> R {
     out
 }
 
+/// Whether the fast paths are on for this thread (see [`without_fast_paths`]).
+pub(crate) fn enabled() -> bool {
+    !DISABLED.with(Cell::get)
+}
+
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
 use burn_flex::FlexTensor;
 

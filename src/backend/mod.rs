@@ -6,7 +6,10 @@
 //! and turns a `--device` string into one of them. Commands dispatch once at the top with
 //! [`with_backend!`](crate::with_backend) and stay generic below.
 
+pub mod attention;
 pub mod flex_fast;
+pub mod fused;
+pub mod kernels;
 pub mod reduce;
 
 use crate::error::{Error, Result};

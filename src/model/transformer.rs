@@ -23,7 +23,6 @@
 //! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
 
 use burn::module::{Module, Param};
-use burn::tensor::activation::{silu, softmax};
 use burn::tensor::{Int, Tensor, backend::Backend};
 
 use super::config::ModelConfig;
@@ -71,11 +70,7 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        let var = x.clone().powi_scalar(2).mean_dim(D - 1);
-        let x = x * (var + self.eps).sqrt().recip();
-        let mut shape = [1usize; D];
-        shape[D - 1] = self.weight.dims()[0];
-        x * f32_weight(self.weight.val()).reshape(shape)
+        crate::backend::fused::rms_norm(x, f32_weight(self.weight.val()), self.eps)
     }
 }
 
@@ -103,7 +98,6 @@ impl<B: Backend> Attention<B> {
     ) -> Tensor<B, 3> {
         let [b, t, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let group = h / kvh;
 
         let mut q = self.q_proj.forward(x.clone()).reshape([b, t, h, hd]);
         let mut k = self.k_proj.forward(x.clone()).reshape([b, t, kvh, hd]);
@@ -120,20 +114,7 @@ impl<B: Backend> Attention<B> {
             Some((cache, layer, start)) => cache.append(layer, start, k, v),
             None => (k, v),
         };
-        let s = k.dims()[2];
-
-        // GQA without repeating K/V: the `group` query heads that share a KV head become
-        // extra query rows, [b, kvh, group*t, hd] (HF head order is kv-major).
-        let q = q.reshape([b, kvh, group * t, hd]);
-        let mut scores = q.matmul(k.transpose()); // [b, kvh, group*t, s]
-        if let Some(bias) = &layout.bias {
-            // Viewed so that the bias is one shared row, or exactly the scores' shape.
-            let shared = bias.dims()[1] == t * s;
-            let view = if shared { [b * h, t * s] } else { [b, h * t * s] };
-            scores = (scores.reshape(view) + bias.clone()).reshape([b, kvh, group * t, s]);
-        }
-        let probs = softmax(scores, 3);
-        let out = probs.matmul(v).reshape([b, h, t, hd]).swap_dims(1, 2).reshape([b, t, h * hd]);
+        let out = crate::backend::attention::attention(q, k, v, layout.bias.as_ref());
         self.o_proj.forward(out)
     }
 }
@@ -161,8 +142,8 @@ pub struct Mlp<B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(self.gate_proj.forward(x.clone()));
-        self.down_proj.forward(gate * self.up_proj.forward(x))
+        let gated = crate::backend::fused::swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
+        self.down_proj.forward(gated)
     }
 }
 

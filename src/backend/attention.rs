@@ -1,0 +1,573 @@
+//! Causal attention with grouped key/value heads, fused on the CPU backend (forward and
+//! backward), generic burn ops everywhere else.
+//!
+//! The generic path (`q kᵀ`, `+ bias`, softmax, `· v`) writes the `[batch, heads, t, keys]`
+//! scores four times over, and copies q and the output between the projections' token-major
+//! layout and the head-major one the batched matmul wants. On the CPU backend each
+//! (batch row, KV head) block here runs two GEMMs per block of queries directly on the
+//! strided views, the softmax in between (one [`kernels::softmax`] pass), skips the keys after a query
+//! block's last slot (they are masked for every layout this project builds: see
+//! [`crate::model::layout`]), and writes the output token-major, ready for `o_proj`. Blocks
+//! run on rayon threads. Inference keeps one query block's scores at a time, so a prefill of
+//! long prompts no longer holds `[batch, heads, t, t]` floats.
+//!
+//! Training on the CPU backend (`Autodiff<Cpu>`) runs the same forward as a custom autodiff
+//! op that keeps the probabilities (as the generic graph does) and returns dq, dk, dv from
+//! four GEMMs per query block: `dP = dO vᵀ`, `dS = P ∘ (dP − rowsum(P ∘ dP))`, `dq = dS k`,
+//! `dk = dSᵀ q`, `dv = Pᵀ dO`.
+
+use burn::tensor::activation::softmax;
+use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+use super::Cpu;
+use super::fused::{AdTensor, CpuBackend, ad, cpu_backend, flex, tensor};
+use super::kernels;
+
+/// Queries per GEMM block: the block's scores (`QUERY_BLOCK × keys` floats) stay in cache,
+/// and keys after the block's last query are skipped.
+const QUERY_BLOCK: usize = 64;
+
+/// Multiply-adds below which inference runs its blocks on the calling thread.
+const PARALLEL_WORK: usize = 1 << 18;
+
+/// `softmax(q kᵀ + bias) v` for `q: [batch, heads, t, head_dim]` (already scaled) and
+/// `k, v: [batch, kv_heads, keys, head_dim]`, query head `i` reading KV head
+/// `i / (heads / kv_heads)` (HF's order). `bias` is [`crate::model::LayoutTensors::bias`]:
+/// `[1, t·keys]` shared by every row and head, or `[batch, heads·t·keys]`. Returns
+/// `[batch, t, heads·head_dim]`.
+///
+/// Precondition of the CPU path: the query at slot `keys − t + i` sees no later key (true of
+/// every layout in [`crate::model::layout`]).
+pub fn attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Option<&Tensor<B, 2>>,
+) -> Tensor<B, 3> {
+    let [b, h, t, d] = q.dims();
+    match cpu_backend::<B>(&[q.dtype(), k.dtype(), v.dtype()]) {
+        Some(CpuBackend::Plain) => {
+            let bias = bias.map(|x| flex(x.clone()));
+            let out = forward(&flex(q), &flex(k), &flex(v), bias.as_ref(), None);
+            tensor::<B, 3, _>(out.reshape([b, t, h * d].into()))
+        }
+        Some(CpuBackend::Autodiff) => {
+            let bias = bias.map(|x| ad(x.clone()).primitive);
+            tensor::<B, 3, _>(autodiff_forward(ad(q), ad(k), ad(v), bias))
+        }
+        None => generic(q, k, v, bias),
+    }
+}
+
+/// The same maths in burn ops, for every other backend (and the tests' reference).
+fn generic<B: Backend>(q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, bias: Option<&Tensor<B, 2>>) -> Tensor<B, 3> {
+    let [b, h, t, d] = q.dims();
+    let (kvh, s) = (k.dims()[1], k.dims()[2]);
+    let group = h / kvh;
+    // GQA without repeating K/V: the `group` query heads that share a KV head become extra
+    // query rows, [b, kvh, group*t, d] (HF head order is kv-major).
+    let q = q.reshape([b, kvh, group * t, d]);
+    let mut scores = q.matmul(k.transpose()); // [b, kvh, group*t, s]
+    if let Some(bias) = bias {
+        // Viewed so that the bias is one shared row, or exactly the scores' shape.
+        let shared = bias.dims()[1] == t * s;
+        let view = if shared { [b * h, t * s] } else { [b, h * t * s] };
+        scores = (scores.reshape(view) + bias.clone()).reshape([b, kvh, group * t, s]);
+    }
+    let probs = softmax(scores, 3);
+    probs.matmul(v).reshape([b, h, t, d]).swap_dims(1, 2).reshape([b, t, h * d])
+}
+
+// --- the kernels ---------------------------------------------------------------------------
+
+/// A 4-D f32 view `[batch, heads, seq, dim]` with unit stride along `dim`.
+struct View {
+    tensor: FlexTensor,
+    /// Element strides of batch, heads, seq.
+    strides: [usize; 3],
+}
+
+impl View {
+    fn of(t: &FlexTensor) -> View {
+        let unit = t.layout().strides()[3] == 1 && t.layout().strides().iter().all(|&s| s >= 0);
+        let tensor = if unit { t.clone() } else { t.to_contiguous() };
+        let s = tensor.layout().strides();
+        let strides = [s[0] as usize, s[1] as usize, s[2] as usize];
+        View { tensor, strides }
+    }
+
+    fn ptr(&self) -> *const f32 {
+        let data: &[f32] = self.tensor.storage();
+        data[self.tensor.layout().start_offset()..].as_ptr()
+    }
+}
+
+/// Shapes of one call: `heads` query heads of `t` queries, `kv_heads` of `keys` keys.
+#[derive(Clone, Copy, Debug)]
+struct Dims {
+    batch: usize,
+    heads: usize,
+    kv_heads: usize,
+    t: usize,
+    keys: usize,
+    dim: usize,
+}
+
+impl Dims {
+    fn of(q: &FlexTensor, k: &FlexTensor) -> Dims {
+        let (qs, ks) = (q.layout().shape(), k.layout().shape());
+        Dims { batch: qs[0], heads: qs[1], kv_heads: ks[1], t: qs[2], keys: ks[2], dim: qs[3] }
+    }
+
+    fn group(&self) -> usize {
+        self.heads / self.kv_heads
+    }
+
+    /// Rows of one block's probabilities: `group·t`, head-major.
+    fn block_rows(&self) -> usize {
+        self.group() * self.t
+    }
+
+    /// The query segments of one (batch row, KV head) block.
+    fn segments(&self) -> Vec<Segment> {
+        if self.t == 1 {
+            // Decoding: the group's heads are the rows of one GEMM.
+            return vec![Segment { head: 0, first: 0, rows: self.group(), by_head: true, keys: self.keys }];
+        }
+        let mut out = Vec::new();
+        for head in 0..self.group() {
+            for first in (0..self.t).step_by(QUERY_BLOCK) {
+                let rows = QUERY_BLOCK.min(self.t - first);
+                let keys = self.keys.min(self.keys - self.t + first + rows);
+                out.push(Segment { head, first, rows, by_head: false, keys });
+            }
+        }
+        out
+    }
+}
+
+/// Consecutive rows of a block's probabilities: `rows` queries of one head from position
+/// `first`, or (`by_head`, when t = 1) one query of `rows` heads from head `head`.
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    /// Query head within the group.
+    head: usize,
+    first: usize,
+    rows: usize,
+    by_head: bool,
+    /// Keys that any of these rows may see.
+    keys: usize,
+}
+
+impl Segment {
+    /// Row within the block's `[group·t, keys]` probabilities.
+    fn block_row(&self, t: usize) -> usize {
+        self.head * t + self.first
+    }
+}
+
+/// The additive mask: per (batch row, head) a `[t, keys]` tile, with zero strides where it is
+/// shared.
+struct Bias {
+    tensor: FlexTensor,
+    batch_stride: usize,
+    head_stride: usize,
+}
+
+impl Bias {
+    fn of(bias: &FlexTensor, dims: &Dims) -> Bias {
+        let tensor = bias.to_contiguous();
+        let tile = dims.t * dims.keys;
+        let shared = tensor.layout().shape()[1] == tile;
+        let (batch_stride, head_stride) = if shared { (0, 0) } else { (dims.heads * tile, tile) };
+        Bias { tensor, batch_stride, head_stride }
+    }
+
+    fn data(&self) -> &[f32] {
+        &self.tensor.storage::<f32>()[self.tensor.layout().start_offset()..]
+    }
+}
+
+/// A raw pointer that rayon blocks may share: every block writes elements no other touches.
+#[derive(Clone, Copy)]
+struct SharedMut(*mut f32);
+// SAFETY: used only for outputs whose (batch row, head) parts are written by one block each.
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// Through a method, so that closures capture the whole (Sync) wrapper.
+    fn at(&self, offset: usize) -> *mut f32 {
+        self.0.wrapping_add(offset)
+    }
+}
+
+/// A matrix operand: pointer, row stride, column stride (elements).
+type Mat = (*const f32, usize, usize);
+
+/// `dst (+)= lhs · rhs` with `dst: m×n`, `lhs: m×k`, `rhs: k×n`, all strided.
+///
+/// SAFETY: the caller guarantees every operand is valid for its shape and strides and that
+/// `dst` is not read or written by anyone else meanwhile.
+unsafe fn matmul_into(
+    m: usize,
+    n: usize,
+    k: usize,
+    dst: (*mut f32, usize, usize),
+    accumulate: bool,
+    lhs: Mat,
+    rhs: Mat,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    // SAFETY: within dst's shape, by the caller's guarantee.
+                    unsafe { *dst.0.add(i * dst.1 + j * dst.2) = 0.0 };
+                }
+            }
+        }
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst.0,
+            dst.2 as isize,
+            dst.1 as isize,
+            accumulate,
+            lhs.0,
+            lhs.2 as isize,
+            lhs.1 as isize,
+            rhs.0,
+            rhs.2 as isize,
+            rhs.1 as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        )
+    }
+}
+
+/// Pointers and strides of a segment's operands within block `(batch, kv)`.
+struct SegmentPtrs {
+    q: Mat,
+    /// Offset of the segment's first row in `[batch, t, heads, dim]` outputs, and its row
+    /// stride there.
+    out: (usize, usize),
+    /// Offset of the first row's bias and the bias row stride, if any.
+    bias: Option<(usize, usize)>,
+}
+
+fn segment_ptrs(dims: &Dims, q: &View, bias: Option<&Bias>, batch: usize, kv: usize, seg: &Segment) -> SegmentPtrs {
+    let head = kv * dims.group() + seg.head;
+    let [qb, qh, qt] = q.strides;
+    let q_row = if seg.by_head { qh } else { qt };
+    // SAFETY (of the `add`): the offset is an element of q's view.
+    let q_ptr = unsafe { q.ptr().add(batch * qb + head * qh + seg.first * qt) };
+    let hd = dims.heads * dims.dim;
+    let out = (batch * dims.t * hd + seg.first * hd + head * dims.dim, if seg.by_head { dims.dim } else { hd });
+    let bias = bias.map(|x| {
+        let first = batch * x.batch_stride + head * x.head_stride + seg.first * dims.keys;
+        (first, if seg.by_head { x.head_stride } else { dims.keys })
+    });
+    SegmentPtrs { q: (q_ptr, q_row, 1), out, bias }
+}
+
+fn kv_ptr(view: &View, batch: usize, kv: usize) -> Mat {
+    let [sb, sh, ss] = view.strides;
+    // SAFETY (of the `add`): the start of a block of the view.
+    (unsafe { view.ptr().add(batch * sb + kv * sh) }, ss, 1)
+}
+
+/// The forward pass: `[batch, t, heads, dim]`, and the probabilities `[batch, kv_heads,
+/// group·t, keys]` (zero where masked or skipped) when `keep` is given.
+fn forward(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    bias: Option<&FlexTensor>,
+    keep: Option<&mut Vec<f32>>,
+) -> FlexTensor {
+    let dims = Dims::of(q, k);
+    let (q, k, v) = (View::of(q), View::of(k), View::of(v));
+    let bias = bias.map(|x| Bias::of(x, &dims));
+    let segments = dims.segments();
+    let (rows, keys, d) = (dims.block_rows(), dims.keys, dims.dim);
+    let mut out = vec![0f32; dims.batch * dims.t * dims.heads * d];
+    let out_ptr = SharedMut(out.as_mut_ptr());
+    let blocks = dims.batch * dims.kv_heads;
+
+    let run_block = |block: usize, probs: &mut [f32], keep: bool| {
+        let (batch, kv) = (block / dims.kv_heads, block % dims.kv_heads);
+        let (kp, vp) = (kv_ptr(&k, batch, kv), kv_ptr(&v, batch, kv));
+        let kt: Mat = (kp.0, 1, kp.1); // kᵀ: [dim, keys]
+        for seg in &segments {
+            let at = if keep { seg.block_row(dims.t) * keys } else { 0 };
+            let p = &mut probs[at..at + seg.rows * keys];
+            let ptrs = segment_ptrs(&dims, &q, bias.as_ref(), batch, kv, seg);
+            // SAFETY: q, k come from live views of the shapes in `dims`; `p` is this block's.
+            unsafe { matmul_into(seg.rows, seg.keys, d, (p.as_mut_ptr(), keys, 1), false, ptrs.q, kt) };
+            for (i, row) in p.chunks_mut(keys).enumerate() {
+                let row = &mut row[..seg.keys];
+                if let Some((first, stride)) = ptrs.bias {
+                    let b = &bias.as_ref().expect("bias offsets imply a bias").data()[first + i * stride..];
+                    kernels::add_into(row, &b[..row.len()]);
+                }
+                kernels::softmax(row);
+            }
+            // SAFETY: this segment's output rows (one head, its queries) belong to this block
+            // alone; `out` outlives the parallel loop.
+            unsafe {
+                matmul_into(
+                    seg.rows,
+                    d,
+                    seg.keys,
+                    (out_ptr.at(ptrs.out.0), ptrs.out.1, 1),
+                    false,
+                    (p.as_ptr(), keys, 1),
+                    vp,
+                )
+            };
+        }
+    };
+
+    // Waking the pool costs more than a decoding step's attention at batch 1.
+    let parallel = dims.batch * dims.heads * dims.t * keys * d >= PARALLEL_WORK;
+    match keep {
+        Some(probs) => {
+            *probs = vec![0f32; blocks * rows * keys];
+            probs.par_chunks_mut(rows * keys).enumerate().for_each(|(block, p)| run_block(block, p, true));
+        }
+        None => {
+            let scratch = segments.iter().map(|s| s.rows).max().unwrap_or(0) * keys;
+            if parallel {
+                (0..blocks)
+                    .into_par_iter()
+                    .for_each_init(|| vec![0f32; scratch], |p, block| run_block(block, p, false));
+            } else {
+                let mut p = vec![0f32; scratch];
+                (0..blocks).for_each(|block| run_block(block, &mut p, false));
+            }
+        }
+    }
+    FlexTensor::from_data(TensorData::new(out, [dims.batch, dims.t, dims.heads, d]))
+}
+
+/// Gradients of q (`[batch, heads, t, dim]`, a view of token-major memory), k and v
+/// (`[batch, kv_heads, keys, dim]`) for the output gradient `grad: [batch, t, heads·dim]`.
+fn backward(
+    q: &FlexTensor,
+    k: &FlexTensor,
+    v: &FlexTensor,
+    probs: &[f32],
+    grad: &FlexTensor,
+) -> (FlexTensor, FlexTensor, FlexTensor) {
+    let dims = Dims::of(q, k);
+    let (q, k, v) = (View::of(q), View::of(k), View::of(v));
+    let grad = grad.to_contiguous();
+    let go: &[f32] = &grad.storage::<f32>()[grad.layout().start_offset()..];
+    let segments = dims.segments();
+    let (rows, keys, d) = (dims.block_rows(), dims.keys, dims.dim);
+    let mut dq = vec![0f32; dims.batch * dims.t * dims.heads * d];
+    let dq_ptr = SharedMut(dq.as_mut_ptr());
+    let mut dk = vec![0f32; dims.batch * dims.kv_heads * keys * d];
+    let mut dv = vec![0f32; dk.len()];
+    let scratch = segments.iter().map(|s| s.rows).max().unwrap_or(0) * keys;
+
+    dk.par_chunks_mut(keys * d)
+        .zip(dv.par_chunks_mut(keys * d))
+        .zip(probs.par_chunks(rows * keys))
+        .enumerate()
+        .for_each_init(
+            || vec![0f32; scratch],
+            |ds, (block, ((dk, dv), p_block))| {
+                let (batch, kv) = (block / dims.kv_heads, block % dims.kv_heads);
+                let (kp, vp) = (kv_ptr(&k, batch, kv), kv_ptr(&v, batch, kv));
+                for seg in &segments {
+                    let p = &p_block[seg.block_row(dims.t) * keys..][..seg.rows * keys];
+                    let ptrs = segment_ptrs(&dims, &q, None, batch, kv, seg);
+                    let g: Mat = (go[ptrs.out.0..].as_ptr(), ptrs.out.1, 1);
+                    let ds = &mut ds[..seg.rows * keys];
+                    // SAFETY: every operand is a live buffer of the shapes in `dims`; dk, dv and ds
+                    // are this block's own, and the dq rows of this segment are written only here.
+                    unsafe {
+                        // dP = dO vᵀ, then dS = P ∘ (dP − rowsum(P ∘ dP)).
+                        matmul_into(seg.rows, seg.keys, d, (ds.as_mut_ptr(), keys, 1), false, g, (vp.0, 1, vp.1));
+                        for (dsr, pr) in ds.chunks_mut(keys).zip(p.chunks(keys)) {
+                            kernels::softmax_backward(&mut dsr[..seg.keys], &pr[..seg.keys]);
+                        }
+                        // dv += Pᵀ dO; dq = dS k; dk += dSᵀ q.
+                        matmul_into(seg.keys, d, seg.rows, (dv.as_mut_ptr(), d, 1), true, (p.as_ptr(), 1, keys), g);
+                        matmul_into(
+                            seg.rows,
+                            d,
+                            seg.keys,
+                            (dq_ptr.at(ptrs.out.0), ptrs.out.1, 1),
+                            false,
+                            (ds.as_ptr(), keys, 1),
+                            kp,
+                        );
+                        matmul_into(
+                            seg.keys,
+                            d,
+                            seg.rows,
+                            (dk.as_mut_ptr(), d, 1),
+                            true,
+                            (ds.as_ptr(), 1, keys),
+                            ptrs.q,
+                        );
+                    }
+                }
+            },
+        );
+    let dq = FlexTensor::from_data(TensorData::new(dq, [dims.batch, dims.t, dims.heads, d])).transpose(1, 2);
+    let kv_shape = [dims.batch, dims.kv_heads, keys, d];
+    (dq, FlexTensor::from_data(TensorData::new(dk, kv_shape)), FlexTensor::from_data(TensorData::new(dv, kv_shape)))
+}
+
+// --- the autodiff op -----------------------------------------------------------------------
+
+#[derive(Debug)]
+struct FusedAttention;
+
+/// Saved for the backward pass: q, k, v and the probabilities.
+type Saved = (FlexTensor, FlexTensor, FlexTensor, std::sync::Arc<Vec<f32>>);
+
+impl Backward<Cpu, 3> for FusedAttention {
+    type State = Saved;
+
+    fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (q, k, v, probs) = ops.state;
+        let grad = grads.consume::<Cpu>(&ops.node);
+        let (dq, dk, dv) = backward(&q, &k, &v, &probs, &grad);
+        for (node, g) in ops.parents.into_iter().zip([dq, dk, dv]) {
+            if let Some(node) = node {
+                grads.register::<Cpu>(node.id, g);
+            }
+        }
+    }
+}
+
+fn autodiff_forward(q: AdTensor, k: AdTensor, v: AdTensor, bias: Option<FlexTensor>) -> AdTensor {
+    let [b, h, t, d] = {
+        let s = q.primitive.layout().shape();
+        [s[0], s[1], s[2], s[3]]
+    };
+    let prep = FusedAttention.prepare::<NoCheckpointing>([q.node.clone(), k.node.clone(), v.node.clone()]);
+    match prep.compute_bound().stateful() {
+        OpsKind::Tracked(prep) => {
+            let mut probs = Vec::new();
+            let out = forward(&q.primitive, &k.primitive, &v.primitive, bias.as_ref(), Some(&mut probs));
+            let saved = (q.primitive, k.primitive, v.primitive, std::sync::Arc::new(probs));
+            prep.finish(saved, out.reshape([b, t, h * d].into()))
+        }
+        OpsKind::UnTracked(prep) => {
+            let out = forward(&q.primitive, &k.primitive, &v.primitive, bias.as_ref(), None);
+            prep.finish(out.reshape([b, t, h * d].into()))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::flex_fast::without_fast_paths;
+    use crate::model::layout::{Heads, Layout, LayoutTensors};
+    use crate::model::{ModelConfig, Rope};
+    use burn::backend::Autodiff;
+    use burn::tensor::Distribution;
+
+    type Ad = Autodiff<Cpu>;
+
+    fn config(heads: usize, kv: usize, dim: usize) -> ModelConfig {
+        let v = serde_json::json!({
+            "model_type": "llama", "vocab_size": 16, "hidden_size": heads * dim, "intermediate_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": heads, "num_key_value_heads": kv,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 512
+        });
+        ModelConfig::from_json(&v, "test").unwrap()
+    }
+
+    /// q in the model's token-major memory viewed head-major, k/v head-major, and the bias.
+    fn inputs<B: Backend>(layout: &Layout, heads: usize, kv: usize, dim: usize) -> [Tensor<B, 4>; 3] {
+        let dev = Default::default();
+        let (b, t, s) = (layout.batch(), layout.len, layout.keys());
+        let u = Distribution::Uniform(-1.0, 1.0);
+        let q = Tensor::<B, 4>::random([b, t, heads, dim], u, &dev).swap_dims(1, 2);
+        let k = Tensor::<B, 4>::random([b, s, kv, dim], u, &dev).swap_dims(1, 2);
+        let v = Tensor::<B, 4>::random([b, kv, s, dim], u, &dev);
+        [q, k, v]
+    }
+
+    fn bias<B: Backend>(layout: &Layout, heads: usize, kv: usize, dim: usize) -> Option<Tensor<B, 2>> {
+        let c = config(heads, kv, dim);
+        let h = Heads { query: heads, key_value: kv, dim };
+        LayoutTensors::<B>::new(layout, &Rope::new(&c), h, &Default::default()).bias
+    }
+
+    fn close(a: Tensor<Cpu, 3>, b: Tensor<Cpu, 3>) -> f32 {
+        (a - b).abs().max().into_scalar()
+    }
+
+    fn layouts() -> Vec<(Layout, usize, usize, usize)> {
+        vec![
+            (Layout::dense(2, 70), 4, 2, 8),                             // two query blocks, GQA
+            (Layout { pads: vec![0, 3, 5], start: 0, len: 9 }, 6, 2, 4), // padded prefill
+            (Layout { pads: vec![0, 2], start: 7, len: 1 }, 4, 1, 8),    // decode, padded
+            (Layout { pads: vec![0; 3], start: 5, len: 1 }, 3, 3, 4),    // decode without a bias
+            (Layout { pads: vec![1, 0], start: 4, len: 3 }, 2, 1, 4),    // chunk after a cache
+        ]
+    }
+
+    #[test]
+    fn the_fused_forward_matches_the_generic_ops() {
+        for (layout, heads, kv, dim) in layouts() {
+            let [q, k, v] = inputs::<Cpu>(&layout, heads, kv, dim);
+            let bias = bias::<Cpu>(&layout, heads, kv, dim);
+            let fused = attention(q.clone(), k.clone(), v.clone(), bias.as_ref());
+            let reference = without_fast_paths(|| attention(q, k, v, bias.as_ref()));
+            let err = close(fused, reference);
+            assert!(err < 1e-5, "{layout:?}: max error {err}");
+        }
+    }
+
+    #[test]
+    fn the_fused_backward_matches_autodiff_of_the_generic_ops() {
+        for (layout, heads, kv, dim) in layouts() {
+            let [q, k, v] = inputs::<Ad>(&layout, heads, kv, dim);
+            let bias = bias::<Ad>(&layout, heads, kv, dim);
+            let weights = Tensor::<Ad, 3>::random(
+                [layout.batch(), layout.len, heads * dim],
+                Distribution::Uniform(-1.0, 1.0),
+                &Default::default(),
+            );
+            let grads_of = |fast: bool| {
+                let (q, k, v) = (q.clone().require_grad(), k.clone().require_grad(), v.clone().require_grad());
+                let run = || (attention(q.clone(), k.clone(), v.clone(), bias.as_ref()) * weights.clone()).sum();
+                let loss = if fast { run() } else { without_fast_paths(run) };
+                let g = loss.backward();
+                [q.grad(&g).unwrap(), k.grad(&g).unwrap(), v.grad(&g).unwrap()]
+            };
+            let (fused, reference) = (grads_of(true), grads_of(false));
+            for (name, (a, b)) in ["q", "k", "v"].iter().zip(fused.into_iter().zip(reference)) {
+                let err: f32 = (a - b).abs().max().into_scalar();
+                assert!(err < 1e-5, "{layout:?}: d{name} max error {err}");
+            }
+        }
+    }
+}

@@ -1,0 +1,297 @@
+//! Element-wise parts of the transformer fused into one pass each on the CPU backend, with
+//! their backward passes as custom autodiff ops: SwiGLU's `silu(gate) ∘ up` and RMSNorm.
+//!
+//! Through burn's generic ops, RMSNorm is six passes over the activations (square, mean, add,
+//! sqrt, reciprocal, two products) and SiLU calls libm's `expf` per element; together they
+//! were a fifth of a prefill. Here each is one pass of a [`kernels`] kernel. On every other
+//! backend (CUDA, wgpu) the generic ops run, and tests compare the two.
+//!
+//! The helpers at the top move tensors between `Tensor<B, D>` and the CPU backends'
+//! primitives once `B` is known to be one of them; [`super::attention`] uses them too.
+
+use std::any::{Any, TypeId};
+use std::sync::Arc;
+
+use burn::tensor::activation::silu;
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend};
+use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+use super::{Cpu, CpuAutodiff, flex_fast, kernels};
+
+// --- which CPU backend, and its primitives -------------------------------------------------
+
+/// The float primitive of the CPU autodiff backend (a graph node around a [`FlexTensor`]).
+pub(crate) type AdTensor = burn::tensor::ops::FloatTensor<CpuAutodiff>;
+
+/// Which of the CPU backends `B` is, when the fused paths apply to f32 tensors of these
+/// dtypes; `None` sends the caller to the generic ops.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum CpuBackend {
+    Plain,
+    Autodiff,
+}
+
+pub(crate) fn cpu_backend<B: Backend>(dtypes: &[DType]) -> Option<CpuBackend> {
+    if !flex_fast::enabled() || dtypes.iter().any(|&d| d != DType::F32) {
+        return None;
+    }
+    if TypeId::of::<B>() == TypeId::of::<Cpu>() {
+        Some(CpuBackend::Plain)
+    } else if TypeId::of::<B>() == TypeId::of::<CpuAutodiff>() {
+        Some(CpuBackend::Autodiff)
+    } else {
+        None
+    }
+}
+
+fn boxed<B: Backend, const D: usize>(t: Tensor<B, D>) -> Box<dyn Any> {
+    Box::new(t.into_primitive().tensor())
+}
+
+/// The CPU tensor behind `t`; only once [`cpu_backend`] said `Plain`.
+pub(crate) fn flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
+    *boxed(t).downcast::<FlexTensor>().expect("B is the CPU backend")
+}
+
+/// The autodiff tensor behind `t`; only once [`cpu_backend`] said `Autodiff`.
+pub(crate) fn ad<B: Backend, const D: usize>(t: Tensor<B, D>) -> AdTensor {
+    *boxed(t).downcast::<AdTensor>().expect("B is the CPU autodiff backend")
+}
+
+/// Wraps a primitive of `B` (a [`FlexTensor`] or an [`AdTensor`]) as a tensor.
+pub(crate) fn tensor<B: Backend, const D: usize, T: 'static>(t: T) -> Tensor<B, D> {
+    let boxed: Box<dyn Any> = Box::new(t);
+    Tensor::from_primitive(TensorPrimitive::Float(*boxed.downcast().expect("B's float primitive")))
+}
+
+/// The f32 elements of `t` in row-major order (a copy only when `t` is a strided view).
+fn f32s(t: &FlexTensor) -> (FlexTensor, usize) {
+    let t = t.to_contiguous();
+    let start = t.layout().start_offset();
+    (t, start)
+}
+
+fn new_like(t: &FlexTensor, data: Vec<f32>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(data, t.layout().shape().to_vec()))
+}
+
+/// Elements per rayon task of the element-wise kernels.
+const TASK: usize = 1 << 14;
+
+// --- SwiGLU ------------------------------------------------------------------------------
+
+/// `silu(gate) ∘ up` (same shapes).
+pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) -> Tensor<B, D> {
+    match cpu_backend::<B>(&[gate.dtype(), up.dtype()]) {
+        Some(CpuBackend::Plain) => tensor::<B, D, _>(swiglu_forward(&flex(gate), &flex(up))),
+        Some(CpuBackend::Autodiff) => {
+            let (g, u) = (ad(gate), ad(up));
+            let out = swiglu_forward(&g.primitive, &u.primitive);
+            let out =
+                match SwiGlu.prepare::<NoCheckpointing>([g.node.clone(), u.node.clone()]).compute_bound().stateful() {
+                    OpsKind::Tracked(prep) => prep.finish((g.primitive, u.primitive), out),
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                };
+            tensor::<B, D, _>(out)
+        }
+        None => silu(gate) * up,
+    }
+}
+
+fn swiglu_forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
+    let ((g, gs), (u, us)) = (f32s(gate), f32s(up));
+    let n = g.layout().num_elements();
+    let (g_data, u_data) = (&g.storage::<f32>()[gs..gs + n], &u.storage::<f32>()[us..us + n]);
+    let mut out = vec![0f32; n];
+    out.par_chunks_mut(TASK)
+        .zip(g_data.par_chunks(TASK).zip(u_data.par_chunks(TASK)))
+        .for_each(|(o, (g, u))| kernels::silu_mul(g, u, o));
+    new_like(&g, out)
+}
+
+#[derive(Debug)]
+struct SwiGlu;
+
+impl Backward<Cpu, 2> for SwiGlu {
+    type State = (FlexTensor, FlexTensor);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (gate, up) = ops.state;
+        let (dy, ds) = f32s(&grads.consume::<Cpu>(&ops.node));
+        let ((g, gs), (u, us)) = (f32s(&gate), f32s(&up));
+        let n = g.layout().num_elements();
+        let mut dg = g.storage::<f32>()[gs..gs + n].to_vec();
+        let mut du = u.storage::<f32>()[us..us + n].to_vec();
+        let dy_data = &dy.storage::<f32>()[ds..ds + n];
+        dg.par_chunks_mut(TASK)
+            .zip(du.par_chunks_mut(TASK).zip(dy_data.par_chunks(TASK)))
+            .for_each(|(dg, (du, dy))| kernels::silu_mul_backward(dy, dg, du));
+        let [node_gate, node_up] = ops.parents;
+        if let Some(node) = node_gate {
+            grads.register::<Cpu>(node.id, new_like(&g, dg));
+        }
+        if let Some(node) = node_up {
+            grads.register::<Cpu>(node.id, new_like(&u, du));
+        }
+    }
+}
+
+// --- RMSNorm -----------------------------------------------------------------------------
+
+/// `x / sqrt(mean(x²) + eps) ∘ w` over the last dimension of `x`.
+pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1>, eps: f64) -> Tensor<B, D> {
+    match cpu_backend::<B>(&[x.dtype(), weight.dtype()]) {
+        Some(CpuBackend::Plain) => tensor::<B, D, _>(rms_norm_forward(&flex(x), &flex(weight), eps as f32).0),
+        Some(CpuBackend::Autodiff) => {
+            let (x, w) = (ad(x), ad(weight));
+            let (out, r) = rms_norm_forward(&x.primitive, &w.primitive, eps as f32);
+            let out =
+                match RmsNormOp.prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()]).compute_bound().stateful()
+                {
+                    OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive, Arc::new(r)), out),
+                    OpsKind::UnTracked(prep) => prep.finish(out),
+                };
+            tensor::<B, D, _>(out)
+        }
+        None => {
+            let var = x.clone().powi_scalar(2).mean_dim(D - 1);
+            let x = x * (var + eps).sqrt().recip();
+            let mut shape = [1usize; D];
+            shape[D - 1] = weight.dims()[0];
+            x * weight.reshape(shape)
+        }
+    }
+}
+
+/// Rows per rayon task for a row length of `n`.
+fn rows_per_task(n: usize) -> usize {
+    (TASK / n.max(1)).max(1)
+}
+
+/// The normalised rows and each row's `1 / sqrt(mean(x²) + eps)`.
+fn rms_norm_forward(x: &FlexTensor, w: &FlexTensor, eps: f32) -> (FlexTensor, Vec<f32>) {
+    let ((x, xs), (w, ws)) = (f32s(x), f32s(w));
+    let n = w.layout().num_elements();
+    let total = x.layout().num_elements();
+    let (x_data, w_data) = (&x.storage::<f32>()[xs..xs + total], &w.storage::<f32>()[ws..ws + n]);
+    let mut out = vec![0f32; total];
+    let mut r = vec![0f32; total / n.max(1)];
+    let per = rows_per_task(n);
+    out.par_chunks_mut(per * n).zip(x_data.par_chunks(per * n).zip(r.par_chunks_mut(per))).for_each(|(o, (x, r))| {
+        for ((o, x), r) in o.chunks_mut(n).zip(x.chunks(n)).zip(r.iter_mut()) {
+            *r = kernels::rms_norm(x, w_data, eps, o);
+        }
+    });
+    (new_like(&x, out), r)
+}
+
+#[derive(Debug)]
+struct RmsNormOp;
+
+impl Backward<Cpu, 2> for RmsNormOp {
+    /// x, the weight, and each row's `1 / sqrt(mean(x²) + eps)`.
+    type State = (FlexTensor, FlexTensor, Arc<Vec<f32>>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, w, r) = ops.state;
+        let (dy, ds) = f32s(&grads.consume::<Cpu>(&ops.node));
+        let ((x, xs), (w, ws)) = (f32s(&x), f32s(&w));
+        let n = w.layout().num_elements();
+        let total = x.layout().num_elements();
+        let (x_data, w_data) = (&x.storage::<f32>()[xs..xs + total], &w.storage::<f32>()[ws..ws + n]);
+        let mut dx = dy.storage::<f32>()[ds..ds + total].to_vec();
+        let per = rows_per_task(n);
+        let dw = dx
+            .par_chunks_mut(per * n)
+            .zip(x_data.par_chunks(per * n).zip(r.par_chunks(per)))
+            .fold(
+                || vec![0f32; n],
+                |mut dw, (dx, (x, r))| {
+                    for ((dx, x), &r) in dx.chunks_mut(n).zip(x.chunks(n)).zip(r) {
+                        kernels::rms_norm_backward(dx, x, w_data, r, &mut dw);
+                    }
+                    dw
+                },
+            )
+            .reduce(
+                || vec![0f32; n],
+                |mut a, b| {
+                    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
+                    a
+                },
+            );
+        let [node_x, node_w] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<Cpu>(node.id, new_like(&x, dx));
+        }
+        if let Some(node) = node_w {
+            grads.register::<Cpu>(node.id, new_like(&w, dw));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::flex_fast::without_fast_paths;
+    use burn::backend::Autodiff;
+    use burn::tensor::Distribution;
+
+    type Ad = Autodiff<Cpu>;
+
+    fn max_diff<const D: usize>(a: Tensor<Cpu, D>, b: Tensor<Cpu, D>) -> f32 {
+        (a - b).abs().max().into_scalar()
+    }
+
+    fn random<B: Backend, const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
+        Tensor::random(shape, Distribution::Uniform(-3.0, 3.0), &Default::default())
+    }
+
+    #[test]
+    fn swiglu_matches_the_generic_ops_forward_and_backward() {
+        // A strided view as the gate, as a projection's output may be.
+        let gate = random::<Cpu, 3>([3, 40, 7]).swap_dims(1, 2);
+        let up = random::<Cpu, 3>([3, 7, 40]);
+        let fused = swiglu(gate.clone(), up.clone());
+        let reference = without_fast_paths(|| swiglu(gate.clone(), up.clone()));
+        assert!(max_diff(fused, reference) < 1e-5);
+
+        let weights = random::<Ad, 3>([3, 7, 40]);
+        let grads_of = |fast: bool| {
+            let g = Tensor::<Ad, 3>::from_inner(gate.clone()).require_grad();
+            let u = Tensor::<Ad, 3>::from_inner(up.clone()).require_grad();
+            let run = || (swiglu(g.clone(), u.clone()) * weights.clone()).sum();
+            let grads = if fast { run() } else { without_fast_paths(run) }.backward();
+            [g.grad(&grads).unwrap(), u.grad(&grads).unwrap()]
+        };
+        for (a, b) in grads_of(true).into_iter().zip(grads_of(false)) {
+            let err = max_diff(a, b);
+            assert!(err < 1e-4, "gradient differs by {err}");
+        }
+    }
+
+    #[test]
+    fn rms_norm_matches_the_generic_ops_forward_and_backward() {
+        let x = random::<Cpu, 3>([2, 9, 33]);
+        let w = random::<Cpu, 1>([33]);
+        let fused = rms_norm(x.clone(), w.clone(), 1e-6);
+        let reference = without_fast_paths(|| rms_norm(x.clone(), w.clone(), 1e-6));
+        assert!(max_diff(fused, reference) < 1e-5);
+
+        let weights = random::<Ad, 3>([2, 9, 33]);
+        let grads_of = |fast: bool| {
+            let xs = Tensor::<Ad, 3>::from_inner(x.clone()).require_grad();
+            let ws = Tensor::<Ad, 1>::from_inner(w.clone()).require_grad();
+            let run = || (rms_norm(xs.clone(), ws.clone(), 1e-6) * weights.clone()).sum();
+            let grads = if fast { run() } else { without_fast_paths(run) }.backward();
+            (xs.grad(&grads).unwrap(), ws.grad(&grads).unwrap())
+        };
+        let ((dx, dw), (rx, rw)) = (grads_of(true), grads_of(false));
+        let (ex, ew) = (max_diff(dx, rx), max_diff(dw, rw));
+        assert!(ex < 1e-4 && ew < 1e-4, "dx differs by {ex}, dw by {ew}");
+    }
+}

@@ -1,0 +1,268 @@
+//! Slice kernels of the fused CPU ops, compiled for AVX-512 and AVX2 and picked at run time.
+//!
+//! The crate builds for baseline x86-64 (SSE2), so a plain loop over `f32`s runs 4 lanes
+//! wide. [`simd_kernel!`] compiles a kernel's body three times (AVX-512, AVX2+FMA, baseline)
+//! and calls the best one the CPU has, once per slice, not per element. Reductions keep
+//! [`LANES`] partial sums so that the compiler may vectorise them (a single running `f32` sum
+//! has a fixed order it must keep).
+
+use std::sync::OnceLock;
+
+use crate::math::fast_exp;
+
+/// Partial sums per reduction: one AVX-512 register of f32.
+const LANES: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Baseline,
+    Avx2,
+    Avx512,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f") && std::arch::is_x86_feature_detected!("fma") {
+                return Level::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Level::Avx2;
+            }
+        }
+        Level::Baseline
+    })
+}
+
+/// `pub fn name(args) -> ret { body }`, with the body compiled per instruction set.
+macro_rules! simd_kernel {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                match level() {
+                    // SAFETY: `level` saw these instruction sets on this CPU.
+                    Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    Level::Avx2 => return unsafe { avx2($($arg),*) },
+                    Level::Baseline => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+#[inline(always)]
+fn max_of(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    rest.iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+#[inline(always)]
+fn dot_of(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+simd_kernel! {
+    /// `row ← softmax(row)`; a row whose every entry is −∞ becomes zeros.
+    pub fn softmax(row: &mut [f32]) {
+        let max = max_of(row);
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return;
+        }
+        let mut acc = [0f32; LANES];
+        let mut chunks = row.chunks_exact_mut(LANES);
+        for c in &mut chunks {
+            for i in 0..LANES {
+                c[i] = fast_exp(c[i] - max);
+                acc[i] += c[i];
+            }
+        }
+        let mut sum: f32 = acc.iter().sum();
+        for x in chunks.into_remainder() {
+            *x = fast_exp(*x - max);
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        row.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+simd_kernel! {
+    /// `row += bias` element-wise.
+    pub fn add_into(row: &mut [f32], bias: &[f32]) {
+        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+    }
+}
+
+simd_kernel! {
+    /// The softmax backward of one row in place: `ds ← p ∘ (ds − Σ p ∘ ds)`.
+    pub fn softmax_backward(ds: &mut [f32], p: &[f32]) {
+        let delta = dot_of(ds, p);
+        ds.iter_mut().zip(p).for_each(|(x, p)| *x = p * (*x - delta));
+    }
+}
+
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + fast_exp(-x))
+}
+
+simd_kernel! {
+    /// SwiGLU's gate: `out = silu(gate) ∘ up` with `silu(x) = x σ(x)`.
+    pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g * sigmoid(g) * u;
+        }
+    }
+}
+
+simd_kernel! {
+    /// Gradients of [`silu_mul`] for the output gradient `dy`, written over `gate` and `up`:
+    /// `d gate = dy ∘ up ∘ σ(g)(1 + g(1 − σ(g)))`, `d up = dy ∘ silu(g)`.
+    pub fn silu_mul_backward(dy: &[f32], gate: &mut [f32], up: &mut [f32]) {
+        for ((&d, g), u) in dy.iter().zip(gate.iter_mut()).zip(up.iter_mut()) {
+            let s = sigmoid(*g);
+            let dg = d * *u * s * (1.0 + *g * (1.0 - s));
+            *u = d * *g * s;
+            *g = dg;
+        }
+    }
+}
+
+simd_kernel! {
+    /// RMSNorm of one row: `out = x / sqrt(mean(x²) + eps) ∘ w`; returns `1 / sqrt(mean(x²) + eps)`.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) -> f32 {
+        let r = 1.0 / (dot_of(x, x) / x.len() as f32 + eps).sqrt();
+        for ((o, &x), &w) in out.iter_mut().zip(x).zip(w) {
+            *o = x * r * w;
+        }
+        r
+    }
+}
+
+simd_kernel! {
+    /// RMSNorm's backward for one row with `r` from [`rms_norm`]: writes `dx` over `dy` and adds
+    /// the row's share of the weight gradient, `dy ∘ x r`, to `dw`.
+    pub fn rms_norm_backward(dy: &mut [f32], x: &[f32], w: &[f32], r: f32, dw: &mut [f32]) {
+        let n = x.len() as f32;
+        let mut acc = [0f32; LANES];
+        let (mut cd, mut cx, mut cw) = (dy.chunks_exact(LANES), x.chunks_exact(LANES), w.chunks_exact(LANES));
+        let mut rest = 0f32;
+        for ((d, x), w) in (&mut cd).zip(&mut cx).zip(&mut cw) {
+            for i in 0..LANES {
+                acc[i] += d[i] * w[i] * x[i];
+            }
+        }
+        for ((d, x), w) in cd.remainder().iter().zip(cx.remainder()).zip(cw.remainder()) {
+            rest += d * w * x;
+        }
+        // d(x r)/dx applied to g = dy ∘ w: r (g − x r² mean(g ∘ x)).
+        let mean = (acc.iter().sum::<f32>() + rest) / n;
+        let c = r * r * mean;
+        for (((d, &x), &w), dw) in dy.iter_mut().zip(x).zip(w).zip(dw.iter_mut()) {
+            *dw += *d * x * r;
+            *d = r * (*d * w - x * c);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rows() -> Vec<Vec<f32>> {
+        (1..40).map(|n| (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7).collect()).collect()
+    }
+
+    #[test]
+    fn softmax_matches_the_definition_at_every_length() {
+        for row in rows() {
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f32 = row.iter().map(|x| (x - max).exp()).sum();
+            let mut got = row.clone();
+            softmax(&mut got);
+            for (g, x) in got.iter().zip(&row) {
+                assert!((g - (x - max).exp() / sum).abs() < 1e-6);
+            }
+        }
+        let mut masked = vec![f32::NEG_INFINITY; 20];
+        softmax(&mut masked);
+        assert!(masked.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn silu_mul_and_its_gradient_match_finite_differences() {
+        let g: Vec<f32> = (0..37).map(|i| i as f32 * 0.3 - 5.0).collect();
+        let u: Vec<f32> = (0..37).map(|i| 1.0 - i as f32 * 0.05).collect();
+        let mut y = vec![0.0; 37];
+        silu_mul(&g, &u, &mut y);
+        let f = |g: f32, u: f32| g as f64 / (1.0 + (-g as f64).exp()) * u as f64;
+        let (mut dg, mut du) = (g.clone(), u.clone());
+        silu_mul_backward(&vec![1.0; 37], &mut dg, &mut du);
+        for i in 0..37 {
+            assert!((y[i] as f64 - f(g[i], u[i])).abs() < 1e-5);
+            let h = 1e-3f32;
+            let num_g = (f(g[i] + h, u[i]) - f(g[i] - h, u[i])) / (2.0 * h as f64);
+            let num_u = (f(g[i], u[i] + h) - f(g[i], u[i] - h)) / (2.0 * h as f64);
+            assert!((dg[i] as f64 - num_g).abs() < 1e-3, "dg {i}: {} vs {num_g}", dg[i]);
+            assert!((du[i] as f64 - num_u).abs() < 1e-3, "du {i}: {} vs {num_u}", du[i]);
+        }
+    }
+
+    #[test]
+    fn rms_norm_gradient_matches_finite_differences() {
+        for x in rows() {
+            let n = x.len();
+            let w: Vec<f32> = (0..n).map(|i| 0.5 + i as f32 * 0.1).collect();
+            let dy: Vec<f32> = (0..n).map(|i| (i as f32 * 0.7).sin()).collect();
+            // Loss Σ dy ∘ rms_norm(x, w), in f64.
+            let loss = |x: &[f32], w: &[f32]| {
+                let r = 1.0 / (x.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / n as f64 + 1e-5).sqrt();
+                (0..n).map(|i| dy[i] as f64 * x[i] as f64 * r * w[i] as f64).sum::<f64>()
+            };
+            let mut out = vec![0.0; n];
+            let r = rms_norm(&x, &w, 1e-5, &mut out);
+            let (mut dx, mut dw) = (dy.clone(), vec![0.0; n]);
+            rms_norm_backward(&mut dx, &x, &w, r, &mut dw);
+            for i in 0..n {
+                let h = 1e-2f32;
+                let (mut xp, mut xm) = (x.clone(), x.clone());
+                xp[i] += h;
+                xm[i] -= h;
+                let num = (loss(&xp, &w) - loss(&xm, &w)) / (2.0 * h as f64);
+                assert!((dx[i] as f64 - num).abs() < 2e-3, "n {n} dx {i}: {} vs {num}", dx[i]);
+                let (mut wp, mut wm) = (w.clone(), w.clone());
+                wp[i] += h;
+                wm[i] -= h;
+                let num = (loss(&x, &wp) - loss(&x, &wm)) / (2.0 * h as f64);
+                assert!((dw[i] as f64 - num).abs() < 2e-3, "n {n} dw {i}: {} vs {num}", dw[i]);
+            }
+        }
+    }
+}

@@ -28,7 +28,7 @@ pub(crate) fn enabled() -> bool {
 use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
 use burn_flex::FlexTensor;
 
-use crate::math::fast_exp;
+use super::kernels;
 
 /// The flex tensor behind `t`, or `t` back if `B` is not the flex backend.
 fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<FlexTensor, Tensor<B, D>> {
@@ -110,9 +110,7 @@ pub fn target_logprobs<B: Backend>(
         .par_chunks(vocab)
         .zip(targets.par_iter())
         .map(|(row, &t)| {
-            let max = row.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)) * inv_temperature;
-            let sum: f32 = row.iter().map(|&x| fast_exp(x * inv_temperature - max)).sum();
-            let lse = max + sum.ln();
+            let lse = kernels::scaled_logsumexp(row, inv_temperature);
             (row[t as usize] * inv_temperature - lse, lse)
         })
         .unzip();
@@ -143,10 +141,8 @@ pub fn target_logprobs_grad<B: Backend>(
     }
     let data: &mut [f32] = f.storage_mut();
     data[..lse.len() * vocab].par_chunks_mut(vocab).enumerate().for_each(|(i, row)| {
-        let (g, l) = (grad[i] * inv_temperature, lse[i]);
-        for x in row.iter_mut() {
-            *x = -g * fast_exp(*x * inv_temperature - l);
-        }
+        let g = grad[i] * inv_temperature;
+        kernels::neg_scaled_softmax(row, inv_temperature, lse[i], g);
         row[targets[i] as usize] += g;
     });
     Ok(from_flex(f))

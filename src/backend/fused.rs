@@ -107,9 +107,14 @@ fn swiglu_forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
     let n = g.layout().num_elements();
     let (g_data, u_data) = (&g.storage::<f32>()[gs..gs + n], &u.storage::<f32>()[us..us + n]);
     let mut out = vec![0f32; n];
-    out.par_chunks_mut(TASK)
-        .zip(g_data.par_chunks(TASK).zip(u_data.par_chunks(TASK)))
-        .for_each(|(o, (g, u))| kernels::silu_mul(g, u, o));
+    if n <= TASK {
+        // One task: the calling thread, not a hand-over to the pool (decoding at batch 1).
+        kernels::silu_mul(g_data, u_data, &mut out);
+    } else {
+        out.par_chunks_mut(TASK)
+            .zip(g_data.par_chunks(TASK).zip(u_data.par_chunks(TASK)))
+            .for_each(|(o, (g, u))| kernels::silu_mul(g, u, o));
+    }
     new_like(&g, out)
 }
 
@@ -181,11 +186,16 @@ fn rms_norm_forward(x: &FlexTensor, w: &FlexTensor, eps: f32) -> (FlexTensor, Ve
     let mut out = vec![0f32; total];
     let mut r = vec![0f32; total / n.max(1)];
     let per = rows_per_task(n);
-    out.par_chunks_mut(per * n).zip(x_data.par_chunks(per * n).zip(r.par_chunks_mut(per))).for_each(|(o, (x, r))| {
+    let rows = |(o, (x, r)): (&mut [f32], (&[f32], &mut [f32]))| {
         for ((o, x), r) in o.chunks_mut(n).zip(x.chunks(n)).zip(r.iter_mut()) {
             *r = kernels::rms_norm(x, w_data, eps, o);
         }
-    });
+    };
+    if total <= per * n {
+        rows((&mut out, (x_data, &mut r)));
+    } else {
+        out.par_chunks_mut(per * n).zip(x_data.par_chunks(per * n).zip(r.par_chunks_mut(per))).for_each(rows);
+    }
     (new_like(&x, out), r)
 }
 

@@ -128,6 +128,32 @@ simd_kernel! {
     }
 }
 
+simd_kernel! {
+    /// `log Σ exp(row · scale)` for `scale > 0`.
+    pub fn scaled_logsumexp(row: &[f32], scale: f32) -> f32 {
+        let max = max_of(row) * scale;
+        let mut acc = [0f32; LANES];
+        let chunks = row.chunks_exact(LANES);
+        let rest: f32 = chunks.remainder().iter().map(|&x| fast_exp(x * scale - max)).sum();
+        for c in chunks {
+            for i in 0..LANES {
+                acc[i] += fast_exp(c[i] * scale - max);
+            }
+        }
+        max + (acc.iter().sum::<f32>() + rest).ln()
+    }
+}
+
+simd_kernel! {
+    /// `row ← −g · softmax(row · scale)` given the row's [`scaled_logsumexp`] `lse`: the
+    /// log-softmax gradient before the target's `+g`.
+    pub fn neg_scaled_softmax(row: &mut [f32], scale: f32, lse: f32, g: f32) {
+        for x in row.iter_mut() {
+            *x = -g * fast_exp(*x * scale - lse);
+        }
+    }
+}
+
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + fast_exp(-x))
@@ -214,6 +240,20 @@ mod tests {
         let mut masked = vec![f32::NEG_INFINITY; 20];
         softmax(&mut masked);
         assert!(masked.iter().all(|&x| x == 0.0));
+    }
+
+    #[test]
+    fn scaled_logsumexp_and_softmax_match_the_definitions() {
+        for row in rows() {
+            let want: f64 = row.iter().map(|&x| (x as f64 * 0.5).exp()).sum::<f64>().ln();
+            let lse = scaled_logsumexp(&row, 0.5);
+            assert!((lse as f64 - want).abs() < 1e-5, "{lse} vs {want}");
+            let mut probs = row.clone();
+            neg_scaled_softmax(&mut probs, 0.5, lse, 2.0);
+            for (p, x) in probs.iter().zip(&row) {
+                assert!((*p as f64 + 2.0 * (x * 0.5 - lse).exp() as f64).abs() < 1e-5);
+            }
+        }
     }
 
     #[test]

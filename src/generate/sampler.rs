@@ -131,9 +131,7 @@ pub fn argmax(logits: &[f32]) -> (usize, f32) {
 
 /// `log softmax(logits · inv_t)[index]`.
 pub fn log_softmax_at(logits: &[f32], index: usize, inv_t: f32) -> f32 {
-    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &z| m.max(z * inv_t));
-    let sum: f32 = logits.iter().map(|&z| fast_exp(z * inv_t - max)).sum();
-    logits[index] * inv_t - max - sum.ln()
+    logits[index] * inv_t - crate::backend::kernels::scaled_logsumexp(logits, inv_t)
 }
 
 #[cfg(test)]

@@ -56,6 +56,28 @@ impl Task for ContainsDigit {
     }
 }
 
+/// A reward that differs between any two different responses (a hash of the text in [0, 1)):
+/// every group holding two different samples gets non-zero advantages, whatever an untrained
+/// model writes, so a test of gradient flow does not hang on sampling luck.
+struct TextHash {
+    prompts: Vec<TaskPrompt>,
+}
+
+impl Task for TextHash {
+    fn name(&self) -> &str {
+        "text-hash"
+    }
+    fn train(&self) -> &[TaskPrompt] {
+        &self.prompts
+    }
+    fn validation(&self) -> &[TaskPrompt] {
+        &[]
+    }
+    fn reward(&self, _: &TaskPrompt, response: &str) -> f64 {
+        (hacpo::stable_hash::hash_bytes(response.as_bytes()) % 1000) as f64 / 1000.0
+    }
+}
+
 fn config(run: &Path, agents: &[&Path], algo_name: &str) -> TrainConfig {
     let mut cfg = TrainConfig::default();
     cfg.run.out_dir = run.to_path_buf();
@@ -273,8 +295,12 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
         cfg.run.dump_batches = false;
         cfg.algo.minibatch_prompts = 2;
         cfg.algo.kl_coef = 0.01;
-        let mut trainer =
-            Trainer::<Cpu>::start(cfg, Arc::new(ContainsDigit::new(4)), vec![common::device(); 2]).unwrap();
+        let mut trainer = Trainer::<Cpu>::start(
+            cfg,
+            Arc::new(TextHash { prompts: ContainsDigit::new(4).prompts }),
+            vec![common::device(); 2],
+        )
+        .unwrap();
         assert_eq!(trainer.algorithm_name(), name);
         trainer.run().unwrap();
         for (agent, m) in &trainer.last_metrics {

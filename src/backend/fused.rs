@@ -82,6 +82,44 @@ fn new_like(t: &FlexTensor, data: Vec<f32>) -> FlexTensor {
 /// Elements per rayon task of the element-wise kernels.
 const TASK: usize = 1 << 14;
 
+/// `t` as a uniquely owned contiguous f32 buffer that may be written in place (a copy only
+/// when it is shared or strided).
+fn owned(t: FlexTensor) -> FlexTensor {
+    let n = t.layout().num_elements();
+    if t.is_unique() && t.layout().contiguous_offsets() == Some((0, n)) {
+        t
+    } else {
+        FlexTensor::from_data(t.to_contiguous().into_data())
+    }
+}
+
+// --- AdamW -------------------------------------------------------------------------------
+
+/// One AdamW update of a parameter `p` with gradient `g` and moments `m`, `v` in a single
+/// pass on the CPU backend (the tensor version is a dozen passes, each allocating); `None` on
+/// other backends, whose callers run the tensor ops.
+pub fn adamw<B: Backend, const D: usize>(
+    p: Tensor<B, D>,
+    g: Tensor<B, D>,
+    m: Tensor<B, D>,
+    v: Tensor<B, D>,
+    c: kernels::AdamWStep,
+) -> Result<[Tensor<B, D>; 3], [Tensor<B, D>; 4]> {
+    if cpu_backend::<B>(&[p.dtype(), g.dtype(), m.dtype(), v.dtype()]) != Some(CpuBackend::Plain) {
+        return Err([p, g, m, v]);
+    }
+    let (mut p, g, mut m, mut v) = (owned(flex(p)), f32s(&flex(g)), owned(flex(m)), owned(flex(v)));
+    let n = p.layout().num_elements();
+    let g_data = &g.0.storage::<f32>()[g.1..g.1 + n];
+    let (pd, md, vd) = (p.storage_mut::<f32>(), m.storage_mut::<f32>(), v.storage_mut::<f32>());
+    pd[..n]
+        .par_chunks_mut(TASK)
+        .zip(g_data.par_chunks(TASK))
+        .zip(md[..n].par_chunks_mut(TASK).zip(vd[..n].par_chunks_mut(TASK)))
+        .for_each(|((p, g), (m, v))| kernels::adamw(p, g, m, v, c));
+    Ok([tensor(p), tensor(m), tensor(v)])
+}
+
 // --- SwiGLU ------------------------------------------------------------------------------
 
 /// `silu(gate) ∘ up` (same shapes).

@@ -154,6 +154,36 @@ simd_kernel! {
     }
 }
 
+/// One AdamW update's constants, each already in f32 as burn's scalar ops would use it.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWStep {
+    /// `1 − lr·weight_decay`
+    pub decay: f32,
+    pub beta1: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    /// `sqrt(1 − β₂ᵗ)`
+    pub sqrt_bc2: f32,
+    pub eps: f32,
+    /// `lr / (1 − β₁ᵗ)`
+    pub step: f32,
+}
+
+simd_kernel! {
+    /// AdamW in place, in the same f32 operations and order as the trainer's tensor version
+    /// (`src/train/optim.rs`), so both give the same bits: decay, moments, then the step.
+    pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: AdamWStep) {
+        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let decayed = *p * c.decay;
+            *m = *m * c.beta1 + g * c.one_minus_beta1;
+            *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
+            let denom = v.sqrt() / c.sqrt_bc2 + c.eps;
+            *p = decayed - (*m / denom) * c.step;
+        }
+    }
+}
+
 #[inline(always)]
 fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + fast_exp(-x))

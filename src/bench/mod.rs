@@ -9,13 +9,13 @@
 use std::time::Instant;
 
 use burn::module::AutodiffModule;
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
 use crate::generate::{GenerateRequest, GenerationStats, SamplingParams, generate, score};
 use crate::model::{CausalLm, Layout, ModelConfig};
+use crate::train::optim::{AdamW, AdamWConfig, GradStore};
 
 pub mod trainer;
 
@@ -115,10 +115,11 @@ pub fn decode<B: Backend>(
 type Trainable<B> = CausalLm<burn::backend::Autodiff<B>>;
 
 /// A supervised training step on random sequences: forward, negative log-likelihood through
-/// the chunked log-prob op, backward, AdamW.
+/// the chunked log-prob op, backward, and the trainer's own AdamW (`train::optim`, PyTorch's
+/// defaults with weight decay 0.01, as `scripts/bench_pytorch.py`).
 pub struct TrainStep<B: Backend> {
     model: Option<Trainable<B>>,
-    optim: burn::optim::adaptor::OptimizerAdaptor<burn::optim::AdamW, Trainable<B>, burn::backend::Autodiff<B>>,
+    optim: AdamW<B>,
     rng: rand_chacha::ChaCha8Rng,
     batch: usize,
     seq_len: usize,
@@ -126,9 +127,7 @@ pub struct TrainStep<B: Backend> {
 
 impl<B: Backend> TrainStep<B> {
     pub fn new(model: Trainable<B>, batch: usize, seq_len: usize) -> Self {
-        // PyTorch's AdamW defaults, spelled out (burn's differ: eps 1e-5, weight decay 1e-4).
-        let optim =
-            AdamWConfig::new().with_beta_1(0.9).with_beta_2(0.999).with_epsilon(1e-8).with_weight_decay(0.01).init();
+        let optim = AdamW::new(AdamWConfig { lr: 1e-4, ..AdamWConfig::default() });
         TrainStep { model: Some(model), optim, rng: rand_chacha::ChaCha8Rng::seed_from_u64(2), batch, seq_len }
     }
 
@@ -141,8 +140,9 @@ impl<B: Backend> TrainStep<B> {
             .collect();
         let (hidden, targets, _) = score::response_hidden(&model, &requests).expect("valid batch");
         let logp = score::token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
-        let grads = GradientsParams::from_grads(logp.mean().neg().backward(), &model);
-        let model = self.optim.step(1e-4, model, grads);
+        let mut grads = GradStore::default();
+        grads.accumulate(&model, &logp.mean().neg().backward());
+        let model = self.optim.step(model, grads, 1e-4);
         // Read a weight back so queued device work (CUDA) is inside the step.
         let _ = model.valid().norm.weight.val().into_data();
         self.model = Some(model);

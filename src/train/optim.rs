@@ -256,6 +256,20 @@ impl<B: Backend> AdamW<B> {
                 v: Tensor<B, D>,
             ) -> [Tensor<B, D>; 3] {
                 let c = &self.c;
+                let step = crate::backend::kernels::AdamWStep {
+                    decay: (1.0 - self.lr * c.weight_decay) as f32,
+                    beta1: c.beta1 as f32,
+                    one_minus_beta1: (1.0 - c.beta1) as f32,
+                    beta2: c.beta2 as f32,
+                    one_minus_beta2: (1.0 - c.beta2) as f32,
+                    sqrt_bc2: self.bc2.sqrt() as f32,
+                    eps: c.eps as f32,
+                    step: (self.lr / self.bc1) as f32,
+                };
+                let [p, g, m, v] = match crate::backend::fused::adamw(p, g, m, v, step) {
+                    Ok(updated) => return updated,
+                    Err(inputs) => inputs,
+                };
                 // Decoupled weight decay first, as torch.optim.AdamW does.
                 let p = p.mul_scalar(1.0 - self.lr * c.weight_decay);
                 let m = m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1);
@@ -352,6 +366,57 @@ impl<B: Backend> AdamW<B> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{Cpu, CpuAutodiff, flex_fast::without_fast_paths};
+    use crate::model::weights::{RandomWeights, build};
+
+    /// Two AdamW updates of a small model from one backward pass: the CPU's fused update and
+    /// the tensor ops agree, and one weight follows PyTorch's formula computed in f64.
+    #[test]
+    fn adamw_is_torch_adamw_with_and_without_the_fused_update() {
+        let config = crate::bench::tiny_5m_config();
+        let dev = Default::default();
+        let model: CausalLm<CpuAutodiff> = build(&config, &mut RandomWeights::new(&config, 1, 0.02), &dev).unwrap();
+        let requests = vec![(vec![1u32, 2, 3], vec![4u32, 5, 6, 7])];
+        let (hidden, targets, _) = crate::generate::score::response_hidden(&model, &requests).unwrap();
+        let logp = crate::generate::score::token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
+        let mut store = GradStore::<Cpu>::default();
+        store.accumulate(&model, &logp.mean().neg().backward());
+        let name = "model.layers.0.mlp.down_proj.weight";
+        let g = store.host(name).unwrap();
+        let host = |m: &CausalLm<CpuAutodiff>| {
+            let w = m.layers[0].mlp.down_proj.weight.val().transpose(); // HF's [out, in]
+            w.into_data().into_vec::<f32>().unwrap()
+        };
+        let p0 = host(&model);
+        let cfg = AdamWConfig { lr: 1e-3, weight_decay: 0.1, ..AdamWConfig::default() };
+        let run = |fast: bool| {
+            let go = || {
+                let mut opt = AdamW::<Cpu>::new(cfg.clone());
+                let regrads = |s: &GradStore<Cpu>| GradStore { grads: s.grads.clone() };
+                let m1 = opt.step(model.clone(), regrads(&store), cfg.lr);
+                host(&opt.step(m1, regrads(&store), cfg.lr))
+            };
+            if fast { go() } else { without_fast_paths(go) }
+        };
+        let (fused, tensor_ops) = (run(true), run(false));
+        // The weight's gradient in HF's layout, as `host` reads the weight.
+        let [rows, cols] = [config.hidden_size, config.intermediate_size];
+        let g_hf = |i: usize| g[(i % cols) * rows + i / cols] as f64;
+        for i in (0..p0.len()).step_by(997) {
+            let (b1, b2, eps, lr, wd) = (0.9f64, 0.999f64, 1e-8f64, 1e-3f64, 0.1f64);
+            let (mut p, mut m, mut v) = (p0[i] as f64, 0.0, 0.0);
+            for t in 1..=2 {
+                p *= 1.0 - lr * wd;
+                m = b1 * m + (1.0 - b1) * g_hf(i);
+                v = b2 * v + (1.0 - b2) * g_hf(i) * g_hf(i);
+                let denom = (v / (1.0 - b2.powi(t))).sqrt() + eps;
+                p -= lr * (m / (1.0 - b1.powi(t))) / denom;
+            }
+            assert!((fused[i] as f64 - p).abs() < 1e-6, "fused {i}: {} vs {p}", fused[i]);
+            assert!((tensor_ops[i] as f64 - p).abs() < 1e-6, "tensor ops {i}: {} vs {p}", tensor_ops[i]);
+            assert!((fused[i] - tensor_ops[i]).abs() <= 1e-7, "{i}: {} vs {}", fused[i], tensor_ops[i]);
+        }
+    }
 
     #[test]
     fn schedules() {

@@ -294,7 +294,7 @@ mod tests {
         silu_mul(&g, &u, &mut y);
         let f = |g: f32, u: f32| g as f64 / (1.0 + (-g as f64).exp()) * u as f64;
         let (mut dg, mut du) = (g.clone(), u.clone());
-        silu_mul_backward(&vec![1.0; 37], &mut dg, &mut du);
+        silu_mul_backward(&[1.0; 37], &mut dg, &mut du);
         for i in 0..37 {
             assert!((y[i] as f64 - f(g[i], u[i])).abs() < 1e-5);
             let h = 1e-3f32;

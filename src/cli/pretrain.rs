@@ -13,7 +13,8 @@ use hacpo::config::{EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, TrainConfig};
     hacpo pretrain --out models/tiny/pretrained      # refresh the agents shipped with the project\n  \
     hacpo pretrain --config configs/tiny-duo.toml --set pretrain.max_steps=200 --out /tmp/short\n\n\
     `hacpo train` installs the shipped agents or pre-trains on first use by itself; this command\n\
-    reproduces them (on the CPU, bit for bit on the same kind of machine) or makes variants.")]
+    reproduces them (on the CPU; bit for bit with the same build on the same kind of machine) or\n\
+    makes variants.")]
 pub struct PretrainArgs {
     /// A TOML config naming tiny agents (default: the embedded default, configs/tiny-duo.toml).
     #[arg(long)]

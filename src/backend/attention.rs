@@ -50,7 +50,29 @@ pub fn attention<B: Backend>(
     bias: Option<&Tensor<B, 2>>,
 ) -> Tensor<B, 3> {
     let [b, h, t, d] = q.dims();
-    match cpu_backend::<B>(&[q.dtype(), k.dtype(), v.dtype()]) {
+    let [kb, kvh, keys, kd] = k.dims();
+    assert!(
+        kb == b && kd == d && v.dims() == k.dims() && kvh > 0 && h % kvh == 0 && t <= keys,
+        "attention: q {:?}, k {:?}, v {:?} do not fit together",
+        q.dims(),
+        k.dims(),
+        v.dims()
+    );
+    if let Some(x) = bias {
+        let tile = t * keys;
+        let [rows, n] = x.dims();
+        assert!(
+            (rows == 1 && n == tile) || (rows == b && n == h * tile),
+            "attention: bias {:?} for q {:?}",
+            x.dims(),
+            q.dims()
+        );
+    }
+    // The fused path's key skipping needs the layout's mask whenever several queries run; an
+    // empty pass has nothing to fuse.
+    let fusable = t > 0 && (bias.is_some() || t == 1);
+    let backend = if fusable { cpu_backend::<B>(&[q.dtype(), k.dtype(), v.dtype()]) } else { None };
+    match backend {
         Some(CpuBackend::Plain) => {
             let bias = bias.map(|x| flex(x.clone()));
             let out = forward(&flex(q), &flex(k), &flex(v), bias.as_ref(), None);
@@ -183,7 +205,10 @@ impl Bias {
     fn of(bias: &FlexTensor, dims: &Dims) -> Bias {
         let tensor = bias.to_contiguous();
         let tile = dims.t * dims.keys;
-        let shared = tensor.layout().shape()[1] == tile;
+        // `[1, t·keys]` is one mask for every row and head; `[batch, heads·t·keys]` has one per
+        // row and head (with one head and one row the two coincide).
+        let shape = tensor.layout().shape();
+        let shared = shape[0] == 1 && shape[1] == tile;
         let (batch_stride, head_stride) = if shared { (0, 0) } else { (dims.heads * tile, tile) };
         Bias { tensor, batch_stride, head_stride }
     }
@@ -531,6 +556,8 @@ mod tests {
             (Layout { pads: vec![0, 2], start: 7, len: 1 }, 4, 1, 8),    // decode, padded
             (Layout { pads: vec![0; 3], start: 5, len: 1 }, 3, 3, 4),    // decode without a bias
             (Layout { pads: vec![1, 0], start: 4, len: 3 }, 2, 1, 4),    // chunk after a cache
+            (Layout { pads: vec![0, 3], start: 0, len: 6 }, 1, 1, 4),    // one head, padded
+            (Layout { pads: vec![0, 3], start: 6, len: 1 }, 1, 1, 4),    // one head, decode
         ]
     }
 

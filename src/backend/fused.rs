@@ -105,6 +105,15 @@ pub fn adamw<B: Backend, const D: usize>(
     v: Tensor<B, D>,
     c: kernels::AdamWStep,
 ) -> Result<[Tensor<B, D>; 3], [Tensor<B, D>; 4]> {
+    let same_shape = [g.dims(), m.dims(), v.dims()].iter().all(|d| *d == p.dims());
+    assert!(
+        same_shape,
+        "AdamW: parameter {:?}, gradient {:?}, moments {:?} {:?}",
+        p.dims(),
+        g.dims(),
+        m.dims(),
+        v.dims()
+    );
     if cpu_backend::<B>(&[p.dtype(), g.dtype(), m.dtype(), v.dtype()]) != Some(CpuBackend::Plain) {
         return Err([p, g, m, v]);
     }
@@ -253,25 +262,23 @@ impl Backward<Cpu, 2> for RmsNormOp {
         let (x_data, w_data) = (&x.storage::<f32>()[xs..xs + total], &w.storage::<f32>()[ws..ws + n]);
         let mut dx = dy.storage::<f32>()[ds..ds + total].to_vec();
         let per = rows_per_task(n);
-        let dw = dx
+        // One partial weight gradient per fixed chunk of rows, added up in chunk order: the
+        // same bits in every run, whichever thread ran which chunk.
+        let partials: Vec<Vec<f32>> = dx
             .par_chunks_mut(per * n)
             .zip(x_data.par_chunks(per * n).zip(r.par_chunks(per)))
-            .fold(
-                || vec![0f32; n],
-                |mut dw, (dx, (x, r))| {
-                    for ((dx, x), &r) in dx.chunks_mut(n).zip(x.chunks(n)).zip(r) {
-                        kernels::rms_norm_backward(dx, x, w_data, r, &mut dw);
-                    }
-                    dw
-                },
-            )
-            .reduce(
-                || vec![0f32; n],
-                |mut a, b| {
-                    a.iter_mut().zip(&b).for_each(|(a, b)| *a += b);
-                    a
-                },
-            );
+            .map(|(dx, (x, r))| {
+                let mut dw = vec![0f32; n];
+                for ((dx, x), &r) in dx.chunks_mut(n).zip(x.chunks(n)).zip(r) {
+                    kernels::rms_norm_backward(dx, x, w_data, r, &mut dw);
+                }
+                dw
+            })
+            .collect();
+        let mut dw = vec![0f32; n];
+        for partial in &partials {
+            dw.iter_mut().zip(partial).for_each(|(a, b)| *a += b);
+        }
         let [node_x, node_w] = ops.parents;
         if let Some(node) = node_x {
             grads.register::<Cpu>(node.id, new_like(&x, dx));

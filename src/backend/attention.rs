@@ -25,7 +25,7 @@ use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::fused::{AdTensor, CpuBackend, ad, cpu_backend, flex, tensor};
+use super::fused::{AdTensor, CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
 use super::kernels;
 
 /// Queries per GEMM block: the block's scores (`QUERY_BLOCK × keys` floats) stay in cache,
@@ -173,6 +173,11 @@ impl Dims {
     }
 }
 
+/// Floats of one segment's scores: its rows × `keys`, for the largest segment.
+fn scratch_len(segments: &[Segment], keys: usize) -> usize {
+    segments.iter().map(|s| s.rows).max().unwrap_or(0) * keys
+}
+
 /// Consecutive rows of a block's probabilities: `rows` queries of one head from position
 /// `first`, or (`by_head`, when t = 1) one query of `rows` heads from head `head`.
 #[derive(Clone, Copy, Debug)]
@@ -203,7 +208,7 @@ struct Bias {
 
 impl Bias {
     fn of(bias: &FlexTensor, dims: &Dims) -> Bias {
-        let tensor = bias.to_contiguous();
+        let tensor = contiguous(bias);
         let tile = dims.t * dims.keys;
         // `[1, t·keys]` is one mask for every row and head; `[batch, heads·t·keys]` has one per
         // row and head (with one head and one row the two coincide).
@@ -214,7 +219,7 @@ impl Bias {
     }
 
     fn data(&self) -> &[f32] {
-        &self.tensor.storage::<f32>()[self.tensor.layout().start_offset()..]
+        elems(&self.tensor)
     }
 }
 
@@ -379,7 +384,7 @@ fn forward(
             probs.par_chunks_mut(rows * keys).enumerate().for_each(|(block, p)| run_block(block, p, true));
         }
         None => {
-            let scratch = segments.iter().map(|s| s.rows).max().unwrap_or(0) * keys;
+            let scratch = scratch_len(&segments, keys);
             if parallel {
                 (0..blocks)
                     .into_par_iter()
@@ -404,15 +409,15 @@ fn backward(
 ) -> (FlexTensor, FlexTensor, FlexTensor) {
     let dims = Dims::of(q, k);
     let (q, k, v) = (View::of(q), View::of(k), View::of(v));
-    let grad = grad.to_contiguous();
-    let go: &[f32] = &grad.storage::<f32>()[grad.layout().start_offset()..];
+    let grad = contiguous(grad);
+    let go = elems(&grad);
     let segments = dims.segments();
     let (rows, keys, d) = (dims.block_rows(), dims.keys, dims.dim);
     let mut dq = vec![0f32; dims.batch * dims.t * dims.heads * d];
     let dq_ptr = SharedMut(dq.as_mut_ptr());
     let mut dk = vec![0f32; dims.batch * dims.kv_heads * keys * d];
     let mut dv = vec![0f32; dk.len()];
-    let scratch = segments.iter().map(|s| s.rows).max().unwrap_or(0) * keys;
+    let scratch = scratch_len(&segments, keys);
 
     dk.par_chunks_mut(keys * d)
         .zip(dv.par_chunks_mut(keys * d))

@@ -4,7 +4,6 @@
 //! and falls back to the generic burn ops for every other backend (CUDA, autodiff), so
 //! callers stay backend-generic.
 
-use std::any::Any;
 use std::cell::Cell;
 
 thread_local! {
@@ -25,31 +24,24 @@ pub(crate) fn enabled() -> bool {
     !DISABLED.with(Cell::get)
 }
 
-use burn::tensor::{Tensor, TensorPrimitive, backend::Backend};
+use burn::tensor::{Tensor, backend::Backend};
 use burn_flex::FlexTensor;
 
+use super::fused::{CpuBackend, cpu_backend, flex, tensor};
 use super::kernels;
 
-/// The flex tensor behind `t`, or `t` back if `B` is not the flex backend.
+/// The flex tensor behind `t`, or `t` back if `B` is not the flex backend (or the fast
+/// paths are off).
 fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Result<FlexTensor, Tensor<B, D>> {
-    if DISABLED.with(Cell::get) {
-        return Err(t);
-    }
-    let boxed: Box<dyn Any> = Box::new(t.into_primitive().tensor());
-    match boxed.downcast::<FlexTensor>() {
-        Ok(f) => Ok(*f),
-        Err(other) => {
-            let prim = *other.downcast::<B::FloatTensorPrimitive>().expect("the primitive we boxed");
-            Err(Tensor::from_primitive(TensorPrimitive::Float(prim)))
-        }
+    match cpu_backend::<B>(&[]) {
+        Some(CpuBackend::Plain) => Ok(flex(t)),
+        _ => Err(t),
     }
 }
 
 /// Wraps a flex tensor as a `Tensor<B, D>`; only called once [`as_flex`] succeeded for `B`.
 fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, D> {
-    let boxed: Box<dyn Any> = Box::new(t);
-    let prim = *boxed.downcast::<B::FloatTensorPrimitive>().expect("B is the flex backend");
-    Tensor::from_primitive(TensorPrimitive::Float(prim))
+    tensor::<B, D, FlexTensor>(t)
 }
 
 /// `buffer[.., .., start..start + t, ..] = new` for `[batch, heads, capacity, dim]` buffers.

@@ -7,7 +7,8 @@
 //! backend (CUDA, wgpu) the generic ops run, and tests compare the two.
 //!
 //! The helpers at the top move tensors between `Tensor<B, D>` and the CPU backends'
-//! primitives once `B` is known to be one of them; [`super::attention`] uses them too.
+//! primitives once `B` is known to be one of them; [`super::attention`] and
+//! [`super::flex_fast`] use them too.
 
 use std::any::{Any, TypeId};
 use std::sync::Arc;
@@ -68,11 +69,15 @@ pub(crate) fn tensor<B: Backend, const D: usize, T: 'static>(t: T) -> Tensor<B, 
     Tensor::from_primitive(TensorPrimitive::Float(*boxed.downcast().expect("B's float primitive")))
 }
 
-/// The f32 elements of `t` in row-major order (a copy only when `t` is a strided view).
-fn f32s(t: &FlexTensor) -> (FlexTensor, usize) {
-    let t = t.to_contiguous();
-    let start = t.layout().start_offset();
-    (t, start)
+/// `t` with its elements in row-major order (a copy only when `t` is a strided view); read
+/// them with [`elems`].
+pub(crate) fn contiguous(t: &FlexTensor) -> FlexTensor {
+    t.to_contiguous()
+}
+
+/// The f32 elements of a contiguous `t` (from [`contiguous`]).
+pub(crate) fn elems(t: &FlexTensor) -> &[f32] {
+    &t.storage::<f32>()[t.layout().start_offset()..][..t.layout().num_elements()]
 }
 
 fn new_like(t: &FlexTensor, data: Vec<f32>) -> FlexTensor {
@@ -117,9 +122,9 @@ pub fn adamw<B: Backend, const D: usize>(
     if cpu_backend::<B>(&[p.dtype(), g.dtype(), m.dtype(), v.dtype()]) != Some(CpuBackend::Plain) {
         return Err([p, g, m, v]);
     }
-    let (mut p, g, mut m, mut v) = (owned(flex(p)), f32s(&flex(g)), owned(flex(m)), owned(flex(v)));
+    let (mut p, g, mut m, mut v) = (owned(flex(p)), contiguous(&flex(g)), owned(flex(m)), owned(flex(v)));
     let n = p.layout().num_elements();
-    let g_data = &g.0.storage::<f32>()[g.1..g.1 + n];
+    let g_data = elems(&g);
     let (pd, md, vd) = (p.storage_mut::<f32>(), m.storage_mut::<f32>(), v.storage_mut::<f32>());
     pd[..n]
         .par_chunks_mut(TASK)
@@ -150,9 +155,9 @@ pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) 
 }
 
 fn swiglu_forward(gate: &FlexTensor, up: &FlexTensor) -> FlexTensor {
-    let ((g, gs), (u, us)) = (f32s(gate), f32s(up));
-    let n = g.layout().num_elements();
-    let (g_data, u_data) = (&g.storage::<f32>()[gs..gs + n], &u.storage::<f32>()[us..us + n]);
+    let (g, u) = (contiguous(gate), contiguous(up));
+    let (g_data, u_data) = (elems(&g), elems(&u));
+    let n = g_data.len();
     let mut out = vec![0f32; n];
     if n <= TASK {
         // One task: the calling thread, not a hand-over to the pool (decoding at batch 1).
@@ -173,12 +178,10 @@ impl Backward<Cpu, 2> for SwiGlu {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (gate, up) = ops.state;
-        let (dy, ds) = f32s(&grads.consume::<Cpu>(&ops.node));
-        let ((g, gs), (u, us)) = (f32s(&gate), f32s(&up));
-        let n = g.layout().num_elements();
-        let mut dg = g.storage::<f32>()[gs..gs + n].to_vec();
-        let mut du = u.storage::<f32>()[us..us + n].to_vec();
-        let dy_data = &dy.storage::<f32>()[ds..ds + n];
+        let dy = contiguous(&grads.consume::<Cpu>(&ops.node));
+        let (g, u) = (contiguous(&gate), contiguous(&up));
+        let (mut dg, mut du) = (elems(&g).to_vec(), elems(&u).to_vec());
+        let dy_data = elems(&dy);
         dg.par_chunks_mut(TASK)
             .zip(du.par_chunks_mut(TASK).zip(dy_data.par_chunks(TASK)))
             .for_each(|(dg, (du, dy))| kernels::silu_mul_backward(dy, dg, du));
@@ -226,10 +229,9 @@ fn rows_per_task(n: usize) -> usize {
 
 /// The normalised rows and each row's `1 / sqrt(mean(x²) + eps)`.
 fn rms_norm_forward(x: &FlexTensor, w: &FlexTensor, eps: f32) -> (FlexTensor, Vec<f32>) {
-    let ((x, xs), (w, ws)) = (f32s(x), f32s(w));
-    let n = w.layout().num_elements();
-    let total = x.layout().num_elements();
-    let (x_data, w_data) = (&x.storage::<f32>()[xs..xs + total], &w.storage::<f32>()[ws..ws + n]);
+    let (x, w) = (contiguous(x), contiguous(w));
+    let (x_data, w_data) = (elems(&x), elems(&w));
+    let (n, total) = (w_data.len(), x_data.len());
     let mut out = vec![0f32; total];
     let mut r = vec![0f32; total / n.max(1)];
     let per = rows_per_task(n);
@@ -255,12 +257,11 @@ impl Backward<Cpu, 2> for RmsNormOp {
 
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (x, w, r) = ops.state;
-        let (dy, ds) = f32s(&grads.consume::<Cpu>(&ops.node));
-        let ((x, xs), (w, ws)) = (f32s(&x), f32s(&w));
-        let n = w.layout().num_elements();
-        let total = x.layout().num_elements();
-        let (x_data, w_data) = (&x.storage::<f32>()[xs..xs + total], &w.storage::<f32>()[ws..ws + n]);
-        let mut dx = dy.storage::<f32>()[ds..ds + total].to_vec();
+        let dy = contiguous(&grads.consume::<Cpu>(&ops.node));
+        let (x, w) = (contiguous(&x), contiguous(&w));
+        let (x_data, w_data) = (elems(&x), elems(&w));
+        let n = w_data.len();
+        let mut dx = elems(&dy).to_vec();
         let per = rows_per_task(n);
         // One partial weight gradient per fixed chunk of rows, added up in chunk order: the
         // same bits in every run, whichever thread ran which chunk.

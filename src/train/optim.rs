@@ -17,6 +17,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
+use crate::backend::kernels::AdamWStep;
 use crate::error::{Error, Result};
 use crate::model::CausalLm;
 use crate::model::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
@@ -235,17 +236,24 @@ impl<B: Backend> AdamW<B> {
     ) -> CausalLm<AB> {
         self.updates += 1;
         let t = self.updates as i32;
-        let c = self.config.clone();
-        let bc1 = 1.0 - c.beta1.powi(t);
-        let bc2 = 1.0 - c.beta2.powi(t);
+        let c = &self.config;
+        let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
+        // Each constant in f32, as the tensor ops and the fused CPU update both use it.
+        let step = AdamWStep {
+            decay: (1.0 - lr * c.weight_decay) as f32,
+            beta1: c.beta1 as f32,
+            one_minus_beta1: (1.0 - c.beta1) as f32,
+            beta2: c.beta2 as f32,
+            one_minus_beta2: (1.0 - c.beta2) as f32,
+            sqrt_bc2: bc2.sqrt() as f32,
+            eps: c.eps as f32,
+            step: (lr / bc1) as f32,
+        };
 
         struct Update<'a, B: Backend> {
             grads: BTreeMap<String, Grad<B>>,
             state: &'a mut BTreeMap<String, Moments<B>>,
-            c: AdamWConfig,
-            lr: f64,
-            bc1: f64,
-            bc2: f64,
+            step: AdamWStep,
         }
         impl<B: Backend> Update<'_, B> {
             fn apply<const D: usize>(
@@ -255,27 +263,17 @@ impl<B: Backend> AdamW<B> {
                 m: Tensor<B, D>,
                 v: Tensor<B, D>,
             ) -> [Tensor<B, D>; 3] {
-                let c = &self.c;
-                let step = crate::backend::kernels::AdamWStep {
-                    decay: (1.0 - self.lr * c.weight_decay) as f32,
-                    beta1: c.beta1 as f32,
-                    one_minus_beta1: (1.0 - c.beta1) as f32,
-                    beta2: c.beta2 as f32,
-                    one_minus_beta2: (1.0 - c.beta2) as f32,
-                    sqrt_bc2: self.bc2.sqrt() as f32,
-                    eps: c.eps as f32,
-                    step: (self.lr / self.bc1) as f32,
-                };
-                let [p, g, m, v] = match crate::backend::fused::adamw(p, g, m, v, step) {
+                let c = self.step;
+                let [p, g, m, v] = match crate::backend::fused::adamw(p, g, m, v, c) {
                     Ok(updated) => return updated,
                     Err(inputs) => inputs,
                 };
                 // Decoupled weight decay first, as torch.optim.AdamW does.
-                let p = p.mul_scalar(1.0 - self.lr * c.weight_decay);
-                let m = m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1);
-                let v = v.mul_scalar(c.beta2) + (g.clone() * g).mul_scalar(1.0 - c.beta2);
-                let denom = v.clone().sqrt().div_scalar(self.bc2.sqrt()).add_scalar(c.eps);
-                let p = p - (m.clone() / denom).mul_scalar(self.lr / self.bc1);
+                let p = p.mul_scalar(c.decay);
+                let m = m.mul_scalar(c.beta1) + g.clone().mul_scalar(c.one_minus_beta1);
+                let v = v.mul_scalar(c.beta2) + (g.clone() * g).mul_scalar(c.one_minus_beta2);
+                let denom = v.clone().sqrt().div_scalar(c.sqrt_bc2).add_scalar(c.eps);
+                let p = p - (m.clone() / denom).mul_scalar(c.step);
                 [p, m, v]
             }
         }
@@ -305,7 +303,7 @@ impl<B: Backend> AdamW<B> {
                 })
             }
         }
-        let mut u = Update { grads: grads.grads, state: &mut self.state, c, lr, bc1, bc2 };
+        let mut u = Update { grads: grads.grads, state: &mut self.state, step };
         walk_params(model, &mut u)
     }
 

@@ -15,14 +15,16 @@ use hacpo::task::{Task, TaskPrompt};
 use hacpo::tokenizer::Message;
 use hacpo::trainer::Trainer;
 
-/// A verifiable task random models can sometimes solve: reward 1 if the response contains
-/// a digit. (The Task trait is the plug-in point for any checkable reward.)
-struct ContainsDigit {
+/// A verifiable task on GSM8K questions whose reward reads the response alone (the Task trait
+/// is the plug-in point for any checkable reward).
+struct ResponseTask {
+    name: &'static str,
     prompts: Vec<TaskPrompt>,
+    reward: fn(&str) -> f64,
 }
 
-impl ContainsDigit {
-    fn new(n: usize) -> Self {
+impl ResponseTask {
+    fn new(name: &'static str, n: usize, reward: fn(&str) -> f64) -> Self {
         let text = std::fs::read_to_string(common::shared("data/math/gsm8k_test.jsonl")).unwrap();
         let prompts = text
             .lines()
@@ -37,13 +39,31 @@ impl ContainsDigit {
                 }
             })
             .collect();
-        ContainsDigit { prompts }
+        ResponseTask { name, prompts, reward }
+    }
+
+    /// Reward 1 if the response contains a digit: random models sometimes write one.
+    fn contains_digit(n: usize) -> Self {
+        Self::new("contains-digit", n, |r| if r.chars().any(|c| c.is_ascii_digit()) { 1.0 } else { 0.0 })
+    }
+
+    /// A reward that differs between any two different responses (a hash of the text in
+    /// [0, 1)): every group holding two different samples gets non-zero advantages, whatever an
+    /// untrained model writes, so a test of gradient flow does not hang on sampling luck.
+    fn text_hash(n: usize) -> Self {
+        Self::new("text-hash", n, |r| (hacpo::stable_hash::hash_bytes(r.as_bytes()) % 1000) as f64 / 1000.0)
+    }
+
+    /// Reward 1 when the response starts with "2": the tiny agents write "1"s and "2"s, so
+    /// about half their responses earn it, and the policy gradient must push that share up.
+    fn starts_with_two(n: usize) -> Self {
+        Self::new("starts-with-two", n, |r| if r.trim_start().starts_with('2') { 1.0 } else { 0.0 })
     }
 }
 
-impl Task for ContainsDigit {
+impl Task for ResponseTask {
     fn name(&self) -> &str {
-        "contains-digit"
+        self.name
     }
     fn train(&self) -> &[TaskPrompt] {
         &self.prompts
@@ -52,29 +72,7 @@ impl Task for ContainsDigit {
         &[]
     }
     fn reward(&self, _: &TaskPrompt, response: &str) -> f64 {
-        if response.chars().any(|c| c.is_ascii_digit()) { 1.0 } else { 0.0 }
-    }
-}
-
-/// A reward that differs between any two different responses (a hash of the text in [0, 1)):
-/// every group holding two different samples gets non-zero advantages, whatever an untrained
-/// model writes, so a test of gradient flow does not hang on sampling luck.
-struct TextHash {
-    prompts: Vec<TaskPrompt>,
-}
-
-impl Task for TextHash {
-    fn name(&self) -> &str {
-        "text-hash"
-    }
-    fn train(&self) -> &[TaskPrompt] {
-        &self.prompts
-    }
-    fn validation(&self) -> &[TaskPrompt] {
-        &[]
-    }
-    fn reward(&self, _: &TaskPrompt, response: &str) -> f64 {
-        (hacpo::stable_hash::hash_bytes(response.as_bytes()) % 1000) as f64 / 1000.0
+        (self.reward)(response)
     }
 }
 
@@ -151,7 +149,8 @@ fn run_and_check(agents: &[&Path], expected_dumps: usize) {
         .map(|m| export(&m))
         .collect();
     let mut trainer =
-        Trainer::<Cpu>::start(cfg, Arc::new(ContainsDigit::new(8)), vec![common::device(); agents.len()]).unwrap();
+        Trainer::<Cpu>::start(cfg, Arc::new(ResponseTask::contains_digit(8)), vec![common::device(); agents.len()])
+            .unwrap();
     let summary = trainer.run().unwrap();
     assert_eq!(summary.steps, 2);
 
@@ -216,27 +215,6 @@ fn three_agents_three_tokenizer_families() {
     run_and_check(&[qwen.path(), llama.path(), gpt2.path()], 2 * 3 * 6);
 }
 
-/// Reward 1 when the response starts with "2": the tiny agents write "1"s and "2"s, so about
-/// half their responses earn it, and the policy gradient must push that share up.
-struct StartsWithTwo {
-    prompts: Vec<TaskPrompt>,
-}
-
-impl Task for StartsWithTwo {
-    fn name(&self) -> &str {
-        "starts-with-two"
-    }
-    fn train(&self) -> &[TaskPrompt] {
-        &self.prompts
-    }
-    fn validation(&self) -> &[TaskPrompt] {
-        &[]
-    }
-    fn reward(&self, _: &TaskPrompt, response: &str) -> f64 {
-        if response.trim_start().starts_with('2') { 1.0 } else { 0.0 }
-    }
-}
-
 /// The loop learns: sampled reward rises over a few HACPO steps for both agents (CPU runs
 /// are deterministic, so this is not a flaky threshold).
 #[test]
@@ -257,7 +235,7 @@ fn hacpo_raises_a_learnable_reward_for_both_agents() {
     cfg.algo.kl_coef = 0.0;
     cfg.rollout.max_new_tokens = 4;
     cfg.rollout.batch_prompts = 4;
-    let task = StartsWithTwo { prompts: ContainsDigit::new(8).prompts };
+    let task = ResponseTask::starts_with_two(8);
     let mut trainer = Trainer::<Cpu>::start(cfg, Arc::new(task), vec![common::device(); 2]).unwrap();
     let mut scores: Vec<Vec<f64>> = vec![vec![]; 2];
     for _ in 0..8 {
@@ -295,12 +273,8 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
         cfg.run.dump_batches = false;
         cfg.algo.minibatch_prompts = 2;
         cfg.algo.kl_coef = 0.01;
-        let mut trainer = Trainer::<Cpu>::start(
-            cfg,
-            Arc::new(TextHash { prompts: ContainsDigit::new(4).prompts }),
-            vec![common::device(); 2],
-        )
-        .unwrap();
+        let mut trainer =
+            Trainer::<Cpu>::start(cfg, Arc::new(ResponseTask::text_hash(4)), vec![common::device(); 2]).unwrap();
         assert_eq!(trainer.algorithm_name(), name);
         trainer.run().unwrap();
         for (agent, m) in &trainer.last_metrics {

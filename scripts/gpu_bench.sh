@@ -10,12 +10,13 @@
 # (hacpo's kernels are compiled by NVRTC at run time).
 #
 # What it runs (random weights in the shape of a zoo entry, no download):
-#   1. hacpo bench --device $DEVICE --random-shape SHAPE           (f32: hacpo's only precision so far)
+#   1. hacpo bench --device $DEVICE --random-shape SHAPE --compute-dtype f32, then bf16
+#      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights)
 #   2. scripts/bench_pytorch.py --device cuda --shape SHAPE     (SDPA; f32 and bf16)
 #      Same phases and sizes: prefill, decode at batch 1 and 64, train step.
-#   3. hacpo bench --trainer --device cuda: three HACPO steps of two random agents with the real
-#      Qwen3 and Llama-3.1 tokenizers, both of SHAPE's hidden size and depth (4 heads, MLP 3×
-#      hidden: the trainer bench's own family of shapes), on one GPU; needs ../shared.
+#   3. hacpo bench --trainer --device cuda --compute-dtype bf16: three HACPO steps of two random
+#      agents with the real Qwen3 and Llama-3.1 tokenizers, both of SHAPE's hidden size and depth
+#      (4 heads, MLP 3× hidden: the trainer bench's own family of shapes), on one GPU; needs ../shared.
 # and prints tokens/s side by side with the ratio hacpo / PyTorch, and each phase's peak memory
 # (PyTorch's allocator peak; nvidia-smi's peak for hacpo, sampled every 0.2 s).
 # Everything lands in DIR (default gpu-bench-<date>): the JSON of each run and summary.txt.
@@ -88,8 +89,10 @@ with_peak() {
   sort -n "$samples" | tail -1 > "$OUT/$name.peak_mib"
 }
 
-echo "== hacpo bench, $SHAPE shape, f32"
-with_peak hacpo_f32 sh -c "\"$HACPO\" bench --device $DEVICE --random-shape $SHAPE $PREFILL $DECODE $TRAIN --reps $REPS --format json > \"$OUT/hacpo_f32.json\""
+for dtype in f32 bf16; do
+  echo "== hacpo bench, $SHAPE shape, $dtype matmuls"
+  with_peak "hacpo_$dtype" sh -c "\"$HACPO\" bench --device $DEVICE --random-shape $SHAPE --compute-dtype $dtype $PREFILL $DECODE $TRAIN --reps $REPS --format json > \"$OUT/hacpo_$dtype.json\""
+done
 for dtype in float32 bfloat16; do
   echo "== PyTorch eager (SDPA), $SHAPE shape, $dtype"
   "$PYTHON" "$HERE/bench_pytorch.py" --device "$DEVICE" --shape "$SHAPE" --dtype "$dtype" $PREFILL $DECODE $TRAIN \
@@ -101,26 +104,28 @@ read -r HIDDEN LAYERS < <("$PYTHON" -c "
 import tomllib; c = tomllib.load(open('$HERE/../models/$SHAPE.toml', 'rb'))['config']
 print(c['hidden_size'], c['num_hidden_layers'])")
 [ "$SMOKE" = 1 ] && { HIDDEN=64; LAYERS=2; }
-with_peak hacpo_trainer sh -c "\"$HACPO\" bench --trainer --device $DEVICE --hidden $HIDDEN --layers $LAYERS --steps $TRAINER_STEPS > \"$OUT/hacpo_trainer.txt\" 2>&1"
+with_peak hacpo_trainer sh -c "\"$HACPO\" bench --trainer --device $DEVICE --compute-dtype bf16 --hidden $HIDDEN --layers $LAYERS --steps $TRAINER_STEPS > \"$OUT/hacpo_trainer.txt\" 2>&1"
 
 "$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
 import json, os, sys
 out = sys.argv[1]
 load = lambda f: json.load(open(os.path.join(out, f)))
-h, t32, t16 = load("hacpo_f32.json"), load("torch_float32.json"), load("torch_bfloat16.json")
+h, h16 = load("hacpo_f32.json"), load("hacpo_bf16.json")
+t32, t16 = load("torch_float32.json"), load("torch_bfloat16.json")
 key = lambda r: (r["name"], r["batch"])
 rate = lambda run: {key(r): r["tokens_per_second"] for r in run["results"]}
 peak = lambda run: {key(r): r.get("peak_bytes") for r in run["results"]}
-hr, r32, r16, p32, p16 = rate(h), rate(t32), rate(t16), peak(t32), peak(t16)
+hr, hr16, r32, r16, p32, p16 = rate(h), rate(h16), rate(t32), rate(t16), peak(t32), peak(t16)
 print(f"GPU: {open(os.path.join(out, 'gpu.txt')).read().strip()}")
 print(f"model: {h['model']}; torch {t32['torch']}")
-print("ratio = hacpo tokens/s over PyTorch's (above 1: hacpo is faster)")
-print(f"{'phase':<16}{'hacpo f32 tok/s':>16}{'torch f32':>12}{'ratio':>8}{'torch bf16':>12}{'ratio':>8}{'torch peak f32/bf16 GB':>26}")
+print("tokens/s; ratio = hacpo over PyTorch in the same precision")
+print(f"{'phase':<16}{'hacpo f32':>11}{'torch f32':>11}{'ratio':>7}{'hacpo bf16':>12}{'torch bf16':>12}{'ratio':>7}"
+      f"{'torch peak f32/bf16 GB':>25}")
 for k in hr:
     gb = lambda p: "-" if p.get(k) is None else f"{p[k] / 1e9:.1f}"
-    print(f"{k[0] + ' b' + str(k[1]):<16}{hr[k]:>16.1f}{r32[k]:>12.1f}{hr[k] / r32[k]:>8.2f}{r16[k]:>12.1f}"
-          f"{hr[k] / r16[k]:>8.2f}{gb(p32) + ' / ' + gb(p16):>26}")
-for name in ["hacpo_f32", "hacpo_trainer"]:
+    print(f"{k[0] + ' b' + str(k[1]):<16}{hr[k]:>11.1f}{r32[k]:>11.1f}{hr[k] / r32[k]:>7.2f}{hr16[k]:>12.1f}{r16[k]:>12.1f}"
+          f"{hr16[k] / r16[k]:>7.2f}{gb(p32) + ' / ' + gb(p16):>25}")
+for name in ["hacpo_f32", "hacpo_bf16", "hacpo_trainer"]:
     mib = open(os.path.join(out, name + ".peak_mib")).read().strip() or "?"
     print(f"{name}: peak GPU memory {mib} MiB (nvidia-smi)")
 print("hacpo --trainer (last lines):")

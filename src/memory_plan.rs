@@ -23,7 +23,7 @@ use crate::error::{Error, Result};
 use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
 use crate::model::lora::LoraConfig;
-use crate::model::precision::FrozenDtype;
+use crate::model::precision::{ComputeDtype, FrozenDtype};
 
 /// Bytes per stored number: f32 everywhere for now.
 const F32: u64 = 4;
@@ -72,6 +72,8 @@ pub struct Workload {
     pub reference: bool,
     /// Layers are recomputed in the backward pass (`algo.gradient_checkpointing`).
     pub checkpointing: bool,
+    /// The matmuls' dtype (`algo.compute_dtype`).
+    pub compute: ComputeDtype,
 }
 
 impl Workload {
@@ -92,6 +94,7 @@ impl Workload {
             rollout_new: r.max_new_tokens,
             reference: cfg.algo.kl_coef > 0.0,
             checkpointing: cfg.algo.gradient_checkpointing,
+            compute: cfg.algo.compute_dtype,
         })
     }
 }
@@ -132,7 +135,13 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     // softmax and gradient (score.rs, at most CHUNK_ELEMENTS).
     let chunk_rows = (CHUNK_ELEMENTS as u64 / vocab.max(1)).max(1);
     let transient = 3 * seqs * heads * t * t + seqs * t * 3 * d + 3 * (seqs * t).min(chunk_rows) * vocab;
-    let activations = (kept + transient) * F32;
+    // In half precision the matmuls' saved inputs are half the bytes; the estimate keeps f32
+    // (an upper bound). What it adds: the weights' copies in the compute dtype, which the
+    // update's matmuls read and the backward pass keeps, and which sampling reads
+    // (`precision::rollout_copy`); none for a base already stored in that dtype.
+    let base_in_compute_dtype = lora.is_some() && frozen.name() == w.compute.name();
+    let compute_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { params * w.compute.bytes() };
+    let activations = (kept + transient) * F32 + compute_copy;
 
     // The cache starts at the prompt plus up to 512 new tokens and doubles (kv_cache.rs);
     // growing copies the old buffer into one twice its size, both alive for a moment.
@@ -154,7 +163,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         gradients: trained,
         optimizer: 2 * trained,
         activations,
-        rollout: kv_cache + sampling + prefill,
+        rollout: kv_cache + sampling + prefill + compute_copy,
     }
 }
 
@@ -412,7 +421,8 @@ impl fmt::Display for MemoryPlan {
         let w = &self.workload;
         writeln!(
             f,
-            "memory plan (f32 compute; micro-batch {} × {} tokens{}; rollout {} × {}+{} tokens{}):",
+            "memory plan ({} matmuls; micro-batch {} × {} tokens{}; rollout {} × {}+{} tokens{}):",
+            w.compute.name(),
             w.micro_batch,
             w.train_len,
             if w.checkpointing { ", gradient checkpointing" } else { "" },
@@ -583,6 +593,7 @@ mod tests {
             rollout_new: 512,
             reference,
             checkpointing: false,
+            compute: ComputeDtype::F32,
         }
     }
 
@@ -652,6 +663,25 @@ mod tests {
         assert_eq!(half.weights, full.weights / 2 + adapter);
         let reference = footprint(&shape, &workload(1024, true), None, FrozenDtype::Bf16);
         assert_eq!((reference.weights, reference.reference), (full.weights, full.weights / 2));
+    }
+
+    #[test]
+    fn half_precision_compute_adds_the_weights_copy_in_that_dtype_unless_the_base_is_stored_so() {
+        let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
+        let params = shape.num_parameters() as u64;
+        let f32 = footprint(&shape, &workload(1024, true), None, FrozenDtype::F32);
+        let w = Workload { compute: ComputeDtype::Bf16, ..workload(1024, true) };
+        let bf16 = footprint(&shape, &w, None, FrozenDtype::F32);
+        assert_eq!(bf16.activations, f32.activations + 2 * params);
+        assert_eq!(bf16.rollout, f32.rollout + 2 * params);
+        assert_eq!(bf16.persistent(), f32.persistent());
+        // A LoRA base stored in bf16 is what the matmuls read: no copy.
+        let lora = LoraConfig::default();
+        let stored = footprint(&shape, &w, Some(&lora), FrozenDtype::Bf16);
+        let f32_lora = footprint(&shape, &workload(1024, true), Some(&lora), FrozenDtype::Bf16);
+        assert_eq!((stored.activations, stored.rollout), (f32_lora.activations, f32_lora.rollout));
+        let other = footprint(&shape, &Workload { compute: ComputeDtype::F16, ..w }, Some(&lora), FrozenDtype::Bf16);
+        assert_eq!(other.rollout, f32_lora.rollout + 2 * params);
     }
 
     #[test]

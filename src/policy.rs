@@ -69,8 +69,15 @@ impl<B: Backend> Policy<B> {
         }
     }
 
-    /// The model without autodiff, for sampling and scoring (shares the weights).
+    /// The model without autodiff, for sampling and scoring: it shares the weights, or with a
+    /// half-precision `algo.compute_dtype` is their copy in that dtype
+    /// ([`crate::model::precision::rollout_copy`]).
     pub fn inference_model(&self) -> CausalLm<B> {
+        crate::model::precision::rollout_copy(self.model.valid())
+    }
+
+    /// The f32 master weights without autodiff (what checkpoints save; shares the weights).
+    pub fn master_model(&self) -> CausalLm<B> {
         self.model.valid()
     }
 

@@ -206,6 +206,37 @@ fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
     assert_eq!(greedy(&merged), greedy(&agent));
 }
 
+/// `--compute-dtype bf16` (mixed precision on the CPU): sampling reads the bf16 rollout copy
+/// and the update casts the f32 master weights to the same values, so the first step's KL to
+/// the (equally rounded) reference is 0; the run resumes after SIGKILL with the setting kept.
+#[test]
+fn a_bf16_compute_run_starts_at_zero_kl_and_resumes_after_sigkill() {
+    let s = setup(2);
+    let cfg = s.config.to_str().unwrap();
+    let whole = s.data.path().join("bf16-whole");
+    let out = run(&["train", "--config", cfg, "--compute-dtype", "bf16", "--out", whole.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+    let first_kl = reference[0]["data"]["actor/kl_loss"].as_f64().unwrap();
+    assert!(first_kl.abs() < 1e-6, "policy and reference read the same bf16 weights: {first_kl}");
+    for m in &reference {
+        for key in ["actor/pg_loss", "actor/grad_norm", "actor/kl_loss"] {
+            assert!(m["data"][key].as_f64().unwrap().is_finite(), "{key}: {m}");
+        }
+    }
+    let saved = std::fs::read_to_string(whole.join("config.toml")).unwrap();
+    assert!(saved.contains("compute_dtype = \"bf16\""), "the run's config keeps the setting:\n{saved}");
+
+    let killed = s.data.path().join("bf16-killed");
+    common::train_killed_after_checkpoint(
+        &["train", "--config", cfg, "--compute-dtype", "bf16", "--out", killed.to_str().unwrap()],
+        1,
+    );
+    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&killed), reference);
+}
+
 #[test]
 fn a_diverging_run_stops_naming_agent_and_step_and_keeps_the_last_checkpoint() {
     // GSPO with one update per step: the huge learning rate blows the weights up in step 1's

@@ -35,6 +35,8 @@ pub struct TrainerBenchOptions {
     pub layers: usize,
     /// Recompute layers in the update's backward pass (`algo.gradient_checkpointing`).
     pub gradient_checkpointing: bool,
+    /// The matmuls' dtype (`algo.compute_dtype`).
+    pub compute_dtype: crate::model::precision::ComputeDtype,
 }
 
 /// Mean seconds per measured step, and token counts, over both agents.
@@ -153,6 +155,7 @@ prompts_per_step = {p}
 minibatch_prompts = {p}
 micro_batch_sequences = 8
 gradient_checkpointing = {ckpt}
+compute_dtype = "{compute}"
 
 [algo.optimizer]
 lr = 1e-5
@@ -179,6 +182,7 @@ model = "{llama}"
         p = opts.prompts_per_step,
         n = opts.max_new_tokens,
         ckpt = opts.gradient_checkpointing,
+        compute = opts.compute_dtype.name(),
         prompts = opts.prompts.display(),
         qwen = qwen.display(),
         llama = llama.display(),

@@ -5,6 +5,7 @@ use clap::Args;
 use hacpo::backend::DeviceSpec;
 use hacpo::bench::trainer::TrainerBenchOptions;
 use hacpo::bench::{self, Measurement};
+use hacpo::model::precision::{ComputeDtype, rollout_copy, set_compute};
 use hacpo::model::{CausalLm, weights};
 use hacpo::{Error, Result, with_backend};
 
@@ -15,7 +16,8 @@ use super::Format;
     hacpo bench                      # ~5M-parameter Llama config, random weights\n  \
     hacpo bench --model \"$(../shared/scripts/fetch-smollm2.sh)\" --format json\n  \
     hacpo bench --trainer            # where a two-agent HACPO step spends its time\n  \
-    hacpo bench --random-shape qwen-1.5b --device cuda   # a Qwen2.5-1.5B-shaped model, random weights")]
+    hacpo bench --random-shape qwen-1.5b --device cuda   # a Qwen2.5-1.5B-shaped model, random weights\n  \
+    hacpo bench --random-shape qwen-1.5b --device cuda --compute-dtype bf16")]
 pub struct BenchArgs {
     /// Model to measure (directory, .gguf or zoo id); default: the built-in tiny-5m config.
     #[arg(short, long, conflicts_with = "random_shape")]
@@ -27,6 +29,10 @@ pub struct BenchArgs {
     /// cpu, cuda, cuda:N or wgpu.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The matmuls' dtype, as algo.compute_dtype: prefill and decode read the weights stored in
+    /// it, the train step casts f32 master weights (bf16: CUDA or CPU; wgpu has f16 only).
+    #[arg(long, value_name = "DTYPE", default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+    pub compute_dtype: String,
     /// Prefill: sequences per batch.
     #[arg(long, default_value_t = 4)]
     pub prefill_batch: usize,
@@ -93,13 +99,27 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.decode_batch.contains(&0) {
         return Err(Error::InvalidArgument("--decode-batch sizes must be at least 1".into()));
     }
+    if device == DeviceSpec::Wgpu && compute_dtype(&args) == ComputeDtype::Bf16 {
+        return Err(Error::InvalidArgument(
+            "--compute-dtype bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there".into(),
+        ));
+    }
     if args.trainer {
         return with_backend!(device, |B, dev| run_trainer::<B>(&args, &dev));
     }
     with_backend!(device, |B, dev| run_on::<B>(&args, &dev))
 }
 
+fn compute_dtype(args: &BenchArgs) -> ComputeDtype {
+    ComputeDtype::parse(&args.compute_dtype).expect("clap checked the value")
+}
+
+/// The model to measure, computing in `--compute-dtype` (its weights still f32).
 fn load<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
+    Ok(set_compute(load_weights(args, device)?, compute_dtype(args)))
+}
+
+fn load_weights<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
     if let Some(id) = &args.random_shape {
         let entry = hacpo::model::zoo::find(id).ok_or_else(|| hacpo::resolve::unknown_model(id))?;
         let config = entry.model_config()?;
@@ -120,7 +140,8 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
         (None, Some(m)) => m.clone(),
         (None, None) => "tiny-5m (random)".into(),
     };
-    let model = load::<B>(args, device)?;
+    // What sampling reads: the weights stored in the compute dtype.
+    let model = rollout_copy(load::<B>(args, device)?);
     let context = model.config.max_position_embeddings;
     for (flag, len) in [
         ("--prefill-len", args.prefill_len),
@@ -135,8 +156,9 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
     }
     let params = model.config.num_parameters();
     eprintln!(
-        "benchmarking {name} ({params} parameters) on {} with {} threads",
+        "benchmarking {name} ({params} parameters) on {}, {} matmuls, with {} threads",
         args.device,
+        args.compute_dtype,
         rayon::current_num_threads()
     );
     let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len, args.reps)];
@@ -151,7 +173,7 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
     match args.format {
         Format::Json => {
             let out = serde_json::json!({"model": name, "parameters": params, "device": args.device,
-                "threads": rayon::current_num_threads(), "results": results});
+                "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "results": results});
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }
         Format::Text => {
@@ -185,6 +207,7 @@ fn run_trainer<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::
         hidden: args.hidden,
         layers: args.layers,
         gradient_checkpointing: args.gradient_checkpointing,
+        compute_dtype: compute_dtype(args),
     };
     eprintln!(
         "benchmarking a HACPO step: 2 agents, {} prompts × G={} × {} new tokens, {} threads",

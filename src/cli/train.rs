@@ -66,10 +66,15 @@ pub struct TrainArgs {
     /// the base weights frozen; per agent: an [agents.lora] table in the config.
     #[arg(long, value_name = "RANK")]
     pub lora: Option<usize>,
-    /// Store every agent's frozen weights (a LoRA base, the KL reference) as bf16 or f16;
-    /// compute stays f32. Per agent: frozen_dtype under its [[agents]].
+    /// Store every agent's frozen weights (a LoRA base, the KL reference) as bf16 or f16.
+    /// Per agent: frozen_dtype under its [[agents]].
     #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16", "f16"])]
     pub frozen_dtype: Option<String>,
+    /// Run the matmuls in bf16 or f16 (mixed precision: f32 master weights, norms, softmax and
+    /// optimizer; sampling reads a copy of the weights in that dtype). Same as
+    /// --set algo.compute_dtype=DTYPE. bf16 needs CUDA or the CPU (wgpu has f16 only).
+    #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16", "f16"])]
+    pub compute_dtype: Option<String>,
 }
 
 impl TrainArgs {
@@ -80,6 +85,7 @@ impl TrainArgs {
             || self.algo.is_some()
             || self.lora.is_some()
             || self.frozen_dtype.is_some()
+            || self.compute_dtype.is_some()
     }
 }
 
@@ -105,6 +111,9 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
     if let Some(d) = &args.frozen_dtype {
         let dtype = hacpo::model::precision::FrozenDtype::parse(d).expect("clap checked the value");
         cfg.policies.iter_mut().for_each(|p| p.frozen_dtype = dtype);
+    }
+    if let Some(d) = &args.compute_dtype {
+        cfg.algo.compute_dtype = hacpo::model::precision::ComputeDtype::parse(d).expect("clap checked the value");
     }
     if let Some(a) = &args.algo {
         hacpo::rl::registry::check(a)?;

@@ -16,13 +16,8 @@ pub const EMBEDDED_DEFAULT: &str = include_str!("../../configs/tiny-duo.toml");
 /// How errors and logs name the embedded default.
 pub const EMBEDDED_DEFAULT_NAME: &str = "configs/tiny-duo.toml (embedded default)";
 
-/// Compute precision of training.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ComputeDtype {
-    /// f32 master weights and compute (the only one available so far).
-    F32,
-}
+/// The dtype of the matmuls (`algo.compute_dtype`; see [`crate::model::precision`]).
+pub use crate::model::precision::ComputeDtype;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -510,6 +505,15 @@ impl TrainConfig {
                         .into(),
                 );
             }
+            if device == crate::backend::DeviceSpec::Wgpu && self.algo.compute_dtype == ComputeDtype::Bf16 {
+                return bad(
+                    "algo.compute_dtype",
+                    format!(
+                        "bf16 is not available on wgpu, where policies[{i}] runs (WGSL has no bf16 type); use \"f16\" \
+                         there, or bf16 on a CUDA device"
+                    ),
+                );
+            }
             if names[..i].contains(&names[i]) {
                 return bad(&format!("policies[{i}].name"), format!("{:?} names two policies", names[i]));
             }
@@ -734,6 +738,17 @@ model = "b"
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("policies[0].frozen_dtype") && e.contains("bf16 is not available on wgpu"), "{e}");
         c.policies[0].frozen_dtype = FrozenDtype::F16;
+        c.validate().unwrap();
+    }
+
+    #[test]
+    fn bf16_compute_is_refused_on_wgpu_and_f16_is_not() {
+        let mut c = TrainConfig::from_toml(EMBEDDED_DEFAULT, "default", &["algo.compute_dtype=bf16".into()]).unwrap();
+        c.validate().unwrap();
+        c.policies[1].device = "wgpu".into();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("algo.compute_dtype") && e.contains("policies[1]") && e.contains("use \"f16\""), "{e}");
+        c.algo.compute_dtype = ComputeDtype::F16;
         c.validate().unwrap();
     }
 

@@ -8,7 +8,7 @@
 //!   each chunk's logits instead of keeping them, so the graph holds only `h`, `W` and one
 //!   log-sum-exp per token (the "fused linear cross-entropy" trick).
 
-use burn::tensor::{IndexingUpdateOp, ops::FloatTensor};
+use burn::tensor::{DType, FloatDType, IndexingUpdateOp, ops::FloatTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -29,6 +29,18 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
     Tensor::from_data(TensorData::new(data, [targets.len()]), device)
 }
 
+/// `t` in `dtype` (unchanged when it already is).
+fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(FloatDType::from(dtype)) }
+}
+
+/// `rows · weightᵀ` multiplied in the weight's dtype (the model's compute dtype, see
+/// `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
+fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
+    let dtype = weight.dtype();
+    in_dtype(in_dtype(rows, dtype).matmul(weight.transpose()), DType::F32)
+}
+
 /// Forward for one chunk: (log-prob of each target, log-sum-exp of each row).
 fn chunk_forward<B: Backend>(
     hidden: Tensor<B, 2>,
@@ -38,7 +50,7 @@ fn chunk_forward<B: Backend>(
 ) -> (Tensor<B, 1>, Tensor<B, 1>) {
     let n = hidden.dims()[0];
     let device = hidden.device();
-    let z = hidden.matmul(weight.transpose()); // [n, vocab]
+    let z = head_product(hidden, weight); // [n, vocab]
     if let Some((logp, lse)) = flex_fast::target_logprobs(&z, targets, inv_temperature) {
         let vec = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [n]), &device);
         return (vec(logp), vec(lse));
@@ -113,12 +125,14 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
 
         let [n, d] = hidden.dims();
+        // The products run in the weight's dtype; each gradient is returned in its input's.
+        let (dtype, hidden_dtype) = (weight.dtype(), hidden.dtype());
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
         for start in (0..n).step_by(rows) {
             let end = (start + rows).min(n);
             let h = hidden.clone().slice([start..end, 0..d]);
-            let z = h.clone().matmul(weight.clone().transpose());
+            let z = head_product(h.clone(), weight.clone());
             let dz = chunk_logits_grad(
                 z,
                 lse.clone().narrow(0, start, end - start),
@@ -126,11 +140,13 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
                 grad_out.clone().narrow(0, start, end - start),
                 inv_t,
             );
+            let dz = in_dtype(dz, dtype);
             if node_hidden.is_some() {
-                grad_hidden.push(dz.clone().matmul(weight.clone()));
+                grad_hidden.push(in_dtype(dz.clone().matmul(weight.clone()), hidden_dtype));
             }
             if node_weight.is_some() {
-                let gw = dz.transpose().matmul(h);
+                // Summed over chunks in f32.
+                let gw = in_dtype(dz.transpose().matmul(in_dtype(h, dtype)), DType::F32);
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc + gw,
                     None => gw,
@@ -142,7 +158,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
             grads.register::<B>(node.id, gh.into_primitive().tensor());
         }
         if let Some(node) = node_weight {
-            let gw = grad_weight.unwrap_or_else(|| weight.zeros_like());
+            let gw = in_dtype(grad_weight.unwrap_or_else(|| weight.zeros_like()), dtype);
             grads.register::<B>(node.id, gw.into_primitive().tensor());
         }
     }

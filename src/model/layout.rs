@@ -81,6 +81,8 @@ pub struct LayoutTensors<B: Backend> {
     /// when rows share the mask (broadcast over batch and heads), else the full
     /// `[batch, heads*t*keys]`. `None` when a single query sees every cached key.
     pub bias: Option<Tensor<B, 2>>,
+    /// The model's matmul dtype, for the layers this is passed through.
+    pub compute: crate::model::precision::ComputeDtype,
 }
 
 impl<B: Backend> LayoutTensors<B> {
@@ -144,6 +146,11 @@ impl<B: Backend> LayoutTensors<B> {
             Some(Tensor::from_data(TensorData::new(bias, [rows, heads.query * per_head]), device))
         };
 
-        LayoutTensors { query: tables(heads.query, scale), key: tables(heads.key_value, 1.0), bias }
+        LayoutTensors {
+            query: tables(heads.query, scale),
+            key: tables(heads.key_value, 1.0),
+            bias,
+            compute: Default::default(),
+        }
     }
 }

@@ -1,13 +1,24 @@
-//! Storage precision of the weights that do not train.
+//! Precision: how weights are stored and in which dtype the matmuls run.
 //!
-//! A LoRA policy's frozen base and a full fine-tune's KL reference are only ever read, so they
-//! can be stored in bf16 or f16 at half the bytes (32 GB → 16 GB for an 8B model). Compute
-//! stays f32: each layer casts a stored weight to f32 where it is used ([`f32_weight`]), one
-//! weight at a time, and trainable weights, adapters and optimizer moments stay f32.
+//! **Storage** (`[[agents]] frozen_dtype`). A LoRA policy's frozen base and a full
+//! fine-tune's KL reference are only ever read, so they can be stored in bf16 or f16 at half
+//! the bytes (32 GB → 16 GB for an 8B model). Each layer casts a stored weight where it is
+//! used ([`f32_weight`], [`ComputeDtype::matmul`]); trainable weights, adapters and optimizer
+//! moments stay f32.
 //!
-//! Where it is available: CUDA (bf16, f16), the CPU backend (both, but burn-flex casts through
-//! f64, so each use costs a conversion), wgpu f16 only: WGSL has no bf16 type, and cubecl-wgpu
-//! 0.10 does not fail on one but computes garbage, so the config refuses it there.
+//! **Compute** (`algo.compute_dtype`), mixed precision as PyTorch's autocast does it: the
+//! projections, the attention products and the LM head multiply in bf16/f16 (tensor cores on
+//! a GPU); the residual stream, RMSNorm, softmax, log-softmax, LoRA adapters and the
+//! optimizer stay f32, and every matmul's result comes back as f32. Master weights stay f32;
+//! the backward pass keeps the half-precision copies the matmuls read, and the gradients
+//! reach the f32 weights through the casts. Sampling and scoring read [`rollout_copy`], the
+//! policy with every weight stored in the compute dtype once, so decoding does not cast the
+//! whole model per token. The CPU's fused attention computes in f32 (it is exact there).
+//!
+//! Where it is available: CUDA (bf16, f16), the CPU backend (both; burn-flex has half-precision
+//! GEMMs but no faster than f32 ones, so on the CPU this is for checking, not speed), wgpu f16
+//! only: WGSL has no bf16 type, and cubecl-wgpu 0.10 does not fail on one but computes
+//! garbage, so the config refuses it there.
 
 use burn::module::Param;
 use burn::tensor::{DType, FloatDType, Tensor, backend::Backend};
@@ -62,9 +73,100 @@ impl FrozenDtype {
     }
 }
 
+/// `algo.compute_dtype`: the dtype of the matmuls (see the module docs).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDtype {
+    #[default]
+    F32,
+    Bf16,
+    F16,
+}
+
+impl ComputeDtype {
+    pub fn is_f32(&self) -> bool {
+        *self == ComputeDtype::F32
+    }
+
+    /// The config's spelling.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeDtype::F32 => "f32",
+            ComputeDtype::Bf16 => "bf16",
+            ComputeDtype::F16 => "f16",
+        }
+    }
+
+    /// The dtype the config spells `name`.
+    pub fn parse(name: &str) -> Option<Self> {
+        [ComputeDtype::F32, ComputeDtype::Bf16, ComputeDtype::F16].into_iter().find(|d| d.name() == name)
+    }
+
+    /// Bytes per number.
+    pub fn bytes(self) -> u64 {
+        match self {
+            ComputeDtype::F32 => 4,
+            ComputeDtype::Bf16 | ComputeDtype::F16 => 2,
+        }
+    }
+
+    pub fn burn(self) -> FloatDType {
+        match self {
+            ComputeDtype::F32 => FloatDType::F32,
+            ComputeDtype::Bf16 => FloatDType::BF16,
+            ComputeDtype::F16 => FloatDType::F16,
+        }
+    }
+
+    /// `t` in this dtype (unchanged when it already is).
+    pub fn cast<B: Backend, const D: usize>(self, t: Tensor<B, D>) -> Tensor<B, D> {
+        if t.dtype() == DType::from(self.burn()) { t } else { t.cast(self.burn()) }
+    }
+
+    /// A weight as this dtype's forward reads it: rounded to the dtype, returned in f32 (for
+    /// the norms, biases and embedding, which compute in f32). The rollout copy stores
+    /// exactly these values.
+    pub fn weight<B: Backend, const D: usize>(self, t: Tensor<B, D>) -> Tensor<B, D> {
+        f32_weight(self.cast(t))
+    }
+
+    /// `a · b` multiplied in this dtype, returned in f32.
+    pub fn matmul<B: Backend, const D: usize>(self, a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+        f32_weight(self.cast(a).matmul(self.cast(b)))
+    }
+}
+
 /// `t` in f32, cast if it is stored in another precision.
 pub fn f32_weight<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
     if t.dtype() == DType::F32 { t } else { t.cast(FloatDType::F32) }
+}
+
+/// `model` computing its matmuls in `dtype` (see the module docs). Weights are unchanged.
+pub fn set_compute<B: Backend>(model: CausalLm<B>, dtype: ComputeDtype) -> CausalLm<B> {
+    CausalLm { compute: dtype, ..model }
+}
+
+/// What sampling and scoring read: `model` with every weight but the LoRA adapters stored in
+/// its compute dtype, so that a decoding step does not cast the whole model again. A weight
+/// already stored in that dtype (a bf16 LoRA base) is shared, not copied. The values are the
+/// ones the training forward casts to, so old and new log-probs see the same weights. An f32
+/// model is returned as it is.
+pub fn rollout_copy<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
+    if model.compute.is_f32() {
+        return model;
+    }
+    struct Cast(ComputeDtype);
+    impl<B: Backend> ParamVisitor<B> for Cast {
+        fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+            p.map(|t| self.0.cast(t))
+        }
+        fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
+            // Adapters run in f32 (see `Linear::forward`).
+            if name.contains(".lora_") { p } else { p.map(|t| self.0.cast(t)) }
+        }
+    }
+    let dtype = model.compute;
+    walk_params(model, &mut Cast(dtype))
 }
 
 /// `model` with every weight that does not train (no gradient required) stored as `dtype`.
@@ -93,6 +195,79 @@ mod tests {
     use crate::backend::Cpu;
     use crate::model::lora::tests::{logits, logits_tensor, max_diff, model};
     use crate::model::lora::{LoraConfig, attach};
+
+    /// `‖a − b‖ / ‖b‖`.
+    fn relative(a: &[f32], b: &[f32]) -> f64 {
+        let d: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        (d / n).sqrt()
+    }
+
+    /// Log-probs of the fixed prompt's next tokens through the training op, and the gradients
+    /// of their sum for q_proj, down_proj and the embedding (the LM head, tied).
+    fn grads(m: &CausalLm<Autodiff<Cpu>>) -> (Vec<f32>, [Vec<f32>; 3]) {
+        use burn::tensor::{Int, TensorData};
+        let ids = [5i64, 9, 1, 33, 60, 2, 17];
+        let t = ids.len();
+        let input = Tensor::<Autodiff<Cpu>, 2, Int>::from_data(TensorData::new(ids.to_vec(), [1, t]), &m.device());
+        let layout = m.layout_tensors(&crate::model::Layout::dense(1, t));
+        let hidden = m.forward_hidden(input, &layout, None).reshape([t, 32]);
+        let targets = [9u32, 1, 33, 60, 2, 17, 40];
+        let logp = crate::generate::score::token_logprobs_autodiff(hidden, m.lm_head_weight(), &targets, 1.0);
+        let values = logp.clone().into_data().convert::<f32>().into_vec().unwrap();
+        let g = logp.sum().backward();
+        let host = |t: Tensor<Cpu, 2>| {
+            assert_eq!(t.dtype(), DType::F32, "master gradients are f32");
+            t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+        };
+        let layer = &m.layers[0];
+        (
+            values,
+            [
+                host(layer.self_attn.q_proj.weight.val().grad(&g).unwrap()),
+                host(layer.mlp.down_proj.weight.val().grad(&g).unwrap()),
+                host(m.embed_tokens.val().grad(&g).unwrap()),
+            ],
+        )
+    }
+
+    #[test]
+    fn half_precision_compute_keeps_log_probs_and_gradients_close_to_f32_and_the_master_weights_f32() {
+        let full = model::<Autodiff<Cpu>>(true);
+        let (reference, reference_grads) = grads(&full);
+        for (dtype, values_tol, grad_tol) in [(ComputeDtype::Bf16, 5e-2, 3e-2), (ComputeDtype::F16, 5e-3, 3e-3)] {
+            let half = set_compute(full.clone(), dtype);
+            let (values, gs) = grads(&half);
+            let d = max_diff(&values, &reference);
+            // Not f32 in disguise: the products did run in the lower precision.
+            assert!(d > 0.0 && d < values_tol, "{dtype:?}: log-probs differ by {d}");
+            for (g, r) in gs.iter().zip(&reference_grads) {
+                let e = relative(g, r);
+                assert!(e > 0.0 && e < grad_tol, "{dtype:?}: gradients differ by {e} (relative)");
+            }
+            assert_eq!(half.layers[0].mlp.up_proj.weight.val().dtype(), DType::F32, "master weights stay f32");
+        }
+    }
+
+    #[test]
+    fn the_rollout_copy_stores_weights_in_the_compute_dtype_and_gives_the_training_forwards_logits() {
+        let config = LoraConfig { rank: 4, ..Default::default() };
+        let full = attach(model::<Cpu>(false), &config, 1);
+        assert_eq!(rollout_copy(full.clone()).embed_tokens.val().dtype(), DType::F32, "f32: the model itself");
+        for dtype in [ComputeDtype::Bf16, ComputeDtype::F16] {
+            let training = set_compute(full.clone(), dtype);
+            let copy = rollout_copy(training.clone());
+            let stored = DType::from(dtype.burn());
+            let attn = &copy.layers[1].self_attn;
+            assert_eq!(attn.q_proj.weight.val().dtype(), stored);
+            assert_eq!(copy.lm_head.as_ref().unwrap().val().dtype(), stored);
+            assert_eq!(copy.norm.weight.val().dtype(), stored);
+            assert_eq!(attn.q_proj.lora.as_ref().unwrap().a.val().dtype(), DType::F32, "adapters stay f32");
+            // The values the training forward casts to: the same logits.
+            let d = max_diff(&logits(&copy), &logits(&training));
+            assert!(d < 1e-6, "{dtype:?}: the copy's logits differ by {d}");
+        }
+    }
 
     #[test]
     fn a_lora_base_in_bf16_or_f16_keeps_the_logits_and_trains_only_the_adapters_in_f32() {

@@ -18,9 +18,11 @@
 //! rollout batch sizes (M = 64) with a row-major right-hand side (measured with burn-flex
 //! 0.21). Loading and saving transpose to and from HF's `[out, in]`.
 //!
-//! Invariant: all maths runs in f32 on whatever backend `B` is (weights stored in bf16/f16,
-//! see [`super::precision`], are cast where they are used); the forward pass never
-//! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
+//! Invariant: the residual stream, norms and softmaxes run in f32 on whatever backend `B` is;
+//! weights stored in bf16/f16 are cast where they are used, and the matmuls run in the
+//! model's compute dtype (f32 unless `algo.compute_dtype` says otherwise; see
+//! [`super::precision`]) with f32 results. The forward pass never materialises
+//! `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
 
 use burn::module::{Module, Param};
 use burn::tensor::{Int, Tensor, backend::Backend};
@@ -29,7 +31,7 @@ use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
-use super::precision::f32_weight;
+use super::precision::ComputeDtype;
 use super::rope::Rope;
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
@@ -42,18 +44,19 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+    /// The product runs in `compute`; the adapter and the bias are added in f32.
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
         let dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
         // GEMM per batch row and sum them.
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
-        let mut y = x2.clone().matmul(f32_weight(self.weight.val()));
+        let mut y = compute.matmul(x2.clone(), self.weight.val());
         if let Some(adapter) = &self.lora {
             y = y + adapter.forward(x2);
         }
         if let Some(b) = &self.bias {
-            y = y + f32_weight(b.val()).unsqueeze_dim(0);
+            y = y + compute.weight(b.val()).unsqueeze_dim(0);
         }
         let mut out = dims;
         out[D - 1] = self.weight.dims()[1];
@@ -69,8 +72,8 @@ pub struct RmsNorm<B: Backend> {
 }
 
 impl<B: Backend> RmsNorm<B> {
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        crate::backend::fused::rms_norm(x, f32_weight(self.weight.val()), self.eps)
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
+        crate::backend::fused::rms_norm(x, compute.weight(self.weight.val()), self.eps)
     }
 }
 
@@ -99,12 +102,13 @@ impl<B: Backend> Attention<B> {
         let [b, t, _] = x.dims();
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
 
-        let mut q = self.q_proj.forward(x.clone()).reshape([b, t, h, hd]);
-        let mut k = self.k_proj.forward(x.clone()).reshape([b, t, kvh, hd]);
-        let v = self.v_proj.forward(x).reshape([b, t, kvh, hd]).swap_dims(1, 2);
+        let c = layout.compute;
+        let mut q = self.q_proj.forward(x.clone(), c).reshape([b, t, h, hd]);
+        let mut k = self.k_proj.forward(x.clone(), c).reshape([b, t, kvh, hd]);
+        let v = self.v_proj.forward(x, c).reshape([b, t, kvh, hd]).swap_dims(1, 2);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = qn.forward(q);
-            k = kn.forward(k);
+            q = qn.forward(q, c);
+            k = kn.forward(k, c);
         }
         // RoPE in the projections' own contiguous layout; q also takes the 1/sqrt(d) scale.
         let q = apply_rope(q, &layout.query).swap_dims(1, 2);
@@ -114,8 +118,8 @@ impl<B: Backend> Attention<B> {
             Some((cache, layer, start)) => cache.append(layer, start, k, v),
             None => (k, v),
         };
-        let out = crate::backend::attention::attention(q, k, v, layout.bias.as_ref());
-        self.o_proj.forward(out)
+        let out = crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c);
+        self.o_proj.forward(out, c)
     }
 }
 
@@ -141,9 +145,10 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    pub fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gated = crate::backend::fused::swiglu(self.gate_proj.forward(x.clone()), self.up_proj.forward(x));
-        self.down_proj.forward(gated)
+    pub fn forward(&self, x: Tensor<B, 3>, compute: ComputeDtype) -> Tensor<B, 3> {
+        let gated =
+            crate::backend::fused::swiglu(self.gate_proj.forward(x.clone(), compute), self.up_proj.forward(x, compute));
+        self.down_proj.forward(gated, compute)
     }
 }
 
@@ -163,8 +168,9 @@ impl<B: Backend> DecoderLayer<B> {
         layout: &LayoutTensors<B>,
         cache: Option<(&mut KvCache<B>, usize, usize)>,
     ) -> Tensor<B, 3> {
-        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x), layout, cache);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+        let c = layout.compute;
+        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x, c), layout, cache);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h, c), c)
     }
 }
 
@@ -179,6 +185,9 @@ pub struct CausalLm<B: Backend> {
     pub lm_head: Option<Param<Tensor<B, 2>>>,
     #[module(skip)]
     pub config: ModelConfig,
+    /// The matmuls' dtype (`algo.compute_dtype`; set with [`super::precision::set_compute`]).
+    #[module(skip)]
+    pub compute: ComputeDtype,
 }
 
 impl<B: Backend> CausalLm<B> {
@@ -193,7 +202,7 @@ impl<B: Backend> CausalLm<B> {
     ) -> Tensor<B, 3> {
         let t = ids.dims()[1];
         let start = cache.as_ref().map_or(0, |c| c.len());
-        let mut x = burn::tensor::module::embedding(f32_weight(self.embed_tokens.val()), ids);
+        let mut x = self.embed(ids);
         for (i, layer) in self.layers.iter().enumerate() {
             let c = cache.as_deref_mut().map(|c| (c, i, start));
             x = layer.forward(x, layout, c);
@@ -201,7 +210,12 @@ impl<B: Backend> CausalLm<B> {
         if let Some(c) = cache {
             c.advance(t);
         }
-        self.norm.forward(x)
+        self.norm.forward(x, self.compute)
+    }
+
+    /// The embeddings `[batch, t, hidden]` of token ids `[batch, t]`, in f32.
+    pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        burn::tensor::module::embedding(self.compute.weight(self.embed_tokens.val()), ids)
     }
 
     /// The device the weights live on.
@@ -213,12 +227,13 @@ impl<B: Backend> CausalLm<B> {
     pub fn layout_tensors(&self, layout: &Layout) -> LayoutTensors<B> {
         let c = &self.config;
         let heads = Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim };
-        LayoutTensors::new(layout, &Rope::new(c), heads, &self.device())
+        LayoutTensors { compute: self.compute, ..LayoutTensors::new(layout, &Rope::new(c), heads, &self.device()) }
     }
 
-    /// The output projection `[vocab, hidden]` (the embedding matrix when tied).
+    /// The output projection `[vocab, hidden]` (the embedding matrix when tied), in the
+    /// compute dtype: the log-prob op multiplies in the weight's dtype.
     pub fn lm_head_weight(&self) -> Tensor<B, 2> {
-        f32_weight(match &self.lm_head {
+        self.compute.cast(match &self.lm_head {
             Some(w) => w.val(),
             None => self.embed_tokens.val(),
         })
@@ -227,6 +242,6 @@ impl<B: Backend> CausalLm<B> {
     /// Logits `[n, vocab]` for hidden states `[n, hidden]`. Callers select the rows they need
     /// first: full-sequence logits for a 152k vocabulary would not fit in memory.
     pub fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        hidden.matmul(self.lm_head_weight().transpose())
+        self.compute.matmul(hidden, self.lm_head_weight().transpose())
     }
 }

@@ -116,7 +116,7 @@ pub fn build<B: Backend>(
     let norm = loader.norm("model.norm.weight")?;
     let lm_head = if config.tie_word_embeddings { None } else { Some(loader.param2("lm_head.weight")?) };
     progress.finish();
-    Ok(CausalLm { embed_tokens, layers, norm, lm_head, config: config.clone() })
+    Ok(CausalLm { embed_tokens, layers, norm, lm_head, config: config.clone(), compute: Default::default() })
 }
 
 struct Loader<'a, B: Backend> {
@@ -208,7 +208,7 @@ pub trait ParamVisitor<B: Backend> {
 /// model. The single traversal that export, optimizers and gradient clipping share, so they
 /// agree on names by construction.
 pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V) -> CausalLm<B> {
-    let CausalLm { embed_tokens, layers, norm, lm_head, config } = model;
+    let CausalLm { embed_tokens, layers, norm, lm_head, config, compute } = model;
     let embed_tokens = v.matrix("model.embed_tokens.weight", embed_tokens, false);
     // Adapters are visited under PEFT's module names (`…q_proj.lora_A.weight`), stored
     // transposed like the weight they adapt.
@@ -253,7 +253,7 @@ pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V
         .collect();
     let norm = norm_of(v, "model.norm.weight".into(), norm);
     let lm_head = lm_head.map(|w| v.matrix("lm_head.weight", w, false));
-    CausalLm { embed_tokens, layers, norm, lm_head, config }
+    CausalLm { embed_tokens, layers, norm, lm_head, config, compute }
 }
 
 /// All weights of `model` by HF name and in HF layout, in checkpoint order. Adapters are

@@ -58,15 +58,14 @@ pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u
     let device = inner.device();
     let layout = inner.layout_tensors(&Layout::dense(b, t));
     let ids = batch.ids::<B>(&device);
-    let mut x =
-        burn::tensor::module::embedding(crate::model::precision::f32_weight(inner.embed_tokens.val()), ids.clone());
+    let mut x = inner.embed(ids.clone());
     let mut inputs = Vec::with_capacity(inner.layers.len());
     for layer in &inner.layers {
         inputs.push(x.clone());
         x = layer.forward(x, &layout, None);
     }
     let top = Tensor::<AD<B>, 3>::from_inner(x).require_grad();
-    let hidden = model.norm.forward(top.clone());
+    let hidden = model.norm.forward(top.clone(), model.compute);
     let d = hidden.dims()[2];
     let rows = hidden.reshape([b * t, d]).select(0, batch.rows(&model.device()));
     Ok(Recomputed {
@@ -101,7 +100,7 @@ impl<B: Backend> Trunk<B> {
         }
         if model.embed_tokens.is_require_grad() {
             let ids = Tensor::<AD<B>, 2, Int>::from_inner(self.ids);
-            let x = burn::tensor::module::embedding(model.embed_tokens.val(), ids);
+            let x = model.embed(ids);
             let grads = (x * Tensor::from_inner(upstream)).sum().backward();
             store.accumulate(model, &grads);
         }

@@ -30,7 +30,7 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
 use crate::model::lora;
-use crate::model::precision::store_frozen;
+use crate::model::precision::{set_compute, store_frozen};
 use crate::policy::Policy;
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
@@ -248,7 +248,7 @@ impl<B: Backend> Trainer<B> {
     fn load_policy(config: &TrainConfig, k: usize, device: B::Device, checkpoint: Option<&Path>) -> Result<Policy<B>> {
         let source = crate::resolve::model_source(&config.policies[k].model, config)?;
         let lora = config.policies[k].lora.clone();
-        let pretrained = match (checkpoint, &lora) {
+        let mut pretrained = match (checkpoint, &lora) {
             (Some(c), None) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
             (None, None) => crate::model::load::<Autodiff<B>>(&source, &device)?,
             // LoRA: the base as configured, frozen, with fresh or checkpointed adapters.
@@ -270,10 +270,13 @@ impl<B: Backend> Trainer<B> {
                 p
             }
         };
+        let compute = config.algo.compute_dtype;
+        pretrained.model = set_compute(pretrained.model, compute);
         // The reference is always the starting model, also on resume (with LoRA, the base
         // under the adapters: no copy is loaded).
         let reference = if config.algo.kl_coef > 0.0 && lora.is_none() {
-            Some(store_frozen(crate::model::load::<B>(&source, &device)?.model, config.policies[k].frozen_dtype))
+            let model = crate::model::load::<B>(&source, &device)?.model;
+            Some(set_compute(store_frozen(model, config.policies[k].frozen_dtype), compute))
         } else {
             None
         };
@@ -626,7 +629,8 @@ impl<B: Backend> Trainer<B> {
             .policies
             .iter()
             .map(|p| AgentCheckpoint {
-                model: p.inference_model(),
+                // The master weights: the rollout copy may be rounded to bf16/f16.
+                model: p.master_model(),
                 lora: p.lora.as_ref().map(|l| (l, lora::base_name(&p.spec))),
                 tokenizer: &p.tokenizer,
                 eos_token_ids: &p.eos_token_ids,

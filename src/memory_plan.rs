@@ -153,13 +153,15 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     }
     let grown = if capacity > reserve { capacity * 3 / 2 } else { capacity };
     let rollout_seqs = w.rollout_sequences as u64;
-    let kv_cache = 2 * layers * rollout_seqs * kv * grown * F32;
+    // Stored in the attention's dtype (bf16 with bf16 compute).
+    let kv_cache = 2 * layers * rollout_seqs * kv * grown * w.compute.attention().bytes();
     // Logits and sampling probabilities of one decoding step, and the prefill's attention.
     let sampling = 2 * rollout_seqs * vocab * F32;
     let prefill = rollout_seqs * heads * (w.rollout_prompt as u64).pow(2) * 2 * F32;
     Footprint {
         weights,
-        reference: if w.reference && lora.is_none() { params * frozen.bytes() } else { 0 },
+        // With half-precision compute the reference is stored as the forward reads it.
+        reference: if w.reference && lora.is_none() { params * frozen.bytes().min(w.compute.bytes()) } else { 0 },
         gradients: trained,
         optimizer: 2 * trained,
         activations,
@@ -673,13 +675,19 @@ mod tests {
         let w = Workload { compute: ComputeDtype::Bf16, ..workload(1024, true) };
         let bf16 = footprint(&shape, &w, None, FrozenDtype::F32);
         assert_eq!(bf16.activations, f32.activations + 2 * params);
-        assert_eq!(bf16.rollout, f32.rollout + 2 * params);
-        assert_eq!(bf16.persistent(), f32.persistent());
+        // The copy, and the KV cache at half its bytes: 16 sequences × 1,024 slots, keys and
+        // values of every layer.
+        let kv = (shape.num_key_value_heads * shape.head_dim * shape.num_hidden_layers) as u64;
+        let f32_cache = 2 * kv * 16 * 1024 * 4;
+        assert_eq!(bf16.rollout, f32.rollout - f32_cache / 2 + 2 * params);
+        // The KL reference is kept as the forward reads it, in bf16.
+        assert_eq!(bf16.reference, f32.reference / 2);
         // A LoRA base stored in bf16 is what the matmuls read: no copy.
         let lora = LoraConfig::default();
         let stored = footprint(&shape, &w, Some(&lora), FrozenDtype::Bf16);
         let f32_lora = footprint(&shape, &workload(1024, true), Some(&lora), FrozenDtype::Bf16);
-        assert_eq!((stored.activations, stored.rollout), (f32_lora.activations, f32_lora.rollout));
+        assert_eq!((stored.activations, stored.rollout), (f32_lora.activations, f32_lora.rollout - f32_cache / 2));
+        // f16: the copy, but attention and its cache stay f32.
         let other = footprint(&shape, &Workload { compute: ComputeDtype::F16, ..w }, Some(&lora), FrozenDtype::Bf16);
         assert_eq!(other.rollout, f32_lora.rollout + 2 * params);
     }

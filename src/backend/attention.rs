@@ -42,8 +42,8 @@ const PARALLEL_WORK: usize = 1 << 18;
 /// `[1, t·keys]` shared by every row and head, or `[batch, heads·t·keys]`. Returns
 /// `[batch, t, heads·head_dim]`.
 ///
-/// The generic path multiplies in `compute` when it is bf16 (softmax in f32), else in f32;
-/// the CPU path computes in f32.
+/// The generic path multiplies in [`ComputeDtype::attention`] (softmax in f32); the CPU path
+/// computes in f32 (and takes the generic path for a bf16 KV cache).
 ///
 /// Precondition of the CPU path: the query at slot `keys − t + i` sees no later key (true of
 /// every layout in [`crate::model::layout`]).
@@ -87,10 +87,7 @@ pub fn attention<B: Backend>(
             let bias = bias.map(|x| ad(x.clone()).primitive);
             tensor::<B, 3, _>(autodiff_forward(ad(q), ad(k), ad(v), bias))
         }
-        // f16's range is too narrow for the probabilities and their gradients: on wgpu, two
-        // HACPO steps' gradient norm came out 12.4 against f32's 21.0 with f16 products, and
-        // matched with f32 ones. bf16 has f32's range (flash attention multiplies in it).
-        None => generic(q, k, v, bias, if compute == ComputeDtype::F16 { ComputeDtype::F32 } else { compute }),
+        None => generic(q, k, v, bias, compute.attention()),
     }
 }
 

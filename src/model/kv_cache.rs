@@ -5,7 +5,7 @@
 //! the flex backend). Capacity grows by doubling, so a long generation copies each slot O(1)
 //! times on average instead of once per step as a `cat`-based cache would.
 
-use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
+use burn::tensor::{Int, Tensor, TensorCreationOptions, TensorData, backend::Backend};
 
 use crate::backend::flex_fast::write_slots;
 
@@ -45,7 +45,7 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Writes the new keys/values `[batch, kv_heads, t, head_dim]` of `layer` at slot `start`
-    /// and returns views of all keys and values `[batch, kv_heads, start + t, head_dim]`.
+    /// (the buffers take their dtype) and returns views of all keys and values `[batch, kv_heads, start + t, head_dim]`.
     pub(crate) fn append(
         &mut self,
         layer: usize,
@@ -56,20 +56,19 @@ impl<B: Backend> KvCache<B> {
         let [b, h, t, d] = k_new.dims();
         let end = start + t;
         let entry = self.layers[layer].take();
+        let options = || TensorCreationOptions::new(k_new.device()).with_dtype(k_new.dtype());
         let mut kv = match entry {
             None => {
                 let cap = end.max(self.reserve);
-                let dev = k_new.device();
-                LayerKv { k: Tensor::zeros([b, h, cap, d], &dev), v: Tensor::zeros([b, h, cap, d], &dev) }
+                LayerKv { k: Tensor::zeros([b, h, cap, d], options()), v: Tensor::zeros([b, h, cap, d], options()) }
             }
             Some(kv) => kv,
         };
         let cap = kv.k.dims()[2];
         if end > cap {
             let grow = end.max(cap * 2) - cap;
-            let dev = k_new.device();
-            kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], &dev)], 2);
-            kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], &dev)], 2);
+            kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], options())], 2);
+            kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], options())], 2);
         }
         kv.k = write_slots(kv.k, start, k_new);
         kv.v = write_slots(kv.v, start, v_new);

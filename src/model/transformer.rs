@@ -115,7 +115,8 @@ impl<B: Backend> Attention<B> {
         let k = apply_rope(k, &layout.key).swap_dims(1, 2);
 
         let (k, v) = match cache {
-            Some((cache, layer, start)) => cache.append(layer, start, k, v),
+            // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read.
+            Some((cache, layer, start)) => cache.append(layer, start, c.attention().cast(k), c.attention().cast(v)),
             None => (k, v),
         };
         let out = crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c);
@@ -213,9 +214,11 @@ impl<B: Backend> CausalLm<B> {
         self.norm.forward(x, self.compute)
     }
 
-    /// The embeddings `[batch, t, hidden]` of token ids `[batch, t]`, in f32.
+    /// The embeddings `[batch, t, hidden]` of token ids `[batch, t]`, in f32. The rows are
+    /// looked up first and then rounded (the same values as rounding the table, without
+    /// casting all of it).
     pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        burn::tensor::module::embedding(self.compute.weight(self.embed_tokens.val()), ids)
+        self.compute.weight(burn::tensor::module::embedding(self.embed_tokens.val(), ids))
     }
 
     /// The device the weights live on.

@@ -299,13 +299,14 @@ fn compare_two_hacpo_steps(compute: hacpo::model::precision::ComputeDtype, loss_
     assert!(varied, "some update had a policy loss: the comparison covers its backward pass");
 }
 
-/// `--device wgpu` from the command line: greedy generation gives the CPU's text.
+/// `--device wgpu` from the command line: greedy generation gives the CPU's text, in f32 and
+/// with f16 matmuls; bf16 is refused there with what to use instead.
 #[test]
 fn the_command_line_generates_on_wgpu_as_on_the_cpu() {
     let _ = device(); // fails with what to install when there is no Vulkan driver
     let dir = common::tiny_model_dir("qwen3-tiny");
-    let run = |device: &str| {
-        let out = common::hacpo_command(&[
+    let generate = |device: &str, dtype: &str| {
+        common::hacpo_command(&[
             "generate",
             "--model",
             dir.path().to_str().unwrap(),
@@ -316,13 +317,23 @@ fn the_command_line_generates_on_wgpu_as_on_the_cpu() {
             "8",
             "--device",
             device,
+            "--compute-dtype",
+            dtype,
         ])
         .output()
-        .unwrap();
-        assert!(out.status.success(), "{device}: {}", String::from_utf8_lossy(&out.stderr));
+        .unwrap()
+    };
+    let run = |device: &str, dtype: &str| {
+        let out = generate(device, dtype);
+        assert!(out.status.success(), "{device} {dtype}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    assert_eq!(run("wgpu"), run("cpu"));
+    assert_eq!(run("wgpu", "f32"), run("cpu", "f32"));
+    assert_eq!(run("wgpu", "f16"), run("cpu", "f16"));
+    let refused = generate("wgpu", "bf16");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(2), "{err}");
+    assert!(err.contains("bf16 is not available on wgpu") && err.contains("use f16"), "{err}");
 }
 
 /// A tokenizer-sized vocabulary of odd width (151 669, the Qwen tokenizer's) whose largest

@@ -110,7 +110,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
     benches: &[(Benchmark, Vec<hacpo::data::MathProblem>)],
     device: &B::Device,
 ) -> Result<()> {
-    let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
+    let pretrained = args.model.load::<B>(device)?;
     let mut reports: Vec<BenchReport> = Vec::new();
     for (bench, problems) in benches {
         let opts = EvalOptions {

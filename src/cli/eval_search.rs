@@ -80,7 +80,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
     let index_started = Instant::now();
     let retriever = Bm25::new(corpus)?;
     eprintln!("indexed {} passages in {:.1} s", corpus.len(), index_started.elapsed().as_secs_f64());
-    let agent = hacpo::model::load::<B>(&args.model.model, device)?;
+    let agent = args.model.load::<B>(device)?;
     let context = agent.model.config.max_position_embeddings;
     let started = Instant::now();
     let progress = hacpo::progress::Progress::new("eval search", 3);

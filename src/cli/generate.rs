@@ -89,7 +89,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
     params: SamplingParams,
     device: &B::Device,
 ) -> Result<()> {
-    let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
+    let pretrained = args.model.load::<B>(device)?;
     let tok = &pretrained.tokenizer;
     let prompt_ids = encode_prompt(tok, &args.prompt, args.chat, args.system.as_deref())?;
     let context = pretrained.model.config.max_position_embeddings;

@@ -124,6 +124,26 @@ pub struct ModelArgs {
     /// Where to run: cpu, cuda, cuda:N or wgpu (CUDA and wgpu need a `--features cuda` or `wgpu` build).
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// The matmuls' dtype, as algo.compute_dtype in training (the weights are stored in it, as a
+    /// policy samples): f32, bf16 (CUDA, CPU) or f16.
+    #[arg(long, value_name = "DTYPE", default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
+    pub compute_dtype: String,
+}
+
+impl ModelArgs {
+    /// The model, computing in `--compute-dtype` with its weights stored in that dtype.
+    pub fn load<B: burn::tensor::backend::Backend>(&self, device: &B::Device) -> Result<hacpo::model::Pretrained<B>> {
+        use hacpo::model::precision::{ComputeDtype, rollout_copy, set_compute};
+        let compute = ComputeDtype::parse(&self.compute_dtype).expect("clap checked the value");
+        if compute == ComputeDtype::Bf16 && self.device == "wgpu" {
+            return Err(hacpo::Error::InvalidArgument(
+                "--compute-dtype bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there".into(),
+            ));
+        }
+        let mut pretrained = hacpo::model::load::<B>(&self.model, device)?;
+        pretrained.model = rollout_copy(set_compute(pretrained.model, compute));
+        Ok(pretrained)
+    }
 }
 
 /// Encodes a prompt: rendered by the chat template as one user message (after an optional

@@ -37,7 +37,7 @@ pub fn run(args: ScoreArgs) -> Result<()> {
 }
 
 fn run_on<B: burn::tensor::backend::Backend>(args: &ScoreArgs, device: &B::Device) -> Result<()> {
-    let pretrained = hacpo::model::load::<B>(&args.model.model, device)?;
+    let pretrained = args.model.load::<B>(device)?;
     let tok = &pretrained.tokenizer;
     let prompt_ids = encode_prompt(tok, &args.prompt, args.chat, args.system.as_deref())?;
     let response_ids = tok.encode(&args.response, false)?;

@@ -237,6 +237,42 @@ fn a_bf16_compute_run_starts_at_zero_kl_and_resumes_after_sigkill() {
     assert_eq!(deterministic_metrics(&killed), reference);
 }
 
+/// `--compute-dtype f16`: the loss scaler halves on every skipped (overflowing) update, its
+/// state is saved with the optimizer, and a run SIGKILLed after step 1 resumes with it: the
+/// same metrics as the uninterrupted run. It starts at 2^24 so that the scaled gradients
+/// certainly overflow f16 at first (at 2^16 one agent overflowed once here).
+#[test]
+fn an_f16_run_scales_the_loss_and_resumes_with_its_scale_after_sigkill() {
+    let s = setup(2);
+    let cfg = s.config.to_str().unwrap();
+    let whole = s.data.path().join("f16-whole");
+    let f16 = ["--compute-dtype", "f16", "--set", "algo.f16_loss_scale=16777216"];
+    let out = run(&[&["train", "--config", cfg, "--out", whole.to_str().unwrap()][..], &f16].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+    let mut skipped = std::collections::BTreeMap::<String, f64>::new();
+    for m in &reference {
+        let agent = m["agent"].as_str().unwrap().to_string();
+        let total = skipped.entry(agent).or_default();
+        *total += m["data"]["actor/skipped_updates"].as_f64().unwrap();
+        let scale = m["data"]["actor/loss_scale"].as_f64().unwrap();
+        assert_eq!(scale, 16777216.0 / 2f64.powf(*total), "halved once per skipped update: {m}");
+        assert!(m["data"]["actor/pg_loss"].as_f64().unwrap().is_finite(), "{m}");
+    }
+    assert!(skipped.values().all(|&n| n > 0.0), "every agent's scaled gradients overflowed first: {skipped:?}");
+    let meta = std::fs::read_to_string(whole.join("checkpoints/step-000002/agent-0.optim.json")).unwrap();
+    assert!(meta.contains("loss_scale"), "the scaler is saved with the optimizer: {meta}");
+
+    let killed = s.data.path().join("f16-killed");
+    common::train_killed_after_checkpoint(
+        &[&["train", "--config", cfg, "--out", killed.to_str().unwrap()][..], &f16].concat(),
+        1,
+    );
+    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&killed), reference);
+}
+
 #[test]
 fn a_diverging_run_stops_naming_agent_and_step_and_keeps_the_last_checkpoint() {
     // GSPO with one update per step: the huge learning rate blows the weights up in step 1's

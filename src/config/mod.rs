@@ -96,7 +96,11 @@ pub struct AlgoConfig {
     pub mhgpo: MhgpoConfig,
     /// MAPPO's critic (`[algo.mappo]`: gamma, lam, vf_coef, cliprange_value, whiten).
     pub mappo: crate::rl::mappo::CriticSettings,
+    /// The matmuls' dtype: "f32", "bf16" or "f16" (see `model::precision`).
     pub compute_dtype: ComputeDtype,
+    /// The f16 loss scaler's initial scale (PyTorch's `GradScaler(init_scale=2**16)`); halved
+    /// on overflow, doubled after 2,000 clean steps. Only f16 compute uses it.
+    pub f16_loss_scale: f64,
 }
 
 impl Default for AlgoConfig {
@@ -124,6 +128,7 @@ impl Default for AlgoConfig {
             mhgpo: MhgpoConfig::default(),
             mappo: Default::default(),
             compute_dtype: ComputeDtype::F32,
+            f16_loss_scale: crate::train::loss_scale::INIT_SCALE,
         }
     }
 }
@@ -478,6 +483,12 @@ impl TrainConfig {
         }
         if a.adv_epsilon.is_nan() || a.adv_epsilon < 0.0 || a.max_abs_log_ratio.is_nan() || a.max_abs_log_ratio <= 0.0 {
             return bad("algo", "adv_epsilon must be ≥ 0 and max_abs_log_ratio > 0".into());
+        }
+        if !(a.f16_loss_scale.is_finite() && a.f16_loss_scale >= 1.0) {
+            return bad(
+                "algo.f16_loss_scale",
+                format!("must be a number ≥ 1 (default 65536), got {}", a.f16_loss_scale),
+            );
         }
         if self.rollout.temperature <= 0.0 {
             return bad(

@@ -15,7 +15,8 @@
 //! policy with every weight stored in the compute dtype once, so decoding does not cast the
 //! whole model per token; the KL reference is stored the same way, and with bf16 the KV
 //! cache too ([`ComputeDtype::attention`]). The CPU's fused attention computes in f32.
-//! f16 has no loss scaler here: gradients below its range flush to zero (the trainer warns).
+//! f16 training scales the loss ([`crate::train::loss_scale`]) so that small gradients stay
+//! within f16's range; bf16 has f32's range and needs no scaling.
 //!
 //! Where it is available: CUDA (bf16, f16), the CPU backend (both; burn-flex has half-precision
 //! GEMMs but no faster than f32 ones, so on the CPU this is for checking, not speed), wgpu f16
@@ -217,6 +218,12 @@ mod tests {
     /// Log-probs of the fixed prompt's next tokens through the training op, and the gradients
     /// of their sum for q_proj, down_proj and the embedding (the LM head, tied).
     fn grads(m: &CausalLm<Autodiff<Cpu>>) -> (Vec<f32>, [Vec<f32>; 3]) {
+        scaled_grads(m, 1.0, 1.0)
+    }
+
+    /// [`grads`] of `weight ×` the sum, the backward pass run on `scale ×` that and the
+    /// gradients divided back (the loss scaler's arithmetic).
+    fn scaled_grads(m: &CausalLm<Autodiff<Cpu>>, weight: f64, scale: f64) -> (Vec<f32>, [Vec<f32>; 3]) {
         use burn::tensor::{Int, TensorData};
         let ids = [5i64, 9, 1, 33, 60, 2, 17];
         let t = ids.len();
@@ -226,10 +233,10 @@ mod tests {
         let targets = [9u32, 1, 33, 60, 2, 17, 40];
         let logp = crate::generate::score::token_logprobs_autodiff(hidden, m.lm_head_weight(), &targets, 1.0);
         let values = logp.clone().into_data().convert::<f32>().into_vec().unwrap();
-        let g = logp.sum().backward();
+        let g = logp.sum().mul_scalar(weight * scale).backward();
         let host = |t: Tensor<Cpu, 2>| {
             assert_eq!(t.dtype(), DType::F32, "master gradients are f32");
-            t.into_data().convert::<f32>().into_vec::<f32>().unwrap()
+            t.div_scalar(scale).into_data().convert::<f32>().into_vec::<f32>().unwrap()
         };
         let layer = &m.layers[0];
         (
@@ -258,6 +265,24 @@ mod tests {
             }
             assert_eq!(half.layers[0].mlp.up_proj.weight.val().dtype(), DType::F32, "master weights stay f32");
         }
+    }
+
+    /// A loss of 1e-6 × the log-probs (per-token gradients as small as a long batch's mean
+    /// gives) loses its gradients in f16's subnormals; scaled by the loss scaler's initial
+    /// 2^16 they come back to f16's usual precision.
+    #[test]
+    fn the_loss_scale_keeps_small_f16_gradients_out_of_the_subnormals() {
+        use crate::train::loss_scale::INIT_SCALE;
+        let full = model::<Autodiff<Cpu>>(true);
+        let (_, reference) = scaled_grads(&full, 1e-6, 1.0);
+        let half = set_compute(full, ComputeDtype::F16);
+        let error = |scale: f64| {
+            let (_, gs) = scaled_grads(&half, 1e-6, scale);
+            gs.iter().zip(&reference).map(|(g, r)| relative(g, r)).fold(0.0, f64::max)
+        };
+        let (unscaled, scaled) = (error(1.0), error(INIT_SCALE));
+        assert!(scaled < 5e-3, "scaled: {scaled}");
+        assert!(unscaled > 10.0 * scaled, "unscaled {unscaled} vs scaled {scaled}");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod checkpoint;
 pub mod critic;
 pub mod interrupt;
+pub mod loss_scale;
 pub mod metrics;
 pub mod optim;
 pub mod recompute;

@@ -17,6 +17,7 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
+use super::loss_scale::LossScaler;
 use crate::backend::kernels::AdamWStep;
 use crate::error::{Error, Result};
 use crate::model::CausalLm;
@@ -160,6 +161,13 @@ impl<B: Backend> GradStore<B> {
         self.grads.values().map(Grad::squared_norm).sum::<f64>().sqrt()
     }
 
+    /// Every gradient divided by `scale` (the loss scaler's factor).
+    pub fn unscale(&mut self, scale: f64) {
+        for g in self.grads.values_mut() {
+            *g = g.clone().scale(1.0 / scale);
+        }
+    }
+
     /// `clip_grad_norm_(max_norm)`: scales all gradients by `max_norm / (norm + 1e-6)` when
     /// that is below 1. Returns the norm before clipping.
     pub fn clip_global_norm(&mut self, max_norm: f64) -> f64 {
@@ -214,17 +222,21 @@ pub struct AdamW<B: Backend> {
     /// Updates done so far (bias correction uses it).
     pub updates: u64,
     state: BTreeMap<String, Moments<B>>,
+    /// The loss scaler of f16 compute ([`super::loss_scale`]), saved with the moments.
+    pub scaler: Option<LossScaler>,
 }
 
 #[derive(Serialize, Deserialize)]
 struct OptimMeta {
     updates: u64,
     config: AdamWConfig,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    loss_scale: Option<LossScaler>,
 }
 
 impl<B: Backend> AdamW<B> {
     pub fn new(config: AdamWConfig) -> Self {
-        AdamW { config, updates: 0, state: BTreeMap::new() }
+        AdamW { config, updates: 0, state: BTreeMap::new(), scaler: None }
     }
 
     /// One update of `model` with `grads` at learning rate `lr`.
@@ -326,8 +338,8 @@ impl<B: Backend> AdamW<B> {
             tensors.push((format!("exp_avg_sq.{name}"), v));
         }
         write_safetensors_file(path, tensors, SaveDtype::F32)?;
-        let meta =
-            serde_json::to_string(&OptimMeta { updates: self.updates, config: self.config.clone() }).expect("json");
+        let meta = OptimMeta { updates: self.updates, config: self.config.clone(), loss_scale: self.scaler };
+        let meta = serde_json::to_string(&meta).expect("json");
         crate::error::write_atomic(&path.with_extension("json"), meta.as_bytes())
     }
 
@@ -357,7 +369,7 @@ impl<B: Backend> AdamW<B> {
             };
             state.insert(name.to_string(), moments);
         }
-        Ok(AdamW { config: meta.config, updates: meta.updates, state })
+        Ok(AdamW { config: meta.config, updates: meta.updates, state, scaler: meta.loss_scale })
     }
 }
 

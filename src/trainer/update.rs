@@ -99,6 +99,7 @@ pub fn update_policy<B: Backend>(
     }
     let minibatches = algo.minibatches(&batch.pool, learner, settings.minibatches.clamp(1, n))?;
     let (mut pg_sum, mut kl_sum, mut norm_sum, mut lr_last, mut vf_sum) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let mut applied = 0usize;
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {
         // The policy's own rate (`[[agents]] lr`, else `algo.optimizer.lr`) on the shared schedule.
@@ -106,10 +107,30 @@ pub fn update_policy<B: Backend>(
         let step = minibatch_step(policy, algo, batch, settings, m, mb)?;
         report.tokens += step.tokens;
         let norm = step.grads_norm;
-        policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
-        if let (Some(head), Some(grad), Some(c)) = (policy.value_head.as_mut(), step.head_grad, &batch.critic) {
-            let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
-            head.step(&clip_host(grad, settings.grad_clip), c.settings.critic_lr, &config);
+        // f16's loss scaler skips a step whose scaled gradients overflowed (and halves the scale).
+        let apply = match policy.optimizer.scaler.as_mut() {
+            Some(scaler) => {
+                let apply = scaler.update(norm);
+                if scaler.exhausted() {
+                    return Err(Error::NonFinite {
+                        agent: policy.name.clone(),
+                        step: settings.step,
+                        what: "gradient norm (with the f16 loss scale below 1)",
+                        value: norm,
+                    });
+                }
+                apply
+            }
+            None => true,
+        };
+        if apply {
+            policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
+            if let (Some(head), Some(grad), Some(c)) = (policy.value_head.as_mut(), step.head_grad, &batch.critic) {
+                let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
+                head.step(&clip_host(grad, settings.grad_clip), c.settings.critic_lr, &config);
+            }
+            norm_sum += norm;
+            applied += 1;
         }
         vf_sum += step.vf;
         let records: Vec<SequenceRecord> = mb
@@ -130,7 +151,6 @@ pub fn update_policy<B: Backend>(
         all_terms.extend(terms);
         pg_sum += step.pg;
         kl_sum += step.kl;
-        norm_sum += norm;
         lr_last = lr;
     }
     policy.version += 1;
@@ -141,7 +161,11 @@ pub fn update_policy<B: Backend>(
     m.insert("critic/advantages/mean".into(), batch.advantages.iter().sum::<f64>() / n.max(1) as f64);
     m.insert("actor/pg_loss".into(), pg_sum / count);
     m.insert("actor/kl_loss".into(), kl_sum / count);
-    m.insert("actor/grad_norm".into(), norm_sum / count);
+    m.insert("actor/grad_norm".into(), norm_sum / applied.max(1) as f64);
+    if let Some(scaler) = &policy.optimizer.scaler {
+        m.insert("actor/loss_scale".into(), scaler.scale);
+        m.insert("actor/skipped_updates".into(), (minibatches.len() - applied) as f64);
+    }
     m.insert("actor/lr".into(), lr_last);
     if batch.critic.is_some() {
         m.insert("critic/vf_loss".into(), vf_sum / count);
@@ -182,6 +206,9 @@ fn minibatch_step<B: Backend>(
     mb: &[usize],
 ) -> Result<MinibatchStep<B>> {
     let learner = policy.index;
+    // The backward pass runs on `loss_scale ×` the loss (f16 compute); gradients are divided
+    // back before clipping.
+    let loss_scale = policy.optimizer.scaler.map_or(1.0, |s| s.scale);
     let own = |j: usize| batch.pool[j].agent == learner;
     let scope = AggregationScope {
         sequences: mb.len(),
@@ -276,13 +303,13 @@ fn minibatch_step<B: Backend>(
         }
         means.push(sequence_mean(logp.detach(), mask.detach()));
         pgs.push(pg.detach());
-        let g = loss.backward();
+        let g = if loss_scale == 1.0 { loss.backward() } else { loss.mul_scalar(loss_scale).backward() };
         grads.accumulate(&policy.model, &g);
         if let Some(trunk) = trunk {
             trunk.backward(&policy.model, &g, &mut grads);
         }
         if let Some(head) = leaves {
-            let g = head.gradient(&g);
+            let g: Vec<f64> = head.gradient(&g).into_iter().map(|x| x / loss_scale).collect();
             head_grad = Some(match head_grad.take() {
                 Some(sum) => sum.iter().zip(&g).map(|(a, b)| a + b).collect(),
                 None => g,
@@ -304,8 +331,12 @@ fn minibatch_step<B: Backend>(
     if !loss.is_finite() {
         return Err(Error::NonFinite { agent: policy.name.clone(), step: settings.step, what: "loss", value: loss });
     }
+    if loss_scale != 1.0 {
+        grads.unscale(loss_scale);
+    }
     let norm = grads.clip_global_norm(settings.grad_clip);
-    if !norm.is_finite() {
+    // With f16's loss scaler an overflow is the scale's to handle (`update_policy`).
+    if !norm.is_finite() && policy.optimizer.scaler.is_none() {
         return Err(Error::NonFinite {
             agent: policy.name.clone(),
             step: settings.step,

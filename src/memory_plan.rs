@@ -139,7 +139,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     // (an upper bound). What it adds: the weights' copies in the compute dtype, which the
     // update's matmuls read and the backward pass keeps, and which sampling reads
     // (`precision::rollout_copy`); none for a base already stored in that dtype.
-    let base_in_compute_dtype = lora.is_some() && frozen.name() == w.compute.name();
+    let base_in_compute_dtype = lora.is_some() && frozen == w.compute;
     let compute_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { params * w.compute.bytes() };
     let activations = (kept + transient) * F32 + compute_copy;
 

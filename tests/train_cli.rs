@@ -111,6 +111,25 @@ fn wait_for_checkpoint(
     }
 }
 
+/// Trains `s`'s config with `args` twice: uninterrupted into `NAME-whole`, and SIGKILLed right
+/// after its first checkpoint into `NAME-killed`, then resumed. Asserts that the resumed run
+/// gives the uninterrupted run's metrics; returns that run's directory and metrics.
+fn resumed_equals_uninterrupted(s: &Setup, name: &str, args: &[&str]) -> (PathBuf, Vec<serde_json::Value>) {
+    let cfg = s.config.to_str().unwrap();
+    let (whole, killed) = (s.data.path().join(format!("{name}-whole")), s.data.path().join(format!("{name}-killed")));
+    let out = run(&[&["train", "--config", cfg][..], args, &["--out", whole.to_str().unwrap()]].concat());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+    common::train_killed_after_checkpoint(
+        &[&["train", "--config", cfg][..], args, &["--out", killed.to_str().unwrap()]].concat(),
+        1,
+    );
+    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&killed), reference);
+    (whole, reference)
+}
+
 #[test]
 fn sigkill_and_resume_equals_an_uninterrupted_run() {
     let s = setup(5);
@@ -154,13 +173,9 @@ fn sigkill_and_resume_equals_an_uninterrupted_run() {
 #[test]
 fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
     let s = setup(3);
-    let cfg = s.config.to_str().unwrap();
-    let whole = s.data.path().join("lora-whole");
     // Agent 0's frozen base in bf16, agent 1's in f32.
-    let bf16 = "agents.0.frozen_dtype=\"bf16\"";
-    let out = run(&["train", "--config", cfg, "--lora", "4", "--set", bf16, "--out", whole.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let reference = deterministic_metrics(&whole);
+    let (whole, reference) =
+        resumed_equals_uninterrupted(&s, "lora", &["--lora", "4", "--set", "agents.0.frozen_dtype=\"bf16\""]);
     let first_kl = reference[0]["data"]["actor/kl_loss"].as_f64().unwrap();
     assert!(first_kl.abs() < 1e-6, "a fresh adapter is the base, so the first KL is 0: {first_kl}");
     let later_kl = reference.last().unwrap()["data"]["actor/kl_loss"].as_f64().unwrap();
@@ -175,15 +190,6 @@ fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
         serde_json::from_str(&std::fs::read_to_string(agent.join("adapter_config.json")).unwrap()).unwrap();
     assert_eq!((config["r"].as_u64(), config["lora_alpha"].as_f64()), (Some(4), Some(8.0)));
     assert!(Path::new(config["base_model_name_or_path"].as_str().unwrap()).is_absolute());
-
-    let killed = s.data.path().join("lora-killed");
-    common::train_killed_after_checkpoint(
-        &["train", "--config", cfg, "--lora", "4", "--set", bf16, "--out", killed.to_str().unwrap()],
-        1,
-    );
-    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(deterministic_metrics(&killed), reference);
 
     let merged = s.data.path().join("merged");
     let out = run(&["convert", "--merge-lora", agent.to_str().unwrap(), "--out", merged.to_str().unwrap()]);
@@ -212,11 +218,7 @@ fn a_lora_run_resumes_after_sigkill_and_checkpoints_peft_adapters() {
 #[test]
 fn a_bf16_compute_run_starts_at_zero_kl_and_resumes_after_sigkill() {
     let s = setup(2);
-    let cfg = s.config.to_str().unwrap();
-    let whole = s.data.path().join("bf16-whole");
-    let out = run(&["train", "--config", cfg, "--compute-dtype", "bf16", "--out", whole.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let reference = deterministic_metrics(&whole);
+    let (whole, reference) = resumed_equals_uninterrupted(&s, "bf16", &["--compute-dtype", "bf16"]);
     let first_kl = reference[0]["data"]["actor/kl_loss"].as_f64().unwrap();
     assert!(first_kl.abs() < 1e-6, "policy and reference read the same bf16 weights: {first_kl}");
     for m in &reference {
@@ -226,15 +228,6 @@ fn a_bf16_compute_run_starts_at_zero_kl_and_resumes_after_sigkill() {
     }
     let saved = std::fs::read_to_string(whole.join("config.toml")).unwrap();
     assert!(saved.contains("compute_dtype = \"bf16\""), "the run's config keeps the setting:\n{saved}");
-
-    let killed = s.data.path().join("bf16-killed");
-    common::train_killed_after_checkpoint(
-        &["train", "--config", cfg, "--compute-dtype", "bf16", "--out", killed.to_str().unwrap()],
-        1,
-    );
-    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(deterministic_metrics(&killed), reference);
 }
 
 /// `--compute-dtype f16`: the loss scaler halves on every skipped (overflowing) update, its
@@ -244,12 +237,8 @@ fn a_bf16_compute_run_starts_at_zero_kl_and_resumes_after_sigkill() {
 #[test]
 fn an_f16_run_scales_the_loss_and_resumes_with_its_scale_after_sigkill() {
     let s = setup(2);
-    let cfg = s.config.to_str().unwrap();
-    let whole = s.data.path().join("f16-whole");
     let f16 = ["--compute-dtype", "f16", "--set", "algo.f16_loss_scale=16777216"];
-    let out = run(&[&["train", "--config", cfg, "--out", whole.to_str().unwrap()][..], &f16].concat());
-    assert!(out.status.success(), "{}", stderr(&out));
-    let reference = deterministic_metrics(&whole);
+    let (whole, reference) = resumed_equals_uninterrupted(&s, "f16", &f16);
     let mut skipped = std::collections::BTreeMap::<String, f64>::new();
     for m in &reference {
         let agent = m["agent"].as_str().unwrap().to_string();
@@ -262,15 +251,6 @@ fn an_f16_run_scales_the_loss_and_resumes_with_its_scale_after_sigkill() {
     assert!(skipped.values().all(|&n| n > 0.0), "every agent's scaled gradients overflowed first: {skipped:?}");
     let meta = std::fs::read_to_string(whole.join("checkpoints/step-000002/agent-0.optim.json")).unwrap();
     assert!(meta.contains("loss_scale"), "the scaler is saved with the optimizer: {meta}");
-
-    let killed = s.data.path().join("f16-killed");
-    common::train_killed_after_checkpoint(
-        &[&["train", "--config", cfg, "--out", killed.to_str().unwrap()][..], &f16].concat(),
-        1,
-    );
-    let out = run(&["train", "--resume", killed.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    assert_eq!(deterministic_metrics(&killed), reference);
 }
 
 #[test]

@@ -99,11 +99,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.decode_batch.contains(&0) {
         return Err(Error::InvalidArgument("--decode-batch sizes must be at least 1".into()));
     }
-    if device == DeviceSpec::Wgpu && compute_dtype(&args) == ComputeDtype::Bf16 {
-        return Err(Error::InvalidArgument(
-            "--compute-dtype bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there".into(),
-        ));
-    }
+    super::compute_dtype(&args.compute_dtype, &args.device)?;
     if args.trainer {
         return with_backend!(device, |B, dev| run_trainer::<B>(&args, &dev));
     }

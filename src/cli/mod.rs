@@ -133,17 +133,25 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// The model, computing in `--compute-dtype` with its weights stored in that dtype.
     pub fn load<B: burn::tensor::backend::Backend>(&self, device: &B::Device) -> Result<hacpo::model::Pretrained<B>> {
-        use hacpo::model::precision::{ComputeDtype, rollout_copy, set_compute};
-        let compute = ComputeDtype::parse(&self.compute_dtype).expect("clap checked the value");
-        if compute == ComputeDtype::Bf16 && self.device == "wgpu" {
-            return Err(hacpo::Error::InvalidArgument(
-                "--compute-dtype bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there".into(),
-            ));
-        }
+        use hacpo::model::precision::{rollout_copy, set_compute};
+        let compute = compute_dtype(&self.compute_dtype, &self.device)?;
         let mut pretrained = hacpo::model::load::<B>(&self.model, device)?;
         pretrained.model = rollout_copy(set_compute(pretrained.model, compute));
         Ok(pretrained)
     }
+}
+
+/// `--compute-dtype NAME` (clap checked the spelling) for `--device DEVICE`: bf16 is refused on
+/// wgpu.
+pub fn compute_dtype(name: &str, device: &str) -> Result<hacpo::model::precision::ComputeDtype> {
+    use hacpo::model::precision::ComputeDtype;
+    let compute = ComputeDtype::parse(name).expect("clap checked the value");
+    if compute == ComputeDtype::Bf16 && device == "wgpu" {
+        return Err(hacpo::Error::InvalidArgument(
+            "--compute-dtype bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there".into(),
+        ));
+    }
+    Ok(compute)
 }
 
 /// Encodes a prompt: rendered by the chat template as one user message (after an optional

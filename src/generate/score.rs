@@ -16,6 +16,7 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 use crate::backend::flex_fast;
+use crate::model::precision::f32_weight;
 
 /// Upper bound on logits alive at once (64 MiB of f32).
 pub const CHUNK_ELEMENTS: usize = 1 << 24;
@@ -38,7 +39,7 @@ fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor
 /// `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
 fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
     let dtype = weight.dtype();
-    in_dtype(in_dtype(rows, dtype).matmul(weight.transpose()), DType::F32)
+    f32_weight(in_dtype(rows, dtype).matmul(weight.transpose()))
 }
 
 /// Forward for one chunk: (log-prob of each target, log-sum-exp of each row).
@@ -146,7 +147,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
             }
             if node_weight.is_some() {
                 // Summed over chunks in f32.
-                let gw = in_dtype(dz.transpose().matmul(in_dtype(h, dtype)), DType::F32);
+                let gw = f32_weight(dz.transpose().matmul(in_dtype(h, dtype)));
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc + gw,
                     None => gw,

@@ -30,94 +30,55 @@ use serde::{Deserialize, Serialize};
 use super::transformer::CausalLm;
 use super::weights::{ParamVisitor, walk_params};
 
-/// `[[agents]] frozen_dtype`.
+/// A floating-point dtype the config names: `[[agents]] frozen_dtype` (storage of the weights
+/// that do not train) and `algo.compute_dtype` (the matmuls) take the same three.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum FrozenDtype {
+pub enum Dtype {
     #[default]
     F32,
     Bf16,
     F16,
 }
 
-impl FrozenDtype {
-    pub fn is_f32(&self) -> bool {
-        *self == FrozenDtype::F32
-    }
-
-    /// The config's spelling.
-    pub fn name(self) -> &'static str {
-        match self {
-            FrozenDtype::F32 => "f32",
-            FrozenDtype::Bf16 => "bf16",
-            FrozenDtype::F16 => "f16",
-        }
-    }
-
-    /// The dtype the config spells `name`.
-    pub fn parse(name: &str) -> Option<Self> {
-        [FrozenDtype::F32, FrozenDtype::Bf16, FrozenDtype::F16].into_iter().find(|d| d.name() == name)
-    }
-
-    /// Bytes per stored weight.
-    pub fn bytes(self) -> u64 {
-        match self {
-            FrozenDtype::F32 => 4,
-            FrozenDtype::Bf16 | FrozenDtype::F16 => 2,
-        }
-    }
-
-    fn burn(self) -> FloatDType {
-        match self {
-            FrozenDtype::F32 => FloatDType::F32,
-            FrozenDtype::Bf16 => FloatDType::BF16,
-            FrozenDtype::F16 => FloatDType::F16,
-        }
-    }
-}
+/// `[[agents]] frozen_dtype`.
+pub type FrozenDtype = Dtype;
 
 /// `algo.compute_dtype`: the dtype of the matmuls (see the module docs).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ComputeDtype {
-    #[default]
-    F32,
-    Bf16,
-    F16,
-}
+pub type ComputeDtype = Dtype;
 
-impl ComputeDtype {
+impl Dtype {
     pub fn is_f32(&self) -> bool {
-        *self == ComputeDtype::F32
+        *self == Dtype::F32
     }
 
     /// The config's spelling.
     pub fn name(self) -> &'static str {
         match self {
-            ComputeDtype::F32 => "f32",
-            ComputeDtype::Bf16 => "bf16",
-            ComputeDtype::F16 => "f16",
+            Dtype::F32 => "f32",
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
         }
     }
 
     /// The dtype the config spells `name`.
     pub fn parse(name: &str) -> Option<Self> {
-        [ComputeDtype::F32, ComputeDtype::Bf16, ComputeDtype::F16].into_iter().find(|d| d.name() == name)
+        [Dtype::F32, Dtype::Bf16, Dtype::F16].into_iter().find(|d| d.name() == name)
     }
 
     /// Bytes per number.
     pub fn bytes(self) -> u64 {
         match self {
-            ComputeDtype::F32 => 4,
-            ComputeDtype::Bf16 | ComputeDtype::F16 => 2,
+            Dtype::F32 => 4,
+            Dtype::Bf16 | Dtype::F16 => 2,
         }
     }
 
     pub fn burn(self) -> FloatDType {
         match self {
-            ComputeDtype::F32 => FloatDType::F32,
-            ComputeDtype::Bf16 => FloatDType::BF16,
-            ComputeDtype::F16 => FloatDType::F16,
+            Dtype::F32 => FloatDType::F32,
+            Dtype::Bf16 => FloatDType::BF16,
+            Dtype::F16 => FloatDType::F16,
         }
     }
 
@@ -126,8 +87,8 @@ impl ComputeDtype {
     /// wgpu, two HACPO steps' gradient norm came out 12.4 against f32's 21.0 with f16
     /// products, and matched with f32 ones; bf16 has f32's range (flash attention multiplies
     /// in it).
-    pub fn attention(self) -> ComputeDtype {
-        if self == ComputeDtype::Bf16 { ComputeDtype::Bf16 } else { ComputeDtype::F32 }
+    pub fn attention(self) -> Dtype {
+        if self == Dtype::Bf16 { Dtype::Bf16 } else { Dtype::F32 }
     }
 
     /// `t` in this dtype (unchanged when it already is).
@@ -167,35 +128,34 @@ pub fn rollout_copy<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
     if model.compute.is_f32() {
         return model;
     }
-    struct Cast(ComputeDtype);
-    impl<B: Backend> ParamVisitor<B> for Cast {
-        fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
-            p.map(|t| self.0.cast(t))
-        }
-        fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
-            // Adapters run in f32 (see `Linear::forward`).
-            if name.contains(".lora_") { p } else { p.map(|t| self.0.cast(t)) }
-        }
-    }
+    // Adapters run in f32 (see `Linear::forward`).
     let dtype = model.compute;
-    walk_params(model, &mut Cast(dtype))
+    cast_params(model, dtype, |name, _| !name.contains(".lora_"))
 }
 
 /// `model` with every weight that does not train (no gradient required) stored as `dtype`.
 pub fn store_frozen<B: Backend>(model: CausalLm<B>, dtype: FrozenDtype) -> CausalLm<B> {
-    if dtype == FrozenDtype::F32 {
+    if dtype.is_f32() {
         return model;
     }
-    struct Cast(FloatDType);
-    impl<B: Backend> ParamVisitor<B> for Cast {
-        fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
-            if p.is_require_grad() { p } else { p.map(|t| t.cast(self.0)) }
+    cast_params(model, dtype, |_, trainable| !trainable)
+}
+
+/// `model` with the parameters that `select(name, requires_grad)` picks stored as `dtype`.
+fn cast_params<B: Backend>(model: CausalLm<B>, dtype: Dtype, select: impl Fn(&str, bool) -> bool) -> CausalLm<B> {
+    struct Cast<F> {
+        dtype: Dtype,
+        select: F,
+    }
+    impl<B: Backend, F: Fn(&str, bool) -> bool> ParamVisitor<B> for Cast<F> {
+        fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+            if (self.select)(name, p.is_require_grad()) { p.map(|t| self.dtype.cast(t)) } else { p }
         }
-        fn matrix(&mut self, _: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
-            if p.is_require_grad() { p } else { p.map(|t| t.cast(self.0)) }
+        fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
+            if (self.select)(name, p.is_require_grad()) { p.map(|t| self.dtype.cast(t)) } else { p }
         }
     }
-    walk_params(model, &mut Cast(dtype.burn()))
+    walk_params(model, &mut Cast { dtype, select })
 }
 
 #[cfg(test)]

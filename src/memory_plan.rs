@@ -25,7 +25,7 @@ use crate::model::ModelConfig;
 use crate::model::lora::LoraConfig;
 use crate::model::precision::{ComputeDtype, FrozenDtype};
 
-/// Bytes per stored number: f32 everywhere for now.
+/// Bytes of an f32: master weights, gradients, moments, logits, and activations (an upper bound).
 const F32: u64 = 4;
 
 /// The bytes one policy needs, by what holds them.

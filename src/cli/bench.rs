@@ -99,20 +99,20 @@ pub fn run(args: BenchArgs) -> Result<()> {
     if args.decode_batch.contains(&0) {
         return Err(Error::InvalidArgument("--decode-batch sizes must be at least 1".into()));
     }
-    super::compute_dtype(&args.compute_dtype, &args.device)?;
+    let compute = super::compute_dtype(&args.compute_dtype, &args.device)?;
     if args.trainer {
-        return with_backend!(device, |B, dev| run_trainer::<B>(&args, &dev));
+        return with_backend!(device, |B, dev| run_trainer::<B>(&args, compute, &dev));
     }
-    with_backend!(device, |B, dev| run_on::<B>(&args, &dev))
+    with_backend!(device, |B, dev| run_on::<B>(&args, compute, &dev))
 }
 
-fn compute_dtype(args: &BenchArgs) -> ComputeDtype {
-    ComputeDtype::parse(&args.compute_dtype).expect("clap checked the value")
-}
-
-/// The model to measure, computing in `--compute-dtype` (its weights still f32).
-fn load<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
-    Ok(set_compute(load_weights(args, device)?, compute_dtype(args)))
+/// The model to measure, computing in `compute` (its weights still f32).
+fn load<B: burn::tensor::backend::Backend>(
+    args: &BenchArgs,
+    compute: ComputeDtype,
+    device: &B::Device,
+) -> Result<CausalLm<B>> {
+    Ok(set_compute(load_weights(args, device)?, compute))
 }
 
 fn load_weights<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
@@ -130,14 +130,18 @@ fn load_weights<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B:
     }
 }
 
-fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<()> {
+fn run_on<B: burn::tensor::backend::Backend>(
+    args: &BenchArgs,
+    compute: ComputeDtype,
+    device: &B::Device,
+) -> Result<()> {
     let name = match (&args.random_shape, &args.model) {
         (Some(id), _) => format!("{id} shape (random)"),
         (None, Some(m)) => m.clone(),
         (None, None) => "tiny-5m (random)".into(),
     };
     // What sampling reads: the weights stored in the compute dtype.
-    let model = rollout_copy(load::<B>(args, device)?);
+    let model = rollout_copy(load::<B>(args, compute, device)?);
     let context = model.config.max_position_embeddings;
     for (flag, len) in [
         ("--prefill-len", args.prefill_len),
@@ -163,7 +167,7 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
     }
     drop(model);
     if !args.no_train {
-        let trainable = load::<burn::backend::Autodiff<B>>(args, device)?;
+        let trainable = load::<burn::backend::Autodiff<B>>(args, compute, device)?;
         results.push(bench::train_step(trainable, args.train_batch, args.train_len, args.reps));
     }
     match args.format {
@@ -188,7 +192,11 @@ fn run_on<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Devic
     Ok(())
 }
 
-fn run_trainer<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<()> {
+fn run_trainer<B: burn::tensor::backend::Backend>(
+    args: &BenchArgs,
+    compute: ComputeDtype,
+    device: &B::Device,
+) -> Result<()> {
     let shared = args
         .shared
         .clone()
@@ -203,7 +211,7 @@ fn run_trainer<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::
         hidden: args.hidden,
         layers: args.layers,
         gradient_checkpointing: args.gradient_checkpointing,
-        compute_dtype: compute_dtype(args),
+        compute_dtype: compute,
     };
     eprintln!(
         "benchmarking a HACPO step: 2 agents, {} prompts × G={} × {} new tokens, {} threads",

@@ -8,7 +8,7 @@
 //!   each chunk's logits instead of keeping them, so the graph holds only `h`, `W` and one
 //!   log-sum-exp per token (the "fused linear cross-entropy" trick).
 
-use burn::tensor::{DType, FloatDType, IndexingUpdateOp, ops::FloatTensor};
+use burn::tensor::{FloatDType, IndexingUpdateOp, ops::FloatTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -16,7 +16,7 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 use crate::backend::flex_fast;
-use crate::model::precision::f32_weight;
+use crate::model::precision::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
 pub const CHUNK_ELEMENTS: usize = 1 << 24;
@@ -30,16 +30,11 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
     Tensor::from_data(TensorData::new(data, [targets.len()]), device)
 }
 
-/// `t` in `dtype` (unchanged when it already is).
-fn in_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    if t.dtype() == dtype { t } else { t.cast(FloatDType::from(dtype)) }
-}
-
 /// `rows · weightᵀ` multiplied in the weight's dtype (the model's compute dtype, see
 /// `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
 fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
-    let dtype = weight.dtype();
-    f32_weight(in_dtype(rows, dtype).matmul(weight.transpose()))
+    let dtype = FloatDType::from(weight.dtype());
+    f32_weight(cast_to(rows, dtype).matmul(weight.transpose()))
 }
 
 /// Forward for one chunk: (log-prob of each target, log-sum-exp of each row).
@@ -127,7 +122,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
 
         let [n, d] = hidden.dims();
         // The products run in the weight's dtype; each gradient is returned in its input's.
-        let (dtype, hidden_dtype) = (weight.dtype(), hidden.dtype());
+        let (dtype, hidden_dtype) = (FloatDType::from(weight.dtype()), FloatDType::from(hidden.dtype()));
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
         for start in (0..n).step_by(rows) {
@@ -141,13 +136,13 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
                 grad_out.clone().narrow(0, start, end - start),
                 inv_t,
             );
-            let dz = in_dtype(dz, dtype);
+            let dz = cast_to(dz, dtype);
             if node_hidden.is_some() {
-                grad_hidden.push(in_dtype(dz.clone().matmul(weight.clone()), hidden_dtype));
+                grad_hidden.push(cast_to(dz.clone().matmul(weight.clone()), hidden_dtype));
             }
             if node_weight.is_some() {
                 // Summed over chunks in f32.
-                let gw = f32_weight(dz.transpose().matmul(in_dtype(h, dtype)));
+                let gw = f32_weight(dz.transpose().matmul(cast_to(h, dtype)));
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc + gw,
                     None => gw,
@@ -159,7 +154,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
             grads.register::<B>(node.id, gh.into_primitive().tensor());
         }
         if let Some(node) = node_weight {
-            let gw = in_dtype(grad_weight.unwrap_or_else(|| weight.zeros_like()), dtype);
+            let gw = cast_to(grad_weight.unwrap_or_else(|| weight.zeros_like()), dtype);
             grads.register::<B>(node.id, gw.into_primitive().tensor());
         }
     }

@@ -45,7 +45,8 @@ impl<B: Backend> KvCache<B> {
     }
 
     /// Writes the new keys/values `[batch, kv_heads, t, head_dim]` of `layer` at slot `start`
-    /// (the buffers take their dtype) and returns views of all keys and values `[batch, kv_heads, start + t, head_dim]`.
+    /// (the buffers take their dtype) and returns views of all keys and values
+    /// `[batch, kv_heads, start + t, head_dim]`.
     pub(crate) fn append(
         &mut self,
         layer: usize,

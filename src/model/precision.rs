@@ -93,7 +93,7 @@ impl Dtype {
 
     /// `t` in this dtype (unchanged when it already is).
     pub fn cast<B: Backend, const D: usize>(self, t: Tensor<B, D>) -> Tensor<B, D> {
-        if t.dtype() == DType::from(self.burn()) { t } else { t.cast(self.burn()) }
+        cast_to(t, self.burn())
     }
 
     /// A weight as this dtype's forward reads it: rounded to the dtype, returned in f32 (for
@@ -111,7 +111,12 @@ impl Dtype {
 
 /// `t` in f32, cast if it is stored in another precision.
 pub fn f32_weight<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    if t.dtype() == DType::F32 { t } else { t.cast(FloatDType::F32) }
+    cast_to(t, FloatDType::F32)
+}
+
+/// `t` in `dtype`, unchanged (no copy) when it already is.
+pub fn cast_to<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: FloatDType) -> Tensor<B, D> {
+    if t.dtype() == DType::from(dtype) { t } else { t.cast(dtype) }
 }
 
 /// `model` computing its matmuls in `dtype` (see the module docs). Weights are unchanged.

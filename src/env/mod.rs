@@ -14,6 +14,7 @@
 
 pub mod action;
 pub mod plan_path;
+pub mod sandbox;
 pub mod sokoban;
 pub mod sudoku;
 pub mod task;

@@ -2,74 +2,22 @@
 //! role's action list to a copy of the state and reports the outcome; `python` runs the tool
 //! role's program and reads the action list it prints.
 //!
-//! The python tool runs untrusted model output, so it runs it as little as it can: `python3 -I`
-//! (isolated: no user site, no `PYTHON*` variables) in a fresh empty working directory, with an
-//! empty environment, no standard input, in its own process group, under address-space, CPU
-//! time, file size and core-dump limits, killed (the whole group) at the wall-clock limit, and
-//! its output read up to a cap. It is not a container: the program runs as the user, so it
-//! can read, write and delete the user's files (run directories included), use the network
-//! and signal other processes. Run untrusted models' programs as a separate user or in a
-//! container.
+//! The python tool runs untrusted model output: in the sandbox of [`super::sandbox`] (its own
+//! namespaces, a read-only system, bounded memory, processes, disk and time, an empty
+//! environment, everything killed at the end), its output read up to a cap.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
+
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use super::{Instance, Outcome};
 use crate::error::{Error, Result};
 
-/// The python tool's interpreter and the limits of one program run.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct PythonLimits {
-    /// The interpreter, a name looked up on PATH or a path.
-    pub python: String,
-    /// Wall-clock seconds before the program's process group is killed.
-    pub timeout_s: f64,
-    /// Address-space limit in MiB (RLIMIT_AS): allocating beyond it raises MemoryError.
-    pub memory_mib: u64,
-    /// Bytes of standard output (and of standard error) kept; the rest is dropped.
-    pub output_bytes: usize,
-}
-
-impl Default for PythonLimits {
-    fn default() -> Self {
-        PythonLimits { python: "python3".into(), timeout_s: 10.0, memory_mib: 512, output_bytes: 64 * 1024 }
-    }
-}
-
-/// The interpreter's own executable (`sys.executable`), asked once with the parent's
-/// environment: launchers such as pyenv's shims need variables the program must not see.
-fn interpreter(python: &str) -> Result<PathBuf> {
-    static RESOLVED: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
-    let mut resolved = RESOLVED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, path)) = resolved.iter().find(|(name, _)| name == python) {
-        return Ok(path.clone());
-    }
-    let missing = |why: String| {
-        Error::InvalidArgument(format!(
-            "cannot run {python} for the python tool: {why}. Install Python 3 (Debian: apt-get install -y python3), set the tool's `python` to an interpreter, or use the simulate tool"
-        ))
-    };
-    let out = Command::new(python)
-        .args(["-I", "-c", "import sys; print(sys.executable)"])
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| missing(e.to_string()))?;
-    let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    if !out.status.success() || !path.is_absolute() {
-        return Err(missing(format!(
-            "it did not name its executable ({})",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    resolved.push((python.to_string(), path.clone()));
-    Ok(path)
-}
+pub use super::sandbox::{Isolation, PythonLimits};
 
 /// How a program run ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -129,26 +77,31 @@ pub fn extract_code(text: &str) -> &str {
     python.or(blocks.last()).map_or(text, |(_, body)| body.trim_matches('\n'))
 }
 
-/// Whether the python tool's interpreter runs (a clear error naming what to install if not).
+/// Whether the python tool can run programs here: its interpreter runs and the sandbox can be
+/// made (a clear error naming what to install or set if not).
 pub fn check_python(limits: &PythonLimits) -> Result<()> {
-    interpreter(&limits.python).map(|_| ())
+    super::sandbox::check(limits)
 }
 
-/// Runs `code` with `python3` under `limits` in a fresh empty directory.
+/// Runs `code` under `limits` in a fresh directory holding only it (`main.py`).
 pub fn run_python(code: &str, limits: &PythonLimits) -> Result<ProgramRun> {
     let dir = tempfile::tempdir().map_err(|e| Error::io("create a directory for", Path::new("python tool"), e))?;
     let script = dir.path().join("main.py");
     std::fs::write(&script, code).map_err(|e| Error::io("write", &script, e))?;
-    let mut cmd = Command::new(interpreter(&limits.python)?);
-    cmd.arg("-I")
-        .arg("main.py")
-        .current_dir(dir.path())
-        .env_clear()
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    sandbox(&mut cmd, limits);
-    let mut child = cmd.spawn().map_err(|e| Error::Internal(format!("cannot start the python tool: {e}")))?;
+    run_command(super::sandbox::confine(&script, limits)?, limits)
+}
+
+/// Runs a confined program to its end or its time limit, reading its output up to the cap,
+/// and kills whatever it left behind.
+pub(super) fn run_command(mut confined: super::sandbox::Confined, limits: &PythonLimits) -> Result<ProgramRun> {
+    let spawned = confined.command.spawn();
+    let mut child = match spawned {
+        Ok(c) => c,
+        Err(e) => {
+            confined.finish();
+            return Err(Error::Internal(format!("cannot start the python tool: {e}")));
+        }
+    };
     let cap = limits.output_bytes;
     let out = child.stdout.take().expect("piped");
     let err = child.stderr.take().expect("piped");
@@ -176,20 +129,25 @@ pub fn run_python(code: &str, limits: &PythonLimits) -> Result<ProgramRun> {
     let deadline = Instant::now() + Duration::from_secs_f64(limits.timeout_s.max(0.0));
     let end = loop {
         match child.try_wait() {
-            Ok(Some(status)) => break exit_of(status),
+            Ok(Some(status)) => break exit_of(status, confined.sandboxed),
             Ok(None) if Instant::now() >= deadline => {
                 kill_group(&mut child);
                 let _ = child.wait();
                 break RunEnd::TimedOut;
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-            Err(e) => return Err(Error::Internal(format!("waiting for the python tool: {e}"))),
+            Err(e) => {
+                kill_group(&mut child);
+                confined.finish();
+                return Err(Error::Internal(format!("waiting for the python tool: {e}")));
+            }
         }
     };
-    // The group is killed either way: a child the program left running must not outlive it.
+    // Everything is killed either way: a process the program left running must not outlive it.
     kill_group(&mut child);
-    // A grandchild that left the group (setsid) may hold the pipes open: wait a moment for the
-    // streams to close, then take what was read and leave the reader threads behind.
+    confined.finish();
+    // Unconfined, a grandchild that left the group (setsid) may hold the pipes open: wait a
+    // moment for the streams to close, then take what was read and leave the readers behind.
     let grace = Instant::now() + Duration::from_secs(1);
     for _ in 0..2 {
         if done_rx.recv_timeout(grace.saturating_duration_since(Instant::now())).is_err() {
@@ -203,10 +161,12 @@ pub fn run_python(code: &str, limits: &PythonLimits) -> Result<ProgramRun> {
     Ok(ProgramRun { end, stdout, stderr })
 }
 
+/// How the program ended; in the sandbox, bubblewrap's exit code 128 + N is signal N.
 #[cfg(unix)]
-fn exit_of(status: std::process::ExitStatus) -> RunEnd {
+fn exit_of(status: std::process::ExitStatus, sandboxed: bool) -> RunEnd {
     use std::os::unix::process::ExitStatusExt;
     match (status.code(), status.signal()) {
+        (Some(code), _) if sandboxed && code > 128 && code < 128 + 65 => RunEnd::Signalled(code - 128),
         (Some(code), _) => RunEnd::Exited(code),
         (None, Some(sig)) => RunEnd::Signalled(sig),
         (None, None) => RunEnd::Exited(-1),
@@ -214,45 +174,9 @@ fn exit_of(status: std::process::ExitStatus) -> RunEnd {
 }
 
 #[cfg(not(unix))]
-fn exit_of(status: std::process::ExitStatus) -> RunEnd {
+fn exit_of(status: std::process::ExitStatus, _sandboxed: bool) -> RunEnd {
     RunEnd::Exited(status.code().unwrap_or(-1))
 }
-
-#[cfg(unix)]
-fn sandbox(cmd: &mut Command, limits: &PythonLimits) {
-    use std::os::unix::process::CommandExt;
-    let memory = limits.memory_mib.saturating_mul(1 << 20);
-    // CPU seconds: the wall-clock limit rounded up, plus one, as a backstop to the kill.
-    let cpu = limits.timeout_s.max(0.0).ceil() as u64 + 1;
-    cmd.process_group(0);
-    // SAFETY: between fork and exec only async-signal-safe calls (getrlimit, setrlimit) are made, on
-    // values computed before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            // Never above the inherited hard limit (raising it would fail with EPERM).
-            let set = |resource, value: u64| {
-                let mut current = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-                if libc::getrlimit(resource, &mut current) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let value = (value as libc::rlim_t).min(current.rlim_max);
-                let lim = libc::rlimit { rlim_cur: value, rlim_max: value };
-                if libc::setrlimit(resource, &lim) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            };
-            set(libc::RLIMIT_AS, memory)?;
-            set(libc::RLIMIT_CPU, cpu)?;
-            set(libc::RLIMIT_FSIZE, 16 << 20)?;
-            set(libc::RLIMIT_CORE, 0)?;
-            Ok(())
-        });
-    }
-}
-
-#[cfg(not(unix))]
-fn sandbox(_cmd: &mut Command, _limits: &PythonLimits) {}
 
 #[cfg(unix)]
 fn kill_group(child: &mut std::process::Child) {

@@ -116,14 +116,27 @@ impl TurnsConfig {
         if !(p.timeout_s.is_finite() && p.timeout_s > 0.0 && p.timeout_s <= 600.0) {
             return bad("python.timeout_s", format!("seconds in (0, 600], not {}", p.timeout_s));
         }
-        if p.memory_mib < 64 {
+        if !(64..=1 << 20).contains(&p.memory_mib) {
             return bad(
                 "python.memory_mib",
-                format!("at least 64 MiB (Python itself needs some), not {}", p.memory_mib),
+                format!("64 MiB (Python itself needs some) to 1 TiB, not {}", p.memory_mib),
             );
         }
-        if p.output_bytes == 0 || p.python.is_empty() {
-            return bad("python", "output_bytes must be positive and python must name an interpreter".into());
+        if !(1..=1 << 16).contains(&p.disk_mib) {
+            return bad("python.disk_mib", format!("1 to 65536 MiB, not {}", p.disk_mib));
+        }
+        if !(1..=4096).contains(&p.processes) {
+            return bad("python.processes", format!("1 to 4096, not {}", p.processes));
+        }
+        if p.output_bytes == 0 || p.output_bytes > 64 << 20 || p.python.is_empty() {
+            return bad(
+                "python",
+                "output_bytes must be between 1 and 64 MiB and python must name an interpreter".into(),
+            );
+        }
+        if self.tool == ToolKind::Python {
+            // A missing interpreter or sandbox is said before anything loads, not in the first step.
+            tool::check_python(p)?;
         }
         Ok(())
     }
@@ -342,10 +355,6 @@ impl Turns {
             .map(|i| i.kind())
             .ok_or_else(|| Error::config("training config", "task.env: no instances to play"))?;
         cfg.workload.turns.validate()?;
-        if cfg.workload.turns.tool == ToolKind::Python {
-            // A missing interpreter is said before the first step, not in it.
-            tool::check_python(&cfg.workload.turns.python)?;
-        }
         Ok(Turns {
             players: players(cfg, rollout.single_agent)?,
             task,

@@ -132,7 +132,28 @@ impl Error {
         if matches!(action, "read" | "open") && path.is_dir() {
             return Error::InvalidArgument(format!("{} is a directory; give a file", path.display()));
         }
-        Error::Io { action, path: path.to_path_buf(), source }
+        // So are a file where a directory should be, permissions and a full disk: say which.
+        let place = path.display();
+        match source.kind() {
+            std::io::ErrorKind::NotADirectory => Error::InvalidArgument(format!(
+                "cannot {action} {place}: a part of this path is a file, not a directory; check the path"
+            )),
+            std::io::ErrorKind::InvalidData if action == "read" => {
+                Error::InvalidArgument(format!("cannot read {place}: {source}; give a UTF-8 text file"))
+            }
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
+                Error::InvalidArgument(format!(
+                    "cannot {action} {place}: {source}; check the permissions, or choose another place"
+                ))
+            }
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded | std::io::ErrorKind::FileTooLarge => {
+                Error::InvalidArgument(format!(
+                    "cannot {action} {place}: the disk is full ({source}); free some space (or choose another \
+                     place) and run again: what was written before is intact"
+                ))
+            }
+            _ => Error::Io { action, path: path.to_path_buf(), source },
+        }
     }
 
     pub fn config(file: impl Into<String>, message: impl Into<String>) -> Self {
@@ -190,7 +211,11 @@ pub(crate) fn read_to_string(path: &Path) -> Result<String> {
 /// never leaves a half-written checkpoint under the final name.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = temp_path_for(path);
-    std::fs::write(&tmp, bytes).map_err(|e| Error::io("write", &tmp, e))?;
+    if let Err(e) = std::fs::write(&tmp, bytes) {
+        // A full disk leaves no half-written temporary behind.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(Error::io("write", path, e));
+    }
     std::fs::rename(&tmp, path).map_err(|e| Error::io("rename into place", path, e))
 }
 
@@ -214,6 +239,26 @@ mod tests {
         std::fs::write(&path, b"{\"a\": 1}\n{\"a\": \"\xff\"}\n").unwrap();
         let e = read_to_string(&path).unwrap_err();
         assert!(e.exit_code() == 2 && e.to_string().contains("line 2 is not valid UTF-8"), "{e}");
+    }
+
+    /// Files the user names but cannot read or write are theirs to fix: exit code 2, saying why.
+    #[test]
+    fn permissions_full_disks_and_files_for_directories_are_user_errors() {
+        use std::io::{Error as IoError, ErrorKind};
+        let p = Path::new("/data/run/config.toml");
+        for (kind, says) in [
+            (ErrorKind::PermissionDenied, "check the permissions"),
+            (ErrorKind::NotADirectory, "is a file, not a directory"),
+            (ErrorKind::StorageFull, "the disk is full"),
+            (ErrorKind::ReadOnlyFilesystem, "check the permissions"),
+        ] {
+            let e = Error::io("write", p, IoError::from(kind));
+            assert!(e.exit_code() == 2 && e.to_string().contains(says) && e.to_string().contains("/data/run"), "{e}");
+        }
+        let e = Error::io("read", p, IoError::new(ErrorKind::InvalidData, "stream did not contain valid UTF-8"));
+        assert!(e.exit_code() == 2 && e.to_string().contains("UTF-8"), "{e}");
+        // What the user cannot fix stays an internal failure.
+        assert_eq!(Error::io("write", p, IoError::from(ErrorKind::BrokenPipe)).exit_code(), 1);
     }
 
     #[test]

@@ -27,6 +27,8 @@ use crate::model::precision::{ComputeDtype, FrozenDtype};
 
 /// Bytes of an f32: master weights, gradients, moments, logits, and activations (an upper bound).
 const F32: u64 = 4;
+/// The same in the footprint's wide arithmetic.
+const F32W: u128 = F32 as u128;
 
 /// The bytes one policy needs, by what holds them.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -48,12 +50,12 @@ pub struct Footprint {
 impl Footprint {
     /// Held for the whole run.
     pub fn persistent(&self) -> u64 {
-        self.weights + self.reference + self.optimizer
+        self.weights.saturating_add(self.reference).saturating_add(self.optimizer)
     }
 
     /// The peak: the persistent state plus the larger phase (see the module docs).
     pub fn peak(&self) -> u64 {
-        self.persistent() + (self.gradients + self.activations).max(self.rollout)
+        self.persistent().saturating_add(self.gradients.saturating_add(self.activations).max(self.rollout))
     }
 }
 
@@ -102,17 +104,17 @@ impl Workload {
 /// The estimate for a model of shape `m` running `w`, fully fine-tuned or with `lora` adapters
 /// (the base frozen: gradients and moments for the adapters only, the base is the reference).
 pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, frozen: FrozenDtype) -> Footprint {
-    let params = m.num_parameters() as u64;
-    let adapter = lora.map_or(0, |l| crate::model::lora::adapter_parameters(m, l)) * F32;
+    let params = m.num_parameters() as u128;
+    let adapter = lora.map_or(0, |l| crate::model::lora::adapter_parameters(m, l) as u128) * F32W;
     // A LoRA base is frozen, stored as `frozen`; so is a full fine-tune's reference.
-    let weights = params * if lora.is_some() { frozen.bytes() } else { F32 } + adapter;
+    let weights = params * if lora.is_some() { frozen.bytes() as u128 } else { F32W } + adapter;
     // What the optimizer updates.
     let trained = if lora.is_some() { adapter } else { weights };
-    let (d, f) = (m.hidden_size as u64, m.intermediate_size as u64);
-    let (q, kv) = ((m.num_attention_heads * m.head_dim) as u64, (m.num_key_value_heads * m.head_dim) as u64);
-    let heads = m.num_attention_heads as u64;
-    let (layers, vocab) = (m.num_hidden_layers as u64, m.vocab_size as u64);
-    let (t, seqs) = (w.train_len as u64, w.micro_batch as u64);
+    let (d, f) = (m.hidden_size as u128, m.intermediate_size as u128);
+    let (q, kv) = ((m.num_attention_heads * m.head_dim) as u128, (m.num_key_value_heads * m.head_dim) as u128);
+    let heads = m.num_attention_heads as u128;
+    let (layers, vocab) = (m.num_hidden_layers as u128, m.vocab_size as u128);
+    let (t, seqs) = (w.train_len as u128, w.micro_batch as u128);
 
     // Kept per token and layer for the backward pass (see transformer.rs): the two RMSNorms'
     // inputs and outputs (4d); q, k, v before and after RoPE, RoPE's swapped halves and the
@@ -133,40 +135,52 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     // Transient, one layer at a time: scores, masked scores and their gradient (3·heads·t²
     // per sequence); the embedding and final norm; the log-prob op's logits chunk with its
     // softmax and gradient (score.rs, at most CHUNK_ELEMENTS).
-    let chunk_rows = (CHUNK_ELEMENTS as u64 / vocab.max(1)).max(1);
+    let chunk_rows = (CHUNK_ELEMENTS as u128 / vocab.max(1)).max(1);
     let transient = 3 * seqs * heads * t * t + seqs * t * 3 * d + 3 * (seqs * t).min(chunk_rows) * vocab;
     // In half precision the matmuls' saved inputs are half the bytes; the estimate keeps f32
     // (an upper bound). What it adds: the weights' copies in the compute dtype, which the
     // update's matmuls read and the backward pass keeps, and which sampling reads
     // (`precision::rollout_copy`); none for a base already stored in that dtype.
     let base_in_compute_dtype = lora.is_some() && frozen == w.compute;
-    let compute_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { params * w.compute.bytes() };
-    let activations = (kept + transient) * F32 + compute_copy;
+    let compute_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { params * w.compute.bytes() as u128 };
+    let activations = (kept + transient) * F32W + compute_copy;
 
     // The cache starts at the prompt plus up to 512 new tokens and doubles (kv_cache.rs);
     // growing copies the old buffer into one twice its size, both alive for a moment.
-    let need = (w.rollout_prompt + w.rollout_new) as u64;
-    let reserve = (w.rollout_prompt + w.rollout_new.min(512)) as u64;
+    let need = w.rollout_prompt as u128 + w.rollout_new as u128;
+    let reserve = w.rollout_prompt as u128 + w.rollout_new.min(512) as u128;
     let mut capacity = reserve;
     while capacity < need {
         capacity *= 2;
     }
     let grown = if capacity > reserve { capacity * 3 / 2 } else { capacity };
-    let rollout_seqs = w.rollout_sequences as u64;
+    let rollout_seqs = w.rollout_sequences as u128;
     // Stored in the attention's dtype (bf16 with bf16 compute).
-    let kv_cache = 2 * layers * rollout_seqs * kv * grown * w.compute.attention().bytes();
+    let kv_cache = 2 * layers * rollout_seqs * kv * grown * w.compute.attention().bytes() as u128;
     // Logits and sampling probabilities of one decoding step, and the prefill's attention.
-    let sampling = 2 * rollout_seqs * vocab * F32;
-    let prefill = rollout_seqs * heads * (w.rollout_prompt as u64).pow(2) * 2 * F32;
+    let sampling = 2 * rollout_seqs * vocab * F32W;
+    let prefill = prefill_scores(m, w.rollout_sequences, w.rollout_prompt);
+    // Sizes no device has saturate rather than wrap around (the settings bound the inputs).
+    let clamp = |bytes: u128| u64::try_from(bytes).unwrap_or(u64::MAX);
     Footprint {
-        weights,
+        weights: clamp(weights),
         // With half-precision compute the reference is stored as the forward reads it.
-        reference: if w.reference && lora.is_none() { params * frozen.bytes().min(w.compute.bytes()) } else { 0 },
-        gradients: trained,
-        optimizer: 2 * trained,
-        activations,
-        rollout: kv_cache + sampling + prefill + compute_copy,
+        reference: clamp(if w.reference && lora.is_none() {
+            params * (frozen.bytes() as u128).min(w.compute.bytes() as u128)
+        } else {
+            0
+        }),
+        gradients: clamp(trained),
+        optimizer: clamp(2 * trained),
+        activations: clamp(activations),
+        rollout: clamp(kv_cache + sampling + prefill + compute_copy),
     }
+}
+
+/// The prefill's attention scores and probabilities, `[sequences, heads, t, t]` f32 twice, as
+/// the generic attention holds them (the CPU's fused attention keeps one query block's).
+fn prefill_scores(m: &ModelConfig, sequences: usize, prompt: usize) -> u128 {
+    sequences as u128 * m.num_attention_heads as u128 * (prompt as u128).pow(2) * 2 * F32W
 }
 
 /// A setting's effect on the workload (one of the ways out).
@@ -471,6 +485,93 @@ impl fmt::Display for MemoryPlan {
     }
 }
 
+/// What a command that does not train (`generate`, `eval`, `bench`) runs at once: sampling
+/// `sequences` sequences of up to `prompt` + `new` tokens together, and (bench's train step)
+/// a forward and backward pass over `train_sequences` × `train_len` tokens with AdamW.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct CommandLoad {
+    pub sequences: usize,
+    pub prompt: usize,
+    pub new: usize,
+    pub train_sequences: usize,
+    pub train_len: usize,
+}
+
+/// The memory plan of a command that does not train, checked before its model loads: the
+/// same estimate and the same refusal as `hacpo train`'s, with the command's own ways out.
+pub fn check_command(
+    command: &str,
+    model: &str,
+    shape: &ModelConfig,
+    device: DeviceSpec,
+    compute: ComputeDtype,
+    load: CommandLoad,
+    device_memory: Option<u64>,
+    ways: &[String],
+) -> Result<()> {
+    let capacity = match device_memory {
+        Some(b) => Capacity::Given(b),
+        None => measured_capacity(device),
+    };
+    // A prompt (an upper bound from its bytes) never holds more tokens than the context.
+    let context = shape.max_position_embeddings;
+    let sampling = footprint(
+        shape,
+        &Workload {
+            micro_batch: 0,
+            train_len: 0,
+            rollout_sequences: load.sequences,
+            rollout_prompt: load.prompt.min(context),
+            rollout_new: load.new.min(context),
+            reference: false,
+            checkpointing: false,
+            compute,
+        },
+        None,
+        FrozenDtype::F32,
+    );
+    // Sampling reads the weights stored in the compute dtype (f32 ones are not kept beside).
+    let weights = if compute.is_f32() { sampling.weights } else { shape.num_parameters() as u64 * compute.bytes() };
+    let mut rollout = sampling.rollout.saturating_sub(if compute.is_f32() { 0 } else { weights });
+    if device == DeviceSpec::Cpu {
+        let scores = prefill_scores(shape, load.sequences, load.prompt.min(context));
+        rollout = rollout.saturating_sub(u64::try_from(scores).unwrap_or(u64::MAX));
+    }
+    let mut need = weights.saturating_add(rollout);
+    let mut parts = format!("weights {}, sampling {}", gb(weights), gb(rollout));
+    if load.train_sequences > 0 {
+        let train = footprint(
+            shape,
+            &Workload {
+                micro_batch: load.train_sequences,
+                train_len: load.train_len,
+                rollout_sequences: 0,
+                rollout_prompt: 0,
+                rollout_new: 0,
+                reference: false,
+                checkpointing: false,
+                compute,
+            },
+            None,
+            FrozenDtype::F32,
+        );
+        let step = train.weights.saturating_add(train.optimizer).saturating_add(train.gradients).saturating_add(train.activations);
+        parts.push_str(&format!(", train step {}", gb(step)));
+        need = need.max(step);
+    }
+    if !capacity.bytes().is_some_and(|have| need > have) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "the memory plan does not fit {device}: `hacpo {command}` needs about {}, and it has {}.\n  {model}: {parts}; peak {}\n\
+         Ways out: {}.\n--device-memory SIZE states the free memory; --skip-memory-check runs anyway.",
+        gb(need),
+        capacity.describe(),
+        gb(need),
+        ways.join("; ")
+    )))
+}
+
 /// The memory a device has for the run: available RAM for the CPU, `nvidia-smi`'s free memory
 /// for a CUDA device.
 fn measured_capacity(device: DeviceSpec) -> Capacity {
@@ -503,6 +604,10 @@ fn nvidia_smi_free(index: usize) -> Option<u64> {
 /// copy of its `config.json`, a local directory's `config.json` or a GGUF file's header.
 pub fn model_shape(spec: &str, cfg: &TrainConfig) -> Result<ModelConfig> {
     let path = Path::new(spec);
+    // A PEFT adapter directory: its base's shape (the adapter adds little).
+    if crate::model::lora::is_adapter_dir(path) {
+        return model_shape(&crate::model::adapter_base(path, None)?, cfg);
+    }
     if path.is_dir() {
         return ModelConfig::from_file(&path.join("config.json"));
     }

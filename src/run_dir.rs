@@ -18,6 +18,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result, write_atomic};
 
+/// What a run writes into its directory (besides the `.lock`).
+const RUN_FILES: [&str; 7] = ["config.toml", "metrics.jsonl", "before.json", "summary.json", "checkpoints", "batches", "tb"];
+
 /// Held-out accuracy of every policy, by name.
 pub type Accuracies = BTreeMap<String, f64>;
 
@@ -106,6 +109,12 @@ impl RunDir {
 
     /// [`Self::read_config`] with `--set` overrides applied.
     pub fn read_config_with(&self, overrides: &[String]) -> Result<TrainConfig> {
+        if self.root.exists() && !self.root.is_dir() {
+            return Err(Error::InvalidArgument(format!(
+                "{} is a file, not a run directory; give the directory `hacpo train` wrote (it holds config.toml)",
+                self.root.display()
+            )));
+        }
         let (config, notes) = TrainConfig::load_saved(&self.config_path(), overrides).map_err(|e| match e {
             Error::NotFound { path, .. } => Error::NotFound {
                 what: "run".into(),
@@ -123,6 +132,61 @@ impl RunDir {
     /// Whether `config.toml` exists.
     pub fn has_config(&self) -> bool {
         self.config_path().exists()
+    }
+
+    /// The files and folders of a run already in the directory, by name. A new run never
+    /// starts where any of them is: it would overwrite a run's results (or a user's own
+    /// `config.toml`).
+    pub fn run_files(&self) -> Vec<&'static str> {
+        RUN_FILES.iter().copied().filter(|name| self.root.join(name).exists()).collect()
+    }
+
+    /// Refuses (exit 2) a run directory whose folders are files or whose files are folders,
+    /// before a step trains and finds out at its checkpoint.
+    pub fn check_layout(&self) -> Result<()> {
+        if self.root.exists() && !self.root.is_dir() {
+            return Err(Error::InvalidArgument(format!("{} is a file, not a run directory", self.root.display())));
+        }
+        for name in RUN_FILES {
+            let path = self.root.join(name);
+            let folder = matches!(name, "checkpoints" | "batches" | "tb");
+            if path.exists() && path.is_dir() != folder {
+                return Err(Error::InvalidArgument(format!(
+                    "{} should be a {} but is a {}; move it away and run again",
+                    path.display(),
+                    if folder { "directory" } else { "file" },
+                    if folder { "file" } else { "directory" }
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the directory holds only what a run that stopped before its first step left:
+    /// its config, an empty metrics file and perhaps the held-out scores before training.
+    /// Nothing there is a result, so a new run may start in its place.
+    fn stopped_before_its_first_step(&self) -> bool {
+        let empty_metrics = std::fs::metadata(self.metrics_path()).is_ok_and(|m| m.is_file() && m.len() == 0);
+        empty_metrics
+            && self.config_path().is_file()
+            && self.run_files().iter().all(|f| ["config.toml", "metrics.jsonl", "before.json"].contains(f))
+    }
+
+    /// Refuses (exit 2) a directory that already holds a run's files, with the ways out.
+    pub fn check_new(&self) -> Result<()> {
+        let found = self.run_files();
+        if found.is_empty() {
+            return Ok(());
+        }
+        if self.stopped_before_its_first_step() {
+            return Ok(());
+        }
+        let dir = self.root.display();
+        Err(Error::InvalidArgument(format!(
+            "{dir} already holds a run's files ({}), which a new run would overwrite; continue that run with \
+             `hacpo train --resume {dir}`, or choose another --out (or move those files away)",
+            found.join(", ")
+        )))
     }
 
     pub fn write_before(&self, acc: &Accuracies) -> Result<()> {

@@ -10,7 +10,7 @@ use crate::backend::DeviceSpec;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::memory_plan::MemoryPlan;
-use crate::run_dir::{AccuracyChange, RunSummaryFile};
+use crate::run_dir::{AccuracyChange, RunDir, RunSummaryFile};
 use crate::trainer::Trainer;
 
 /// How a session treats its memory plan (`hacpo train --dry-run --device-memory
@@ -42,6 +42,22 @@ pub fn train(
         println!("dry run: the plan fits; nothing was loaded");
         return Ok(());
     }
+    // Before anything loads: a new run never overwrites another's files, and a finished run
+    // with no steps left is reported, not re-run (its summary stays as it is).
+    match resume {
+        None => RunDir::new(&cfg.run.out_dir).check_new()?,
+        Some(dir) => {
+            let run = RunDir::new(dir);
+            run.check_layout()?;
+            // What the command line asks of a resumed run applies or is refused, also when
+            // nothing is left to train.
+            TrainConfig::resumed(dir, run.read_config()?, requested.clone())?;
+            if let Some(summary) = finished(&run, &cfg)? {
+                print_finished(dir, &summary);
+                return Ok(());
+            }
+        }
+    }
     match plan.check(&cfg) {
         Ok(()) => eprint!("{plan}"),
         Err(e) if memory.skip => eprintln!("{plan}warning: --skip-memory-check: {e}"),
@@ -55,6 +71,49 @@ pub fn train(
         let devices: Vec<_> = specs.iter().map(|&s| <B as crate::backend::DeviceOf>::device_of(s)).collect();
         train_on::<B>(resume, cfg, requested, devices)
     })
+}
+
+/// The summary of the run in `run` when it has already trained every step `cfg` asks for and
+/// its last checkpoint is intact (a damaged one is repaired by training its steps again, which
+/// rewrites the summary with the same numbers). A finished run asked for more steps needs a
+/// checkpoint to continue from.
+fn finished(run: &RunDir, cfg: &TrainConfig) -> Result<Option<RunSummaryFile>> {
+    let Some(summary) = run.read_summary() else { return Ok(None) };
+    let (wanted, done) = (cfg.run.steps as u64, summary.steps);
+    if wanted > 0 && wanted < done {
+        return Err(Error::InvalidArgument(format!(
+            "--steps {wanted} is below the {done} steps {} has completed; give at least {done}",
+            run.path().display()
+        )));
+    }
+    let newest = crate::train::checkpoint::resume_candidates(&run.checkpoints())
+        .ok()
+        .and_then(|(candidates, _)| candidates.into_iter().next())
+        .and_then(|c| crate::train::checkpoint::load_state(&c).ok())
+        .map(|s| s.step);
+    match newest {
+        Some(step) if step < done || wanted > done => Ok(None),
+        None if wanted > done => Err(Error::InvalidArgument(format!(
+            "{} finished {done} steps and holds no checkpoint to continue from, so it cannot train to step {wanted}; \
+             start a new run with another --out",
+            run.path().display()
+        ))),
+        _ => Ok(Some(summary)),
+    }
+}
+
+fn print_finished(dir: &Path, summary: &RunSummaryFile) {
+    println!(
+        "{} already finished its {} steps; nothing to train (raise --steps to train further)",
+        dir.display(),
+        summary.steps
+    );
+    for (name, change) in &summary.agents {
+        match change.before {
+            Some(b) => println!("  {name}: held-out {:.1}% → {:.1}%", b * 100.0, change.after * 100.0),
+            None => println!("  {name}: held-out {:.1}%", change.after * 100.0),
+        }
+    }
 }
 
 /// One line on what is about to run, so a log says which run and where it resumed.
@@ -75,9 +134,10 @@ fn train_on<B: Backend>(
     devices: Vec<B::Device>,
 ) -> Result<()> {
     let started = std::time::Instant::now();
+    // The task first: a missing data file is said before the tiny agents pre-train.
+    let task = crate::task::from_config(&cfg.task)?;
     crate::resolve::prepare::<B>(&cfg, &devices[0])?;
     crate::train::interrupt::install();
-    let task = crate::task::from_config(&cfg.task)?;
     let mut trainer = match resume {
         Some(dir) => Trainer::<B>::resume(dir, requested, task, devices)?,
         None => Trainer::<B>::start(cfg, task, devices)?,
@@ -112,7 +172,9 @@ fn train_on<B: Backend>(
         return Ok(());
     }
     // The last step validates when validation is on; otherwise measure now.
-    let after = if summary.last.iter().all(|(_, m)| m.contains_key(key)) {
+    // (A resumed run that had trained every step but was stopped before its summary trains
+    // none here: measure.)
+    let after = if !summary.last.is_empty() && summary.last.iter().all(|(_, m)| m.contains_key(key)) {
         summary.last.iter().map(|(n, m)| (n.clone(), m[key])).collect()
     } else {
         trainer.accuracies()?

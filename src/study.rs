@@ -128,8 +128,14 @@ fn config_for(args: &StudyOptions, variant: &Variant, seed: u64, dir: &Path) -> 
 
 /// Runs (or continues) the study and writes its table, CSV and figures.
 pub fn run(args: &StudyOptions) -> Result<()> {
-    if args.seeds == 0 {
-        return Err(Error::InvalidArgument("--seeds must be at least 1".into()));
+    if args.seeds == 0 || args.seeds > 1000 {
+        return Err(Error::InvalidArgument(format!("--seeds must be between 1 and 1000, got {}", args.seeds)));
+    }
+    if args.out.exists() && !args.out.is_dir() {
+        return Err(Error::InvalidArgument(format!(
+            "--out {} is a file; give the study a directory (it holds a run per variant and seed)",
+            args.out.display()
+        )));
     }
     let variants = variants(args)?;
     // Check every config before the first (long) run starts.
@@ -151,7 +157,9 @@ pub fn run(args: &StudyOptions) -> Result<()> {
             eprintln!("{label}: done, skipping ({})", dir.display());
             continue;
         }
-        let started = run.has_checkpoints()?;
+        // A run that wrote its config is continued (from step 0 if it has no checkpoint yet):
+        // a new run would be refused there.
+        let started = run.has_config();
         eprintln!("{label}: {} {}", if started { "resuming" } else { "training" }, dir.display());
         train_in_child(&args.out, name, *seed, dir, cfg, started)?;
     }
@@ -228,10 +236,12 @@ fn train_in_child(out: &Path, name: &str, seed: u64, dir: &Path, cfg: &TrainConf
     let status = command.status().map_err(|e| Error::io("run", &exe, e))?;
     if !status.success() {
         let code = status.code().map_or_else(|| "a signal".to_string(), |c| format!("exit code {c}"));
-        return Err(Error::InvalidArgument(format!(
+        let message = format!(
             "the run {} stopped ({code}; its messages are above); run the same `hacpo study` again to continue",
             dir.display()
-        )));
+        );
+        // The run's own kind of failure: a user error stays exit 2, anything else is not one.
+        return Err(if status.code() == Some(2) { Error::InvalidArgument(message) } else { Error::Internal(message) });
     }
     Ok(())
 }

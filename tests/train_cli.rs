@@ -423,3 +423,199 @@ fn run_directories_are_locked_interruptible_and_repaired_on_resume() {
     std::fs::remove_file(whole.join("checkpoints/latest")).unwrap();
     rejects(&["train", "--config", cfg, "--out", whole.to_str().unwrap()], &["already holds a run", "--resume"]);
 }
+
+/// No path loses a run's data: a finished run resumed with no step left keeps its summary
+/// byte for byte; a new run never starts where a run's (or the user's own) files are, also
+/// when the checkpoints were deleted; every command-line value on resume applies or is refused.
+#[test]
+fn a_run_is_never_overwritten_and_resume_changes_only_what_it_says() {
+    let s = setup(2);
+    let cfg = s.config.to_str().unwrap();
+    let done = s.data.path().join("done");
+    let d = done.to_str().unwrap();
+    // Held-out scores before and after: a finished run then has a summary to keep.
+    let validation = format!("task.validation=\"gsm8k={}\"", s.data.path().join("train.jsonl").display());
+    let out = run(&["train", "--config", cfg, "--out", d, "--set", &validation, "--set", "task.val_max_new_tokens=6"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let files = |dir: &Path| {
+        ["summary.json", "metrics.jsonl", "config.toml", "before.json"]
+            .map(|f| std::fs::read(dir.join(f)).unwrap_or_default())
+    };
+    let kept = files(&done);
+    assert!(!kept[0].is_empty());
+
+    // Resumed with nothing left to train: exit 0, it says so, nothing is written.
+    let again = run(&["train", "--resume", d]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(String::from_utf8_lossy(&again.stdout).contains("already finished its 2 steps"));
+    assert_eq!(files(&done), kept, "a finished run's files changed on resume");
+
+    // Every value given with --resume applies or is refused.
+    rejects(&["train", "--resume", d, "--seed", "9"], &["different configuration", "run.seed: 5 → 9"]);
+    rejects(&["train", "--resume", d, "--task", "arith"], &["different configuration", "task.kind"]);
+    rejects(&["train", "--resume", d, "--out", s.data.path().join("elsewhere").to_str().unwrap()], &["--out", "drop --out"]);
+    rejects(&["train", "--resume", d, "--steps", "1"], &["below the 2 steps"]);
+    let moved = run(&["train", "--resume", d, "--devices", "cpu"]);
+    assert!(moved.status.success(), "a device may change on resume: {}", stderr(&moved));
+    rejects(&["train", "--resume", done.join("summary.json").to_str().unwrap()], &["is a file, not a run directory"]);
+
+    // Checkpoints deleted to save space: still a run, never overwritten, still finished.
+    std::fs::remove_dir_all(done.join("checkpoints")).unwrap();
+    rejects(
+        &["train", "--config", cfg, "--out", d, "--set", &validation, "--set", "task.val_max_new_tokens=6"],
+        &["already holds a run's files", "summary.json", "--resume"],
+    );
+    let again = run(&["train", "--resume", d]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    rejects(&["train", "--resume", d, "--steps", "4"], &["no checkpoint to continue from"]);
+    assert_eq!(files(&done), kept, "a finished run's files changed");
+
+    // The user's own config in the directory, or any run file alone, is never replaced.
+    let mine = s.data.path().join("mine");
+    std::fs::create_dir_all(&mine).unwrap();
+    let own = format!("# my notes\n{}", std::fs::read_to_string(&s.config).unwrap());
+    std::fs::write(mine.join("config.toml"), &own).unwrap();
+    let m = mine.join("config.toml");
+    rejects(&["train", "--config", m.to_str().unwrap(), "--out", mine.to_str().unwrap()], &["config.toml", "--out"]);
+    assert_eq!(std::fs::read_to_string(mine.join("config.toml")).unwrap(), own);
+    let only_metrics = s.data.path().join("only-metrics");
+    std::fs::create_dir_all(&only_metrics).unwrap();
+    std::fs::write(only_metrics.join("metrics.jsonl"), "{\"step\": 1}\n").unwrap();
+    rejects(&["train", "--config", cfg, "--out", only_metrics.to_str().unwrap()], &["metrics.jsonl"]);
+    assert_eq!(std::fs::read_to_string(only_metrics.join("metrics.jsonl")).unwrap(), "{\"step\": 1}\n");
+
+    // `checkpoints` that is a file is said before a step trains.
+    let broken = s.data.path().join("broken");
+    std::fs::create_dir_all(&broken).unwrap();
+    std::fs::copy(done.join("config.toml"), broken.join("config.toml")).unwrap();
+    std::fs::write(broken.join("checkpoints"), "").unwrap();
+    rejects(&["train", "--resume", broken.to_str().unwrap()], &["checkpoints should be a directory"]);
+
+    // Killed before its first checkpoint (a config and no checkpoint): resume trains it from
+    // step 0 to the same numbers.
+    let early = s.data.path().join("early");
+    std::fs::create_dir_all(&early).unwrap();
+    std::fs::copy(done.join("config.toml"), early.join("config.toml")).unwrap();
+    let out = run(&["train", "--resume", early.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains("no checkpoint yet"), "{}", stderr(&out));
+    assert_eq!(deterministic_metrics(&early), deterministic_metrics_of(&kept[1]));
+}
+
+/// The metrics a run recorded (`metrics.jsonl`'s bytes), as `deterministic_metrics` reads them.
+fn deterministic_metrics_of(bytes: &[u8]) -> Vec<serde_json::Value> {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("metrics.jsonl"), bytes).unwrap();
+    deterministic_metrics(dir.path())
+}
+
+/// Resume passes over any damaged file of the newest checkpoint (a trainer state that is not
+/// its directory's step, an unreadable config.json, NaN weights, a missing optimizer file) to
+/// the one before, deleting nothing, and trains the lost step again to the same numbers.
+#[test]
+fn resume_falls_back_past_any_damaged_file_of_the_newest_checkpoint() {
+    let s = setup(2);
+    let cfg = s.config.to_str().unwrap();
+    let whole = s.data.path().join("whole");
+    let validation = format!("task.validation=\"gsm8k={}\"", s.data.path().join("train.jsonl").display());
+    let out = run(&[
+        "train",
+        "--config",
+        cfg,
+        "--out",
+        whole.to_str().unwrap(),
+        "--set",
+        &validation,
+        "--set",
+        "task.val_max_new_tokens=6",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let reference = deterministic_metrics(&whole);
+    type Damage = fn(&Path);
+    let damages: [(&str, Damage); 4] = [
+        ("a trainer state of another step", |c| {
+            let path = c.join("trainer_state.json");
+            let text = std::fs::read_to_string(&path).unwrap().replace("\"step\": 2", "\"step\": 1");
+            std::fs::write(path, text).unwrap();
+        }),
+        ("a garbage config.json", |c| std::fs::write(c.join("agent-0/config.json"), "{\"model_type\": 7").unwrap()),
+        ("NaN weights", |c| {
+            let path = c.join("agent-1/model.safetensors");
+            let mut bytes = std::fs::read(&path).unwrap();
+            let n = bytes.len();
+            bytes[n - 4..].copy_from_slice(&f32::NAN.to_le_bytes());
+            std::fs::write(path, bytes).unwrap();
+        }),
+        ("a missing optimizer state", |c| std::fs::remove_file(c.join("agent-0.optim.json")).unwrap()),
+    ];
+    for (what, damage) in damages {
+        let dir = s.data.path().join(what.replace(' ', "-"));
+        copy_dir(&whole, &dir);
+        // Not finished: the summary is what a kill before it would have left missing.
+        std::fs::remove_file(dir.join("summary.json")).unwrap();
+        damage(&dir.join("checkpoints/step-000002"));
+        let out = run(&["train", "--resume", dir.to_str().unwrap()]);
+        let err = stderr(&out);
+        assert!(out.status.success(), "{what}: {err}");
+        assert!(err.contains("passed over") && err.contains("step-000001"), "{what}: {err}");
+        assert_eq!(deterministic_metrics(&dir), reference, "{what}");
+        assert!(dir.join("summary.json").exists(), "{what}");
+    }
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_name() == ".lock" {
+            continue;
+        }
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// A disk that fills while a checkpoint is written (here: a file-size limit, EFBIG, as a full
+/// disk's ENOSPC would) is said as what it is, exit 2, and leaves no half-written file.
+#[test]
+fn a_full_disk_at_a_checkpoint_is_said_and_leaves_nothing_half_written() {
+    use std::os::unix::process::CommandExt;
+    let s = setup(1);
+    let cfg = s.config.to_str().unwrap();
+    let dir = s.data.path().join("full");
+    let mut cmd = hacpo(&["train", "--config", cfg, "--out", dir.to_str().unwrap()]);
+    // SAFETY: only setrlimit and signal between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            let lim = libc::rlimit { rlim_cur: 64 << 10, rlim_max: 64 << 10 };
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let out = cmd.output().unwrap();
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("free some space") && !err.contains("cannot read weights"), "{err}");
+    let leftovers: Vec<String> =
+        walk(&dir).into_iter().filter(|p| p.rsplit('/').next().is_some_and(|name| name.contains(".tmp"))).collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert!(dir.join("config.toml").is_file());
+}
+
+fn walk(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        out.push(p.display().to_string());
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+    }
+    out
+}

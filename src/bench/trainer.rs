@@ -22,9 +22,10 @@ use crate::{Error, Result};
 /// What to measure.
 #[derive(Clone, Debug)]
 pub struct TrainerBenchOptions {
-    /// Directory holding `qwen3/` and `llama3.1/` tokenizer folders.
-    pub tokenizers: PathBuf,
-    /// GSM8K training problems (JSONL).
+    /// The Qwen3 and the Llama-3.1 tokenizer directories.
+    pub qwen_tokenizer: PathBuf,
+    pub llama_tokenizer: PathBuf,
+    /// GSM8K problems (JSONL).
     pub prompts: PathBuf,
     /// Measured steps (one warm-up step runs before them).
     pub steps: usize,
@@ -103,11 +104,11 @@ fn agent_config(family: &str, vocab: usize, hidden: usize, layers: usize, eos: &
 /// Writes one random agent in Hugging Face layout under `dir`.
 fn write_agent(
     dir: &Path,
-    tokenizers: &Path,
+    tokenizer_dir: &Path,
     (tokenizer, family, eos_tokens): (&str, &str, [&str; 2]),
     opts: &TrainerBenchOptions,
 ) -> Result<AgentShape> {
-    let tok = Tokenizer::from_dir(&tokenizers.join(tokenizer))?;
+    let tok = Tokenizer::from_dir(tokenizer_dir)?;
     let eos: Vec<u32> = eos_tokens.iter().filter_map(|t| tok.token_to_id(t)).collect();
     let config = agent_config(family, tok.vocab_size(), opts.hidden, opts.layers, &eos)?;
     let device = Default::default();
@@ -123,12 +124,17 @@ fn write_agent(
 
 /// Runs the benchmark on backend `B` (all agents on `device`).
 pub fn run<B: Backend>(opts: &TrainerBenchOptions, device: &B::Device) -> Result<TrainerBreakdown> {
-    for (what, p) in [("tokenizer directory", &opts.tokenizers), ("GSM8K training file", &opts.prompts)] {
+    for (what, p) in [
+        ("Qwen3 tokenizer directory", &opts.qwen_tokenizer),
+        ("Llama-3.1 tokenizer directory", &opts.llama_tokenizer),
+        ("GSM8K file", &opts.prompts),
+    ] {
         if !p.exists() {
             return Err(Error::NotFound {
                 what: what.into(),
                 path: p.clone(),
-                hint: "the trainer benchmark uses the shared assets: set HACPO_SHARED or pass --tokenizers / --prompts"
+                hint: "the trainer benchmark reads the test assets (tests/shared/README.md): pass --shared DIR, \
+                       set HACPO_SHARED, or run scripts/fetch-test-assets.sh for the Llama tokenizer"
                     .into(),
             });
         }
@@ -137,8 +143,8 @@ pub fn run<B: Backend>(opts: &TrainerBenchOptions, device: &B::Device) -> Result
     let qwen = work.path().join("qwen3");
     let llama = work.path().join("llama");
     let shapes = vec![
-        write_agent(&qwen, &opts.tokenizers, ("qwen3", "qwen3", ["<|im_end|>", "<|endoftext|>"]), opts)?,
-        write_agent(&llama, &opts.tokenizers, ("llama3.1", "llama", ["<|eot_id|>", "<|end_of_text|>"]), opts)?,
+        write_agent(&qwen, &opts.qwen_tokenizer, ("qwen3", "qwen3", ["<|im_end|>", "<|endoftext|>"]), opts)?,
+        write_agent(&llama, &opts.llama_tokenizer, ("llama3.1", "llama", ["<|eot_id|>", "<|end_of_text|>"]), opts)?,
     ];
     let toml = format!(
         r#"

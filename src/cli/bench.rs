@@ -14,7 +14,7 @@ use super::Format;
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:\n  \
     hacpo bench                      # ~5M-parameter Llama config, random weights\n  \
-    hacpo bench --model \"$(../shared/scripts/fetch-smollm2.sh)\" --format json\n  \
+    hacpo bench --model \"$(bash scripts/fetch-smollm2.sh)\" --format json\n  \
     hacpo bench --trainer            # where a two-agent HACPO step spends its time\n  \
     hacpo bench --random-shape qwen-1.5b --device cuda   # a Qwen2.5-1.5B-shaped model, random weights\n  \
     hacpo bench --random-shape qwen-1.5b --device cuda --compute-dtype bf16")]
@@ -86,24 +86,113 @@ pub struct BenchArgs {
     pub hidden: usize,
     #[arg(long, default_value_t = 6)]
     pub layers: usize,
-    /// --trainer: the shared assets directory (tokenizers and GSM8K); default $HACPO_SHARED or ../shared.
+    /// --trainer: a directory in the layout of tests/shared (tokenizers and GSM8K); default
+    /// $HACPO_SHARED, then the repository's tests/shared and the fetched test assets.
     #[arg(long)]
     pub shared: Option<std::path::PathBuf>,
+    /// The device's free memory, e.g. 16GB (default: available RAM on the CPU, nvidia-smi's
+    /// free memory on a GPU); the memory estimate is checked against it before anything loads.
+    #[arg(long, value_name = "SIZE")]
+    pub device_memory: Option<String>,
+    /// Run even when the memory estimate says the benchmark does not fit.
+    #[arg(long)]
+    pub skip_memory_check: bool,
+}
+
+/// The largest batch a flag may ask for (the memory plan refuses what does not fit).
+const MAX_BATCH: usize = 1 << 20;
+
+/// A size flag's range: at least `least`, at most `most`.
+fn check_size(flag: &str, value: usize, least: usize, most: usize) -> Result<()> {
+    if (least..=most).contains(&value) {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!("{flag} must be between {least} and {most}, got {value}")))
+}
+
+/// A length flag: at least `least` tokens, and within the model's context.
+fn check_len(flag: &str, value: usize, least: usize, context: usize) -> Result<()> {
+    if value > context {
+        return Err(Error::InvalidArgument(format!(
+            "{flag} ({value} tokens) exceeds the model's context of {context} tokens"
+        )));
+    }
+    check_size(flag, value, least, context)
 }
 
 pub fn run(args: BenchArgs) -> Result<()> {
     let device = DeviceSpec::parse(&args.device)?;
-    if args.reps == 0 {
-        return Err(Error::InvalidArgument("--reps must be at least 1".into()));
-    }
-    if args.decode_batch.contains(&0) {
-        return Err(Error::InvalidArgument("--decode-batch sizes must be at least 1".into()));
-    }
+    check_size("--reps", args.reps, 1, 1000)?;
     let compute = super::compute_dtype(&args.compute_dtype, &args.device)?;
     if args.trainer {
+        check_size("--steps", args.steps, 1, 1000)?;
+        check_size("--prompts", args.prompts, 1, 4096)?;
+        check_size("--group-size", args.group_size, 2, 4096)?;
+        check_size("--max-new-tokens", args.max_new_tokens, 1, 1 << 16)?;
+        check_size("--layers", args.layers, 1, 256)?;
+        check_size("--hidden", args.hidden, 8, 16384)?;
+        if !args.hidden.is_multiple_of(8) {
+            return Err(Error::InvalidArgument(format!(
+                "--hidden must be a multiple of 8 (4 heads of an even size), got {}",
+                args.hidden
+            )));
+        }
         return with_backend!(device, |B, dev| run_trainer::<B>(&args, compute, &dev));
     }
+    // Every size is checked, against the model's context too, and the memory estimate before
+    // any weight is built: a zero panics in the forward pass, a huge batch exhausts the machine.
+    check_size("--prefill-batch", args.prefill_batch, 1, MAX_BATCH)?;
+    for &b in &args.decode_batch {
+        check_size("--decode-batch", b, 1, MAX_BATCH)?;
+    }
+    check_size("--train-batch", args.train_batch, 1, MAX_BATCH)?;
+    let shape = model_shape(&args)?;
+    let context = shape.max_position_embeddings;
+    check_len("--prefill-len", args.prefill_len, 1, context)?;
+    check_len("--prompt-len", args.prompt_len, 1, context)?;
+    check_len("--new-tokens", args.new_tokens, 1, context)?;
+    check_len("--prompt-len + --new-tokens", args.prompt_len + args.new_tokens, 2, context)?;
+    check_len("--train-len", args.train_len, 2, context)?;
+    let name = model_name(&args);
+    let decode = args.decode_batch.iter().copied().max().unwrap_or(1);
+    let load = hacpo::memory_plan::CommandLoad {
+        sequences: decode.max(args.prefill_batch),
+        prompt: args.prompt_len.max(args.prefill_len),
+        new: args.new_tokens,
+        train_sequences: if args.no_train { 0 } else { args.train_batch },
+        train_len: args.train_len,
+    };
+    let device_memory = args.device_memory.as_deref().map(hacpo::memory_plan::parse_size).transpose()?;
+    let ways = [
+        "smaller batches (--prefill-batch, --decode-batch, --train-batch)".to_string(),
+        "shorter sequences (--prefill-len, --prompt-len, --new-tokens, --train-len)".into(),
+        "--no-train".into(),
+    ];
+    match hacpo::memory_plan::check_command("bench", &name, &shape, device, compute, load, device_memory, &ways) {
+        Err(e) if args.skip_memory_check => eprintln!("warning: --skip-memory-check: {e}"),
+        other => other?,
+    }
     with_backend!(device, |B, dev| run_on::<B>(&args, compute, &dev))
+}
+
+/// The shape of the model to measure, before any weight is read or built.
+fn model_shape(args: &BenchArgs) -> Result<hacpo::model::ModelConfig> {
+    if let Some(id) = &args.random_shape {
+        let entry = hacpo::model::zoo::find(id).ok_or_else(|| hacpo::resolve::unknown_model(id))?;
+        return entry.model_config();
+    }
+    match &args.model {
+        Some(m) => hacpo::memory_plan::model_shape(m, &hacpo::config::TrainConfig::default()),
+        None => Ok(bench::tiny_5m_config()),
+    }
+}
+
+fn model_name(args: &BenchArgs) -> String {
+    match (&args.random_shape, &args.model) {
+        (Some(id), _) => format!("{id} shape (random)"),
+        (None, Some(m)) => m.clone(),
+        (None, None) => "tiny-5m (random)".into(),
+    }
 }
 
 /// The model to measure, computing in `compute` (its weights still f32).
@@ -135,25 +224,9 @@ fn run_on<B: burn::tensor::backend::Backend>(
     compute: ComputeDtype,
     device: &B::Device,
 ) -> Result<()> {
-    let name = match (&args.random_shape, &args.model) {
-        (Some(id), _) => format!("{id} shape (random)"),
-        (None, Some(m)) => m.clone(),
-        (None, None) => "tiny-5m (random)".into(),
-    };
+    let name = model_name(args);
     // What sampling reads: the weights stored in the compute dtype.
     let model = rollout_copy(load::<B>(args, compute, device)?);
-    let context = model.config.max_position_embeddings;
-    for (flag, len) in [
-        ("--prefill-len", args.prefill_len),
-        ("--prompt-len + --new-tokens", args.prompt_len + args.new_tokens),
-        ("--train-len", args.train_len),
-    ] {
-        if len > context {
-            return Err(Error::InvalidArgument(format!(
-                "{flag} ({len} tokens) exceeds the model's context of {context} tokens"
-            )));
-        }
-    }
     let params = model.config.num_parameters();
     eprintln!(
         "benchmarking {name} ({params} parameters) on {}, {} matmuls, with {} threads",
@@ -197,14 +270,14 @@ fn run_trainer<B: burn::tensor::backend::Backend>(
     compute: ComputeDtype,
     device: &B::Device,
 ) -> Result<()> {
-    let shared = args
-        .shared
-        .clone()
-        .unwrap_or_else(|| std::env::var_os("HACPO_SHARED").map(Into::into).unwrap_or_else(|| "../shared".into()));
     let opts = TrainerBenchOptions {
-        tokenizers: shared.join("assets/tokenizers"),
-        prompts: shared.join("data/math/gsm8k_train.jsonl"),
-        steps: args.steps.max(1),
+        qwen_tokenizer: asset(args, "assets/tokenizers/qwen3"),
+        llama_tokenizer: asset(args, "assets/tokenizers/llama3.1"),
+        // GSM8K's training split where a larger copy has it, else its test split.
+        prompts: Some(asset(args, "data/math/gsm8k_train.jsonl"))
+            .filter(|p| p.exists())
+            .unwrap_or_else(|| asset(args, "data/math/gsm8k_test.jsonl")),
+        steps: args.steps,
         prompts_per_step: args.prompts,
         group_size: args.group_size,
         max_new_tokens: args.max_new_tokens,
@@ -249,4 +322,19 @@ fn run_trainer<B: burn::tensor::backend::Backend>(
         }
     }
     Ok(())
+}
+
+/// A test asset (tests/shared/README.md) for the trainer benchmark: the first of --shared,
+/// $HACPO_SHARED, the repository's tests/shared and what scripts/fetch-test-assets.sh fetched
+/// that holds it (the first candidate, to name in the error, when none does).
+fn asset(args: &BenchArgs, rel: &str) -> std::path::PathBuf {
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_default();
+    let roots: Vec<std::path::PathBuf> = args
+        .shared
+        .iter()
+        .cloned()
+        .chain(std::env::var_os("HACPO_SHARED").map(Into::into))
+        .chain([concat!(env!("CARGO_MANIFEST_DIR"), "/tests/shared").into(), home.join(".cache/hacpo/test-assets")])
+        .collect();
+    roots.iter().map(|r| r.join(rel)).find(|p| p.exists()).unwrap_or_else(|| roots[0].join(rel))
 }

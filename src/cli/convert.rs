@@ -22,7 +22,7 @@ pub struct ConvertArgs {
     /// into the base model's weights.
     #[arg(long, value_name = "ADAPTER_DIR")]
     pub merge_lora: Option<PathBuf>,
-    /// Output directory (created; existing model files in it are replaced).
+    /// Output directory (created; refused when it already holds a model).
     #[arg(short, long)]
     pub out: PathBuf,
     /// Storage dtype of the written weights: f32 or bf16.
@@ -30,10 +30,36 @@ pub struct ConvertArgs {
     pub dtype: String,
 }
 
+/// The files of a model directory `convert` writes.
+const MODEL_FILES: [&str; 7] = [
+    "config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "adapter_model.safetensors",
+];
+
 pub fn run(args: ConvertArgs) -> Result<()> {
     let dtype = SaveDtype::parse(&args.dtype)?;
     if args.out.exists() && !args.out.is_dir() {
         return Err(Error::InvalidArgument(format!("--out {} exists and is not a directory", args.out.display())));
+    }
+    // Never over a model already there (converting a directory into itself would replace its
+    // f32 weights by the bf16 copy).
+    let held: Vec<String> = std::fs::read_dir(&args.out)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| MODEL_FILES.contains(&n.as_str()) || (n.starts_with("model-") && n.ends_with(".safetensors")))
+        .collect();
+    if !held.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "--out {} already holds a model ({}); choose a new or empty directory (convert never overwrites one)",
+            args.out.display(),
+            held.join(", ")
+        )));
     }
     let device = Default::default();
     let pretrained = match (&args.merge_lora, &args.model) {

@@ -83,6 +83,7 @@ pub fn run(args: EvalArgs) -> Result<()> {
     if args.limit == Some(0) {
         return Err(Error::InvalidArgument("--limit 0 evaluates nothing; give at least 1 or leave it out".into()));
     }
+    check_sampling(&args)?;
     // Where the report goes is checked now, not after an evaluation of hours.
     if let Some(out) = &args.out {
         hacpo::error::check_writable(out)?;
@@ -101,6 +102,20 @@ pub fn run(args: EvalArgs) -> Result<()> {
         }
         benches.push((bench, problems));
     }
+    // Each batch's KV caches live together: estimated before the model loads, a prompt's
+    // tokens bounded by its bytes plus what a chat template adds.
+    let longest = benches.iter().flat_map(|(_, ps)| ps.iter().map(|p| p.question.len())).max().unwrap_or(0);
+    let load = hacpo::memory_plan::CommandLoad {
+        sequences: args.batch_size * args.samples,
+        prompt: longest + super::generate::TEMPLATE_TOKENS,
+        new: args.max_new_tokens,
+        ..Default::default()
+    };
+    let ways = [
+        format!("smaller batches (--batch-size {})", (args.batch_size / 4).max(1)),
+        format!("shorter responses (--max-new-tokens {})", (args.max_new_tokens / 4).max(1)),
+    ];
+    args.model.check_memory("eval", load, &ways)?;
     with_backend!(device, |B, dev| run_on::<B>(&args, mode, &benches, &dev))
 }
 
@@ -157,4 +172,23 @@ fn run_on<B: burn::tensor::backend::Backend>(
         eprintln!("report written to {}", path.display());
     }
     Ok(())
+}
+
+/// The sampling flags, checked before anything loads (also for the search workload).
+pub fn check_sampling(args: &EvalArgs) -> Result<()> {
+    if args.samples == 0 || args.samples > 1024 {
+        return Err(Error::InvalidArgument(format!("--samples must be between 1 and 1024, got {}", args.samples)));
+    }
+    if args.batch_size == 0 || args.batch_size > 4096 {
+        return Err(Error::InvalidArgument(format!("--batch-size must be between 1 and 4096, got {}", args.batch_size)));
+    }
+    hacpo::generate::SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: 0,
+        max_new_tokens: args.max_new_tokens,
+        seed: args.seed,
+    }
+    .validate()
+    .map_err(|e| Error::InvalidArgument(format!("--{e}")))
 }

@@ -36,6 +36,12 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     if args.limit == Some(0) {
         return Err(Error::InvalidArgument("--limit 0 evaluates nothing; give at least 1 or leave it out".into()));
     }
+    super::eval::check_sampling(args)?;
+    if args.top_p != 1.0 {
+        return Err(Error::InvalidArgument(
+            "the search workload is evaluated greedily: leave out --top-p".into(),
+        ));
+    }
     if let Some(out) = &args.out {
         hacpo::error::check_writable(out)?;
     }
@@ -66,6 +72,21 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     if let Some(n) = args.limit {
         questions.truncate(n);
     }
+    if questions.is_empty() {
+        return Err(Error::InvalidArgument(format!("--data {data} holds no questions; check the file")));
+    }
+    // A batch's KV caches live together; a prompt shows a question and up to ten passages.
+    let mut passages: Vec<usize> = corpus.iter().map(|d| d.title.len() + d.text.len()).collect();
+    passages.sort_unstable_by(|a, b| b.cmp(a));
+    let longest_question = questions.iter().map(|q| q.question.len()).max().unwrap_or(0);
+    let load = hacpo::memory_plan::CommandLoad {
+        sequences: args.batch_size,
+        prompt: longest_question + passages.iter().take(10).sum::<usize>() + super::generate::TEMPLATE_TOKENS,
+        new: role_budget(Role::Rewriter, args.max_new_tokens),
+        ..Default::default()
+    };
+    let ways = [format!("smaller batches (--batch-size {})", (args.batch_size / 4).max(1))];
+    args.model.check_memory("eval", load, &ways)?;
     let device = DeviceSpec::parse(&args.model.device)?;
     with_backend!(device, |B, dev| run_on::<B>(args, data, &questions, &corpus, &dev))
 }

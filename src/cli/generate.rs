@@ -81,8 +81,24 @@ pub fn run(args: GenerateArgs) -> Result<()> {
             args.num_samples
         )));
     }
+    // The samples' KV caches live together: estimated before the model loads, with the
+    // prompt's tokens bounded by its bytes plus what a chat template adds.
+    let load = hacpo::memory_plan::CommandLoad {
+        sequences: args.num_samples,
+        prompt: args.prompt.len() + args.system.as_deref().map_or(0, str::len) + TEMPLATE_TOKENS,
+        new: args.max_new_tokens,
+        ..Default::default()
+    };
+    let ways = [
+        format!("fewer samples (--num-samples {})", (args.num_samples / 4).max(1)),
+        format!("shorter completions (--max-new-tokens {})", (args.max_new_tokens / 4).max(1)),
+    ];
+    args.model.check_memory("generate", load, &ways)?;
     with_backend!(device, |B, dev| run_on::<B>(&args, params, &dev))
 }
+
+/// An upper bound on the tokens a chat template adds around a prompt.
+pub const TEMPLATE_TOKENS: usize = 512;
 
 fn run_on<B: burn::tensor::backend::Backend>(
     args: &GenerateArgs,
@@ -96,7 +112,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
     if prompt_ids.len() >= context {
         return Err(Error::PromptTooLong { prompt_tokens: prompt_ids.len(), context });
     }
-    if prompt_ids.len() + args.max_new_tokens > context {
+    if prompt_ids.len().saturating_add(args.max_new_tokens) > context {
         return Err(Error::InvalidArgument(format!(
             "the prompt ({} tokens) plus --max-new-tokens {} exceeds the model's context of {context} tokens; \
              lower --max-new-tokens to at most {}",

@@ -78,6 +78,11 @@ fn open_input(path: &PathBuf) -> Result<Box<dyn BufRead>> {
     Ok(Box::new(std::io::BufReader::new(std::fs::File::open(path).map_err(|e| Error::io("open", path, e))?)))
 }
 
+/// An input with no line to grade: a score of 0% would read as a result.
+fn empty_input(name: &str, what: &str) -> Error {
+    Error::InvalidArgument(format!("{name} holds no {what} (every line is blank); nothing was scored"))
+}
+
 fn line_error(name: &str, index: usize, message: String) -> Error {
     Error::config(name.to_string(), format!("line {}: {message}", index + 1))
 }
@@ -142,7 +147,10 @@ fn grade_qa_file(path: &PathBuf) -> Result<()> {
         f1 += s.f1;
     }
     out.flush().map_err(|e| Error::io("write", std::path::Path::new("stdout"), e))?;
-    let d = n.max(1) as f64;
+    if n == 0 {
+        return Err(empty_input(&name, "predictions"));
+    }
+    let d = n as f64;
     eprintln!("scored {n} predictions: EM {:.1}%, F1 {:.1}%", 100.0 * em / d, 100.0 * f1 / d);
     Ok(())
 }
@@ -187,10 +195,13 @@ fn grade_file(grader: &Grader, path: &PathBuf) -> Result<()> {
         correct += verdicts.iter().filter(|&&c| c).count();
     }
     out.flush().map_err(|e| Error::io("write", std::path::Path::new("stdout"), e))?;
+    if n == 0 {
+        return Err(empty_input(&name, "cases"));
+    }
     let seconds = started.elapsed().as_secs_f64();
     eprintln!(
         "graded {n} cases: {correct} correct ({:.1}%) in {:.3} s ({:.0} cases/s)",
-        100.0 * correct as f64 / n.max(1) as f64,
+        100.0 * correct as f64 / n as f64,
         seconds,
         n as f64 / seconds.max(1e-9)
     );

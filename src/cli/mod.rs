@@ -128,9 +128,32 @@ pub struct ModelArgs {
     /// policy samples): f32, bf16 (CUDA, CPU) or f16.
     #[arg(long, value_name = "DTYPE", default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
     pub compute_dtype: String,
+    /// The device's free memory, e.g. 16GB (default: available RAM on the CPU, nvidia-smi's
+    /// free memory on a GPU); the memory estimate is checked against it before the model loads.
+    #[arg(long, value_name = "SIZE")]
+    pub device_memory: Option<String>,
+    /// Run even when the memory estimate says the command does not fit.
+    #[arg(long)]
+    pub skip_memory_check: bool,
 }
 
 impl ModelArgs {
+    /// The memory estimate of running `load` on this model, checked before it loads (a warning
+    /// instead of a refusal with --skip-memory-check).
+    pub fn check_memory(&self, command: &str, load: hacpo::memory_plan::CommandLoad, ways: &[String]) -> Result<()> {
+        let device = hacpo::backend::DeviceSpec::parse_name(&self.device)?;
+        let compute = compute_dtype(&self.compute_dtype, &self.device)?;
+        let device_memory = self.device_memory.as_deref().map(hacpo::memory_plan::parse_size).transpose()?;
+        let shape = hacpo::memory_plan::model_shape(&self.model, &hacpo::config::TrainConfig::default())?;
+        match hacpo::memory_plan::check_command(command, &self.model, &shape, device, compute, load, device_memory, ways) {
+            Err(e) if self.skip_memory_check => {
+                eprintln!("warning: --skip-memory-check: {e}");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
     /// The model, computing in `--compute-dtype` with its weights stored in that dtype.
     pub fn load<B: burn::tensor::backend::Backend>(&self, device: &B::Device) -> Result<hacpo::model::Pretrained<B>> {
         use hacpo::model::precision::{rollout_copy, set_compute};

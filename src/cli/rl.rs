@@ -56,11 +56,7 @@ pub fn run(args: RlArgs) -> Result<()> {
 
 fn inspect(args: InspectArgs) -> Result<()> {
     let text = if args.input.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).map_err(|e| Error::Io {
-            action: "read",
-            path: "stdin".into(),
-            source: e,
-        })?
+        std::io::read_to_string(std::io::stdin()).map_err(|e| Error::io("read", std::path::Path::new("stdin"), e))?
     } else {
         std::fs::read_to_string(&args.input).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::NotFound {
@@ -68,7 +64,7 @@ fn inspect(args: InspectArgs) -> Result<()> {
                 path: args.input.clone(),
                 hint: "Pass a JSON batch file (see `hacpo rl inspect --help`).".into(),
             },
-            _ => Error::Io { action: "read", path: args.input.clone(), source: e },
+            _ => Error::io("read", &args.input, e),
         })?
     };
     let peek: serde_json::Value = serde_json::from_str(&text)

@@ -86,6 +86,9 @@ impl TrainArgs {
             || self.lora.is_some()
             || self.frozen_dtype.is_some()
             || self.compute_dtype.is_some()
+            || self.task.is_some()
+            || self.seed.is_some()
+            || !self.devices.is_empty()
     }
 }
 
@@ -148,6 +151,16 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
 }
 
 pub fn run(args: TrainArgs) -> Result<()> {
+    // Every value given with --resume applies or is refused: a run cannot move (--out).
+    if let (Some(dir), Some(out)) = (&args.resume, &args.out)
+        && !same_dir(dir, out)
+    {
+        return Err(Error::InvalidArgument(format!(
+            "--out {} with --resume {}: a resumed run continues in its own directory; drop --out",
+            out.display(),
+            dir.display()
+        )));
+    }
     let requested =
         if args.resume.is_none() || args.given() || args.steps.is_some() { Some(build_config(&args)?) } else { None };
     let cfg = match (&args.resume, &requested) {
@@ -161,4 +174,9 @@ pub fn run(args: TrainArgs) -> Result<()> {
         skip: args.skip_memory_check,
     };
     hacpo::session::train(cfg, requested, args.resume.as_deref(), memory)
+}
+
+/// Whether two paths name the same directory (as given, or once both exist, canonically).
+fn same_dir(a: &std::path::Path, b: &std::path::Path) -> bool {
+    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }

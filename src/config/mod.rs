@@ -11,6 +11,12 @@ use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, L
 pub use crate::task::{TaskConfig, TaskKind};
 use crate::train::optim::{AdamWConfig, LrSchedule};
 
+/// The most tokens any budget (prompt, response) may be: above every model's context.
+pub const MAX_TOKENS: usize = 1 << 22;
+/// The largest group (G) and the most prompts per step a config may ask for.
+const MAX_GROUP: usize = 1 << 12;
+const MAX_PROMPTS_PER_STEP: usize = 1 << 20;
+
 /// `hacpo train` with no arguments: two tiny heterogeneous agents on generated arithmetic.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../../configs/tiny-duo.toml");
 /// How errors and logs name the embedded default.
@@ -468,36 +474,76 @@ impl TrainConfig {
                 ),
             );
         }
-        // Written so that NaN fails too.
-        if a.grad_clip.is_nan() || a.grad_clip < 0.0 || a.optimizer.lr.is_nan() || a.optimizer.lr <= 0.0 {
-            return bad("algo", "grad_clip must be ≥ 0 and optimizer.lr > 0".into());
+        // Every number is checked finite and in range here, before anything loads: an infinite
+        // epsilon or log-ratio bound trains nothing, a min_ratio of 5 raises the learning rate.
+        let o = &a.optimizer;
+        let numbers: [(&str, f64, bool, &str); 13] = [
+            ("algo.grad_clip", a.grad_clip, a.grad_clip >= 0.0, "a finite number ≥ 0"),
+            ("algo.optimizer.lr", o.lr, o.lr > 0.0, "a finite number > 0"),
+            ("algo.optimizer.beta1", o.beta1, (0.0..1.0).contains(&o.beta1), "in [0, 1)"),
+            ("algo.optimizer.beta2", o.beta2, (0.0..1.0).contains(&o.beta2), "in [0, 1)"),
+            ("algo.optimizer.eps", o.eps, o.eps > 0.0, "a finite number > 0"),
+            ("algo.optimizer.weight_decay", o.weight_decay, o.weight_decay >= 0.0, "a finite number ≥ 0"),
+            ("algo.schedule.min_ratio", a.schedule.min_ratio, (0.0..=1.0).contains(&a.schedule.min_ratio), "in [0, 1]"),
+            ("algo.kl_coef", a.kl_coef, a.kl_coef >= 0.0, "a finite number ≥ 0"),
+            ("algo.clip_low", a.clip_low.unwrap_or(0.0), (0.0..1.0).contains(&a.clip_low.unwrap_or(0.0)), "in [0, 1)"),
+            ("algo.clip_high", a.clip_high.unwrap_or(0.0), a.clip_high.unwrap_or(0.0) >= 0.0, "a finite number ≥ 0"),
+            ("algo.adv_epsilon", a.adv_epsilon, a.adv_epsilon >= 0.0, "a finite number ≥ 0"),
+            ("algo.max_abs_log_ratio", a.max_abs_log_ratio, a.max_abs_log_ratio > 0.0, "a finite number > 0"),
+            ("algo.f16_loss_scale", a.f16_loss_scale, a.f16_loss_scale >= 1.0, "a finite number ≥ 1 (default 65536)"),
+        ];
+        for (key, value, in_range, must) in numbers {
+            if !(value.is_finite() && in_range) {
+                return bad(key, format!("must be {must}, got {value}"));
+            }
         }
-        if a.kl_coef.is_nan() || a.kl_coef < 0.0 {
-            return bad("algo.kl_coef", format!("must be ≥ 0, got {}", a.kl_coef));
-        }
-        if let Some(c) = a.clip_low.filter(|c| !(0.0..1.0).contains(c)) {
-            return bad("algo.clip_low", format!("must be in [0, 1), got {c}"));
-        }
-        if let Some(c) = a.clip_high.filter(|c| c.is_nan() || *c < 0.0) {
-            return bad("algo.clip_high", format!("must be ≥ 0, got {c}"));
-        }
-        if a.adv_epsilon.is_nan() || a.adv_epsilon < 0.0 || a.max_abs_log_ratio.is_nan() || a.max_abs_log_ratio <= 0.0 {
-            return bad("algo", "adv_epsilon must be ≥ 0 and max_abs_log_ratio > 0".into());
-        }
-        if !(a.f16_loss_scale.is_finite() && a.f16_loss_scale >= 1.0) {
-            return bad(
-                "algo.f16_loss_scale",
-                format!("must be a number ≥ 1 (default 65536), got {}", a.f16_loss_scale),
-            );
-        }
-        if self.rollout.temperature <= 0.0 {
+        let r = &self.rollout;
+        if !(r.temperature.is_finite() && r.temperature > 0.0) {
             return bad(
                 "rollout.temperature",
-                "must be > 0: a group of greedy rollouts is one rollout repeated".into(),
+                format!("must be a finite number > 0 (a group of greedy rollouts is one rollout repeated), got {}", r.temperature),
             );
+        }
+        if !(r.top_p > 0.0 && r.top_p <= 1.0) {
+            return bad("rollout.top_p", format!("must be in (0, 1], got {}", r.top_p));
+        }
+        // Token budgets: at least one token, and below any context a model has (a larger
+        // number is a typo, and would overflow the memory plan's arithmetic).
+        let tokens: [(&str, usize); 6] = [
+            ("rollout.max_new_tokens", r.max_new_tokens),
+            ("rollout.max_prompt_tokens", r.max_prompt_tokens),
+            ("rollout.cross_max_prompt_tokens", r.cross_max_prompt_tokens),
+            ("rollout.max_response_tokens", r.max_response_tokens),
+            ("rollout.batch_prompts", r.batch_prompts),
+            ("task.val_max_new_tokens", self.task.val_max_new_tokens),
+        ];
+        for (key, n) in tokens {
+            if n == 0 || n > MAX_TOKENS {
+                return bad(key, format!("must be between 1 and {MAX_TOKENS}, got {n}"));
+            }
+        }
+        if a.group_size > MAX_GROUP || a.prompts_per_step > MAX_PROMPTS_PER_STEP {
+            return bad(
+                "algo",
+                format!(
+                    "group_size ({}) must be at most {MAX_GROUP} and prompts_per_step ({}) at most {MAX_PROMPTS_PER_STEP}",
+                    a.group_size, a.prompts_per_step
+                ),
+            );
+        }
+        a.capability.validate().map_err(|m| Error::config("training config", format!("algo.capability: {m}")))?;
+        a.mappo.validate().map_err(|m| Error::config("training config", format!("algo.mappo: {m}")))?;
+        if self.pretrain.max_steps > 10_000_000 {
+            return bad("pretrain.max_steps", format!("must be at most 10000000, got {}", self.pretrain.max_steps));
+        }
+        if self.task.val_limit == Some(0) {
+            return bad("task.val_limit", "0 would score no held-out prompt; leave it unset for all of them".into());
         }
         if self.task.kind == TaskKind::Arith {
             self.task.arith.validate()?;
+        }
+        if self.task.kind == TaskKind::Env {
+            self.task.env.validate()?;
         }
         if self.task.kind == TaskKind::Qa && self.task.train == crate::search::task::TINY_KB {
             self.task.kb.validate()?;
@@ -564,6 +610,28 @@ impl TrainConfig {
             .or_else(|| name.parse::<usize>().ok().filter(|&k| k < self.policies.len()))
     }
 
+    /// The config a resumed run in `run_dir` trains with: the run's own (`saved`), with what
+    /// the command line (`requested`) may change: steps, output settings, devices. Any other
+    /// difference is refused, naming the keys.
+    pub fn resumed(run_dir: &Path, saved: TrainConfig, requested: Option<TrainConfig>) -> Result<TrainConfig> {
+        let Some(req) = requested else {
+            return Ok(TrainConfig { run: RunConfig { out_dir: run_dir.to_path_buf(), ..saved.run.clone() }, ..saved });
+        };
+        let diff = saved.differences(&req);
+        if !diff.is_empty() {
+            return Err(Error::InvalidArgument(format!(
+                "{} was trained with a different configuration; these keys differ (saved → requested): {}",
+                run_dir.display(),
+                diff.join("; ")
+            )));
+        }
+        let mut policies = saved.policies;
+        for (p, r) in policies.iter_mut().zip(&req.policies) {
+            p.device = r.device.clone();
+        }
+        Ok(TrainConfig { run: RunConfig { out_dir: run_dir.to_path_buf(), ..req.run }, policies, ..saved })
+    }
+
     /// Keys whose values differ (dotted paths), ignoring those that may change on resume.
     pub fn differences(&self, other: &TrainConfig) -> Vec<String> {
         let (a, b) = (flatten(self), flatten(other));
@@ -572,7 +640,7 @@ impl TrainConfig {
         keys.sort();
         keys.dedup();
         keys.into_iter()
-            .filter(|k| !may_change.contains(&k.as_str()) && a.get(*k) != b.get(*k))
+            .filter(|k| !may_change.contains(&k.as_str()) && !is_device_key(k) && a.get(*k) != b.get(*k))
             .map(|k| {
                 let show = |m: &std::collections::BTreeMap<String, String>| {
                     m.get(k).cloned().unwrap_or_else(|| "(unset)".into())
@@ -581,6 +649,14 @@ impl TrainConfig {
             })
             .collect()
     }
+}
+
+/// `policies.N.device`: a resumed run may move to other devices (a checkpoint is the same
+/// files on any of them).
+fn is_device_key(key: &str) -> bool {
+    key.strip_prefix("policies.")
+        .and_then(|rest| rest.split_once('.'))
+        .is_some_and(|(index, field)| index.parse::<usize>().is_ok() && field == "device")
 }
 
 fn flatten(c: &TrainConfig) -> std::collections::BTreeMap<String, String> {

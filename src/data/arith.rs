@@ -53,6 +53,13 @@ impl ArithConfig {
         if self.max_operand < 2 || self.max_operand > 10_000 {
             return bad("max_operand", "must be between 2 and 10000");
         }
+        // Generated up front: sizes a machine can hold, and numbers that stay far from overflow.
+        if self.train_size > 10_000_000 || self.heldout_size > 10_000_000 {
+            return bad("train_size and heldout_size", "must be at most 10000000");
+        }
+        if self.max_multiplier > 100 {
+            return bad("max_multiplier", "must be at most 100");
+        }
         Ok(())
     }
 }

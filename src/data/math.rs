@@ -77,7 +77,7 @@ impl Benchmark {
             })
     }
 
-    /// The file name in a data directory (the names of `../shared/data/math`).
+    /// The file name in a data directory (the names of `tests/shared/data/math`).
     pub fn file_name(self) -> &'static str {
         match self {
             Benchmark::Gsm8k => "gsm8k_test.jsonl",
@@ -93,7 +93,7 @@ impl Benchmark {
 
     /// The benchmark's JSON Lines file on the Hugging Face hub, with the schema [`Self::row`]
     /// reads. Copies of the Qwen2.5-Math evaluation data (`HuggingFaceTB/math_tasks`, the files
-    /// of `../shared/data/math` byte for byte, except GSM8K's extra `idx`) are pinned to the
+    /// of `tests/shared/data/math` byte for byte, except GSM8K's extra `idx`) are pinned to the
     /// revision lighteval pins; `math_train` there is MATH's train split with solutions (answers
     /// from the last `\boxed{}`: about 7,500 rows where rllm's file has 7,474).
     pub fn hub_file(self) -> HubFile {

@@ -20,6 +20,26 @@ pub struct EnvTaskConfig {
     pub heldout_instances: u64,
 }
 
+impl EnvTaskConfig {
+    /// The instances are generated up front: at least one to train on, and counts a machine holds.
+    pub fn validate(&self) -> Result<()> {
+        const MOST: u64 = 10_000_000;
+        if !(1..=MOST).contains(&self.train_instances) {
+            return Err(Error::config(
+                "training config",
+                format!("task.env.train_instances must be between 1 and {MOST}, got {}", self.train_instances),
+            ));
+        }
+        if self.heldout_instances > MOST {
+            return Err(Error::config(
+                "training config",
+                format!("task.env.heldout_instances must be at most {MOST}, got {}", self.heldout_instances),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for EnvTaskConfig {
     fn default() -> Self {
         EnvTaskConfig { train_instances: 4096, heldout_instances: 100 }
@@ -60,9 +80,7 @@ impl EnvTask {
             ));
         }
         let env = &cfg.env;
-        if env.train_instances == 0 {
-            return Err(Error::config("training config", "task.env.train_instances must be at least 1"));
-        }
+        env.validate()?;
         let heldout = cfg.val_limit.map_or(env.heldout_instances, |l| env.heldout_instances.min(l as u64));
         Ok(EnvTask {
             kind,

@@ -182,7 +182,7 @@ impl ModelConfig {
             Family::Llama | Family::Qwen3 => (attention_bias, attention_bias),
         };
 
-        Ok(ModelConfig {
+        let config = ModelConfig {
             family,
             vocab_size: r.usize("vocab_size")?,
             hidden_size,
@@ -203,7 +203,59 @@ impl ModelConfig {
             bos_token_id: r.opt_token_ids("bos_token_id")?.and_then(|v| v.first().copied()),
             eos_token_ids: r.opt_token_ids("eos_token_id")?.unwrap_or_default(),
             dtype: r.opt_str("dtype")?.or(r.opt_str("torch_dtype")?),
-        })
+        };
+        config.check(file)?;
+        Ok(config)
+    }
+
+    /// Refuses sizes no real model has (a damaged or hostile config.json would otherwise
+    /// reserve gigabytes before any weight is read) and numbers the forward pass cannot use
+    /// (a negative `rope_theta` or `rms_norm_eps` gives garbage text, not an error).
+    fn check(&self, file: &str) -> Result<()> {
+        let sizes: [(&str, usize, usize); 8] = [
+            ("vocab_size", self.vocab_size, 1 << 22),
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("num_hidden_layers", self.num_hidden_layers, 1 << 10),
+            ("num_attention_heads", self.num_attention_heads, 1 << 10),
+            ("num_key_value_heads", self.num_key_value_heads, 1 << 10),
+            ("head_dim", self.head_dim, 1 << 10),
+            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+        ];
+        for (key, value, most) in sizes {
+            if value == 0 || value > most {
+                return Err(Error::config(
+                    file,
+                    format!("{key:?} is {value}; it must be between 1 and {most} (the file is damaged or not a model config)"),
+                ));
+            }
+        }
+        let positive = |key: &str, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(Error::config(file, format!("{key:?} is {v}; it must be a finite number above 0")))
+            }
+        };
+        positive("rms_norm_eps", self.rms_norm_eps)?;
+        if self.rms_norm_eps >= 1.0 {
+            return Err(Error::config(file, format!("\"rms_norm_eps\" is {}; it must be below 1", self.rms_norm_eps)));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(Error::config(file, format!("\"rope_theta\" is {}; it must be a finite number above 1", self.rope_theta)));
+        }
+        if let Some(s) = &self.rope_scaling {
+            positive("rope_scaling.factor", s.factor)?;
+            positive("rope_scaling.low_freq_factor", s.low_freq_factor)?;
+            positive("rope_scaling.high_freq_factor", s.high_freq_factor)?;
+            if s.high_freq_factor <= s.low_freq_factor || s.original_max_position_embeddings == 0 {
+                return Err(Error::config(
+                    file,
+                    "llama3 rope scaling needs high_freq_factor above low_freq_factor and original_max_position_embeddings above 0",
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `config.json` in the transformers 4.x layout (readable by 4.x and 5.x).
@@ -306,7 +358,13 @@ fn parse_rope_scaling(s: &Map<String, Value>, file: &str) -> Result<Option<Llama
                 factor: num("factor")?,
                 low_freq_factor: num("low_freq_factor")?,
                 high_freq_factor: num("high_freq_factor")?,
-                original_max_position_embeddings: num("original_max_position_embeddings")? as usize,
+                original_max_position_embeddings: {
+                    let n = num("original_max_position_embeddings")?;
+                    if !(n.is_finite() && n >= 1.0 && n <= (1u64 << 24) as f64) {
+                        return Err(Error::config(file, format!("llama3 rope scaling's original_max_position_embeddings {n} is not a context length")));
+                    }
+                    n as usize
+                },
             }))
         }
         other => Err(Error::config(file, format!("rope type {other:?} is not supported (supported: default, llama3)"))),
@@ -387,10 +445,10 @@ impl Reader<'_> {
             None => Ok(None),
             Some(Value::Array(items)) => items
                 .iter()
-                .map(|i| i.as_u64().map(|n| n as u32).ok_or_else(|| bad(i)))
+                .map(|i| i.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(i)))
                 .collect::<Result<Vec<_>>>()
                 .map(Some),
-            Some(v) => v.as_u64().map(|n| Some(vec![n as u32])).ok_or_else(|| bad(v)),
+            Some(v) => v.as_u64().and_then(|n| u32::try_from(n).ok()).map(|n| Some(vec![n])).ok_or_else(|| bad(v)),
         }
     }
 }

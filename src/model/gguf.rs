@@ -130,7 +130,24 @@ impl<'a> Cursor<'a> {
         let bytes = self.take(n)?;
         Ok(String::from_utf8_lossy(bytes).into_owned())
     }
-    fn value(&mut self, ty: u32) -> std::result::Result<GgufValue, String> {
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// A count read from the file, checked against the bytes left: each item takes at least
+    /// `min_bytes`, so a count the file cannot hold is damage, found before reserving memory.
+    fn count(&mut self, what: &str, min_bytes: usize) -> std::result::Result<usize, String> {
+        let n = self.u64()?;
+        if n > (self.remaining() / min_bytes.max(1)) as u64 {
+            return Err(format!(
+                "{what} count {n} is more than the {} bytes left in the file can hold (the file is truncated or damaged)",
+                self.remaining()
+            ));
+        }
+        Ok(n as usize)
+    }
+
+    fn value(&mut self, ty: u32, depth: usize) -> std::result::Result<GgufValue, String> {
         let b = |c: &mut Self, n| c.take(n);
         Ok(match ty {
             0 => GgufValue::Int(b(self, 1)?[0] as i64),
@@ -143,14 +160,16 @@ impl<'a> Cursor<'a> {
             7 => GgufValue::Bool(b(self, 1)?[0] != 0),
             8 => GgufValue::Str(self.string()?),
             9 => {
-                let elem = self.u32()?;
-                let n = self.u64()? as usize;
-                if n > self.buf.len() {
-                    return Err(format!("array of {n} elements is larger than the file"));
+                // GGUF writers nest arrays at most once or twice; a deeper file is damaged or
+                // hostile, and would overflow the stack.
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(format!("arrays nested deeper than {MAX_ARRAY_DEPTH} levels"));
                 }
+                let elem = self.u32()?;
+                let n = self.count("array element", min_value_bytes(elem))?;
                 let mut v = Vec::with_capacity(n);
                 for _ in 0..n {
-                    v.push(self.value(elem)?);
+                    v.push(self.value(elem, depth + 1)?);
                 }
                 GgufValue::Array(v)
             }
@@ -161,6 +180,24 @@ impl<'a> Cursor<'a> {
         })
     }
 }
+
+/// How deep metadata arrays may nest.
+const MAX_ARRAY_DEPTH: usize = 8;
+
+/// The fewest bytes a metadata value of type `ty` takes in the file.
+fn min_value_bytes(ty: u32) -> usize {
+    match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 => 8,
+        9 => 12,
+        _ => 8,
+    }
+}
+
+/// The most dimensions a ggml tensor has (GGML_MAX_DIMS).
+const MAX_DIMS: usize = 4;
 
 impl GgufFile {
     pub fn open(path: &Path) -> Result<Self> {
@@ -180,19 +217,23 @@ impl GgufFile {
         if version > 3 {
             return Err(err(format!("GGUF version {version} is newer than this hacpo reads (2 or 3)")));
         }
-        let n_tensors = c.u64().map_err(err)? as usize;
-        let n_kv = c.u64().map_err(err)? as usize;
+        // A tensor's info takes at least 24 bytes, a key-value pair 12.
+        let n_tensors = c.count("tensor", 24).map_err(err)?;
+        let n_kv = c.count("metadata key", 12).map_err(err)?;
         let mut metadata = HashMap::new();
         for _ in 0..n_kv {
             let key = c.string().map_err(err)?;
             let ty = c.u32().map_err(err)?;
-            let value = c.value(ty).map_err(|m| err(format!("metadata {key}: {m}")))?;
+            let value = c.value(ty, 0).map_err(|m| err(format!("metadata {key}: {m}")))?;
             metadata.insert(key, value);
         }
         let mut tensors = HashMap::new();
         for _ in 0..n_tensors {
             let name = c.string().map_err(err)?;
             let n_dims = c.u32().map_err(err)? as usize;
+            if !(1..=MAX_DIMS).contains(&n_dims) {
+                return Err(err(format!("tensor {name} has {n_dims} dimensions (ggml tensors have 1 to {MAX_DIMS})")));
+            }
             let mut dims = Vec::with_capacity(n_dims);
             for _ in 0..n_dims {
                 dims.push(c.u64().map_err(err)? as usize);
@@ -208,18 +249,35 @@ impl GgufFile {
             dims.reverse();
             tensors.insert(name, TensorInfo { shape: dims, ty, offset });
         }
-        let alignment = metadata.get("general.alignment").and_then(GgufValue::as_i64).unwrap_or(32) as usize;
+        let alignment = metadata.get("general.alignment").and_then(GgufValue::as_i64).unwrap_or(32);
+        if !(1..=1 << 20).contains(&alignment) {
+            return Err(err(format!("general.alignment {alignment} is not a usable alignment")));
+        }
+        let alignment = alignment as usize;
         let data_start = c.pos.div_ceil(alignment) * alignment;
-        // Check every tensor lies inside the file now, so a truncated download fails here.
+        // Check every tensor lies inside the file now, so a truncated download fails here (and
+        // sizes that overflow are damage, not a wrapped-around read).
         for (name, t) in &tensors {
-            let n: usize = t.shape.iter().product();
             let (per, bytes) = t.ty.block();
-            let end = data_start + t.offset + n / per * bytes;
-            if end > mmap.len() {
-                return Err(err(format!(
-                    "tensor {name} ends at byte {end} but the file has {} bytes (truncated download?)",
-                    mmap.len()
-                )));
+            let n = t.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d));
+            let end = n
+                .filter(|n| n % per == 0)
+                .and_then(|n| (n / per).checked_mul(bytes))
+                .and_then(|len| len.checked_add(data_start)?.checked_add(t.offset));
+            match end {
+                Some(end) if end <= mmap.len() => {}
+                Some(end) => {
+                    return Err(err(format!(
+                        "tensor {name} ends at byte {end} but the file has {} bytes (truncated download?)",
+                        mmap.len()
+                    )));
+                }
+                None => {
+                    return Err(err(format!(
+                        "tensor {name} has shape {:?}, which is not a whole number of {:?} blocks of {per} or overflows",
+                        t.shape, t.ty
+                    )));
+                }
             }
         }
         Ok(GgufFile { path: path.to_path_buf(), mmap, metadata, tensors, data_start })
@@ -266,7 +324,7 @@ impl GgufFile {
         let kv_heads =
             self.meta(&format!("{arch}.attention.head_count_kv")).and_then(GgufValue::as_i64).unwrap_or(heads);
         let head_dim =
-            self.meta(&format!("{arch}.attention.key_length")).and_then(GgufValue::as_i64).unwrap_or(hidden / heads);
+            self.meta(&format!("{arch}.attention.key_length")).and_then(GgufValue::as_i64).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
         let vocab = match self.meta(&format!("{arch}.vocab_size")).and_then(GgufValue::as_i64) {
             Some(v) => v as usize,
             None => self.tensors.get("token_embd.weight").map(|t| t.shape[0]).unwrap_or(0),

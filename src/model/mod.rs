@@ -68,8 +68,31 @@ pub fn load<B: Backend>(spec: &str, device: &B::Device) -> Result<Pretrained<B>>
 /// adapter into it: the model a user means by `--model <adapter dir>`. The merged weights
 /// are trainable, like any loaded model's.
 pub fn load_adapter_dir<B: Backend>(dir: &Path, base: Option<&str>, device: &B::Device) -> Result<Pretrained<B>> {
+    let base = adapter_base(dir, base)?;
+    let mut pretrained = load::<B>(&base, device)?;
+    let adapted = lora::load_adapter(pretrained.model, dir)?;
+    pretrained.model = lora::set_trainable(lora::merge(adapted), true);
+    pretrained.source = dir.to_path_buf();
+    Ok(pretrained)
+}
+
+/// The base model of the PEFT adapter in `dir`: `base` when given, else what its
+/// `base_model_name_or_path` names.
+pub fn adapter_base(dir: &Path, base: Option<&str>) -> Result<String> {
     let info = lora::read_adapter_info(dir)?;
-    let base = match base {
+    let base = adapter_base_of(dir, &info, base)?;
+    // An adapter on an adapter (or on itself) would recurse without end.
+    if lora::is_adapter_dir(Path::new(&base)) {
+        return Err(Error::config(
+            dir.join(lora::CONFIG_FILE).display().to_string(),
+            format!("base_model_name_or_path {base:?} is itself an adapter directory; name a base model"),
+        ));
+    }
+    Ok(base)
+}
+
+fn adapter_base_of(dir: &Path, info: &lora::AdapterInfo, base: Option<&str>) -> Result<String> {
+    Ok(match base {
         Some(b) => b.to_string(),
         None if info.base.is_empty() => {
             return Err(Error::config(
@@ -82,12 +105,7 @@ pub fn load_adapter_dir<B: Backend>(dir: &Path, base: Option<&str>, device: &B::
             dir.join(&info.base).display().to_string()
         }
         None => info.base.clone(),
-    };
-    let mut pretrained = load::<B>(&base, device)?;
-    let adapted = lora::load_adapter(pretrained.model, dir)?;
-    pretrained.model = lora::set_trainable(lora::merge(adapted), true);
-    pretrained.source = dir.to_path_buf();
-    Ok(pretrained)
+    })
 }
 
 /// Loads the model of a Hugging Face directory (`config.json` and safetensors weights only).

@@ -187,8 +187,14 @@ fn to_views(tensors: Vec<(String, HostTensor)>, dtype: SaveDtype) -> Vec<(String
 fn write_file(path: &Path, views: &[&(String, ByteView)]) -> Result<()> {
     let tmp = temp_path_for(path);
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp)
-        .map_err(|e| Error::WeightFile { path: tmp.clone(), message: e.to_string() })?;
+    safetensors::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp).map_err(|e| {
+        // A failed write (a full disk) leaves no partial file behind and says it was a write.
+        let _ = std::fs::remove_file(&tmp);
+        match e {
+            safetensors::SafeTensorError::IoError(io) => Error::io("write", &tmp, io),
+            other => Error::Internal(format!("cannot serialise {}: {other}", tmp.display())),
+        }
+    })?;
     ordinary_mode(&tmp)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io("rename into place", path, e))
 }

@@ -29,40 +29,48 @@ pub trait WeightSource {
     fn take(&mut self, name: &str) -> Result<Option<HostTensor>>;
 }
 
-/// The names and shapes of all weights of `config`, in checkpoint order.
-pub fn expected_weights(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+/// The names (within `model.layers.N.`) and shapes of one decoder layer's weights.
+fn layer_weights(c: &ModelConfig) -> Vec<(&'static str, Vec<usize>)> {
     let (d, h, kv, hd, f) =
         (c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size);
+    let mut w = vec![
+        ("input_layernorm.weight", vec![d]),
+        ("self_attn.q_proj.weight", vec![h * hd, d]),
+        ("self_attn.k_proj.weight", vec![kv * hd, d]),
+        ("self_attn.v_proj.weight", vec![kv * hd, d]),
+        ("self_attn.o_proj.weight", vec![d, h * hd]),
+    ];
+    if c.qkv_bias {
+        w.push(("self_attn.q_proj.bias", vec![h * hd]));
+        w.push(("self_attn.k_proj.bias", vec![kv * hd]));
+        w.push(("self_attn.v_proj.bias", vec![kv * hd]));
+    }
+    if c.o_bias {
+        w.push(("self_attn.o_proj.bias", vec![d]));
+    }
+    if c.qk_norm {
+        w.push(("self_attn.q_norm.weight", vec![hd]));
+        w.push(("self_attn.k_norm.weight", vec![hd]));
+    }
+    w.push(("post_attention_layernorm.weight", vec![d]));
+    w.push(("mlp.gate_proj.weight", vec![f, d]));
+    w.push(("mlp.up_proj.weight", vec![f, d]));
+    w.push(("mlp.down_proj.weight", vec![d, f]));
+    if c.mlp_bias {
+        w.push(("mlp.gate_proj.bias", vec![f]));
+        w.push(("mlp.up_proj.bias", vec![f]));
+        w.push(("mlp.down_proj.bias", vec![d]));
+    }
+    w
+}
+
+/// The names and shapes of all weights of `config`, in checkpoint order.
+pub fn expected_weights(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
+    let d = c.hidden_size;
+    let layer = layer_weights(c);
     let mut w = vec![("model.embed_tokens.weight".to_string(), vec![c.vocab_size, d])];
     for i in 0..c.num_hidden_layers {
-        let p = format!("model.layers.{i}");
-        let mut push = |name: &str, shape: Vec<usize>| w.push((format!("{p}.{name}"), shape));
-        push("input_layernorm.weight", vec![d]);
-        push("self_attn.q_proj.weight", vec![h * hd, d]);
-        push("self_attn.k_proj.weight", vec![kv * hd, d]);
-        push("self_attn.v_proj.weight", vec![kv * hd, d]);
-        push("self_attn.o_proj.weight", vec![d, h * hd]);
-        if c.qkv_bias {
-            push("self_attn.q_proj.bias", vec![h * hd]);
-            push("self_attn.k_proj.bias", vec![kv * hd]);
-            push("self_attn.v_proj.bias", vec![kv * hd]);
-        }
-        if c.o_bias {
-            push("self_attn.o_proj.bias", vec![d]);
-        }
-        if c.qk_norm {
-            push("self_attn.q_norm.weight", vec![hd]);
-            push("self_attn.k_norm.weight", vec![hd]);
-        }
-        push("post_attention_layernorm.weight", vec![d]);
-        push("mlp.gate_proj.weight", vec![f, d]);
-        push("mlp.up_proj.weight", vec![f, d]);
-        push("mlp.down_proj.weight", vec![d, f]);
-        if c.mlp_bias {
-            push("mlp.gate_proj.bias", vec![f]);
-            push("mlp.up_proj.bias", vec![f]);
-            push("mlp.down_proj.bias", vec![d]);
-        }
+        w.extend(layer.iter().map(|(name, shape)| (format!("model.layers.{i}.{name}"), shape.clone())));
     }
     w.push(("model.norm.weight".to_string(), vec![d]));
     if !c.tie_word_embeddings {
@@ -71,15 +79,20 @@ pub fn expected_weights(c: &ModelConfig) -> Vec<(String, Vec<usize>)> {
     w
 }
 
+/// How many weights `config` has (without listing them).
+fn weight_count(c: &ModelConfig) -> usize {
+    2 + c.num_hidden_layers * layer_weights(c).len() + usize::from(!c.tie_word_embeddings)
+}
+
 /// Builds the model from `source`, checking every shape.
 pub fn build<B: Backend>(
     config: &ModelConfig,
     source: &mut dyn WeightSource,
     device: &B::Device,
 ) -> Result<CausalLm<B>> {
-    let progress = crate::progress::Progress::new("loading weights", expected_weights(config).len() as u64);
+    let progress = crate::progress::Progress::new("loading weights", weight_count(config) as u64);
     let mut loader = Loader { source, device, config, progress: &progress };
-    let mut layers = Vec::with_capacity(config.num_hidden_layers);
+    let mut layers = Vec::new();
     for i in 0..config.num_hidden_layers {
         let p = format!("model.layers.{i}");
         let linear = |l: &mut Loader<'_, B>, name: &str, bias: bool| -> Result<Linear<B>> {
@@ -192,8 +205,22 @@ pub(crate) fn transposed(data: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     out
 }
 
+/// The shape `config` implies for the weight `name` (empty for a name it has no weight of).
 fn expected_shape(config: &ModelConfig, name: &str) -> Vec<usize> {
-    expected_weights(config).into_iter().find(|(n, _)| n == name).map(|(_, s)| s).unwrap_or_default()
+    let d = config.hidden_size;
+    match name {
+        "model.embed_tokens.weight" => return vec![config.vocab_size, d],
+        "model.norm.weight" => return vec![d],
+        "lm_head.weight" if !config.tie_word_embeddings => return vec![config.vocab_size, d],
+        _ => {}
+    }
+    let Some((layer, field)) = name.strip_prefix("model.layers.").and_then(|rest| rest.split_once('.')) else {
+        return vec![];
+    };
+    if !layer.parse::<usize>().is_ok_and(|i| i < config.num_hidden_layers) {
+        return vec![];
+    }
+    layer_weights(config).into_iter().find(|(n, _)| *n == field).map(|(_, s)| s).unwrap_or_default()
 }
 
 /// Visits (and may replace) every parameter of a model, by its HF name.

@@ -34,6 +34,30 @@ pub struct CapabilityConfig {
     pub metric: CapabilityMetric,
 }
 
+impl CapabilityConfig {
+    /// Refuses settings that make the ratios meaningless (a floor of 0 divides by zero, a
+    /// `ratio_min` above `ratio_max` has no clip band) or the window unbounded.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=100_000).contains(&self.window) {
+            return Err(format!("window must be between 1 and 100000 steps, got {}", self.window));
+        }
+        if !(self.floor.is_finite() && self.floor > 0.0 && self.floor <= 1.0) {
+            return Err(format!("floor must be in (0, 1], got {}", self.floor));
+        }
+        if !(self.ratio_min.is_finite()
+            && self.ratio_max.is_finite()
+            && self.ratio_min > 0.0
+            && self.ratio_min <= self.ratio_max)
+        {
+            return Err(format!(
+                "ratio_min and ratio_max must be finite with 0 < ratio_min ≤ ratio_max, got {} and {}",
+                self.ratio_min, self.ratio_max
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for CapabilityConfig {
     fn default() -> Self {
         CapabilityConfig {

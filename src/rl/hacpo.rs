@@ -120,23 +120,30 @@ impl HacpoConfig {
     /// Rejects values outside their meaningful range.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::InvalidArgument(format!("invalid HACPO setting: {m}")));
-        if self.alpha.is_nan() || self.alpha < 0.0 {
+        if !(self.alpha.is_finite() && self.alpha >= 0.0) {
             return bad(format!("alpha must be ≥ 0, got {}", self.alpha));
         }
         if !(0.0..1.0).contains(&self.delta) {
             return bad(format!("delta must be in [0, 1), got {}", self.delta));
         }
-        if self.delta_step.is_nan() || self.delta_step < 0.0 {
+        if !(self.delta_step.is_finite() && self.delta_step >= 0.0) {
             return bad(format!("delta_step must be ≥ 0, got {}", self.delta_step));
         }
-        if !(self.eps_low >= 0.0 && self.eps_low < 1.0 && self.eps_high >= 0.0) {
+        if !(self.eps_low >= 0.0 && self.eps_low < 1.0 && self.eps_high.is_finite() && self.eps_high >= 0.0) {
             return bad(format!(
                 "eps_low must be in [0, 1) and eps_high ≥ 0, got {} and {}",
                 self.eps_low, self.eps_high
             ));
         }
-        if !(self.max_abs_log_ratio > 0.0 && self.adv_epsilon >= 0.0) {
-            return bad("max_abs_log_ratio must be > 0 and adv_epsilon ≥ 0".into());
+        if !(self.max_abs_log_ratio.is_finite()
+            && self.max_abs_log_ratio > 0.0
+            && self.adv_epsilon.is_finite()
+            && self.adv_epsilon >= 0.0)
+        {
+            return bad("max_abs_log_ratio must be a finite number > 0 and adv_epsilon a finite number ≥ 0".into());
+        }
+        if self.max_reward.is_nan() {
+            return bad("max_reward must be a number (it bounds the weighted baseline)".into());
         }
         Ok(())
     }

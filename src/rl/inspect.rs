@@ -65,14 +65,34 @@ fn field_error(path: &str, message: impl std::fmt::Display) -> Error {
     Error::config("rl inspect input", format!("{path}: {message}"))
 }
 
+/// The largest magnitude of a reward, log-probability or capability: far beyond any real one,
+/// and far enough below the largest float that the group statistics cannot overflow.
+const MAX_MAGNITUDE: f64 = 1e12;
+
+/// The most agents (and so the highest agent index) a batch may name.
+const MAX_AGENTS: usize = 4096;
+
 fn number(v: &Value, path: &str) -> Result<f64> {
-    v.as_f64().ok_or_else(|| field_error(path, format!("expected a number, found {v}")))
+    let x = v.as_f64().ok_or_else(|| field_error(path, format!("expected a number, found {v}")))?;
+    if x.abs() > MAX_MAGNITUDE {
+        return Err(field_error(path, format!("{x} is out of range (at most {MAX_MAGNITUDE:e} in magnitude)")));
+    }
+    Ok(x)
 }
 
 fn index(v: &Value, path: &str) -> Result<usize> {
     v.as_u64()
+        .filter(|&x| x < 1 << 32)
         .map(|x| x as usize)
-        .ok_or_else(|| field_error(path, format!("expected a non-negative integer, found {v}")))
+        .ok_or_else(|| field_error(path, format!("expected a non-negative integer below 2^32, found {v}")))
+}
+
+fn agent_index(v: &Value, path: &str) -> Result<usize> {
+    let a = index(v, path)?;
+    if a >= MAX_AGENTS {
+        return Err(field_error(path, format!("agent {a} is out of range (at most {MAX_AGENTS} agents)")));
+    }
+    Ok(a)
 }
 
 impl Input {
@@ -90,7 +110,7 @@ impl Input {
         };
         for (key, v) in obj {
             match key.as_str() {
-                "learner" => learner = index(v, "learner")?,
+                "learner" => learner = agent_index(v, "learner")?,
                 "minibatch_index" => minibatch_index = index(v, "minibatch_index")?,
                 "capabilities" => {
                     let list = v.as_array().ok_or_else(|| field_error("capabilities", "expected a list of numbers"))?;
@@ -186,13 +206,27 @@ impl Input {
             });
             terms.push(t);
         }
+        let loss = hacpo::policy_loss(&terms);
+        // Numbers that overflow would print as `null`: an error that says where, instead.
+        for (i, s) in samples.iter().enumerate() {
+            let values = [s.advantage, s.coef, s.ratio, s.clipped_ratio, s.objective, s.grad_weight];
+            if values.iter().any(|x| !x.is_finite()) {
+                return Err(field_error(
+                    &format!("samples[{i}]"),
+                    "its advantage or objective is not finite: the rewards or log-probabilities are too large",
+                ));
+            }
+        }
+        if !loss.is_finite() {
+            return Err(field_error("samples", "the loss is not finite: the rewards or log-probabilities are too large"));
+        }
         Ok(Report {
             learner: self.learner,
             minibatch_index: self.minibatch_index,
             cross_lower_bound: self.config.cross_lower_bound(self.minibatch_index),
             capabilities: self.capabilities.clone(),
             samples,
-            loss: hacpo::policy_loss(&terms),
+            loss,
         })
     }
 }
@@ -220,7 +254,7 @@ fn parse_samples(v: &Value) -> Result<Vec<InputSample>> {
                 other => return Err(field_error(&p("prompt"), format!("expected a string or number, found {other}"))),
             };
             Ok(InputSample {
-                agent: index(get("agent")?, &p("agent"))?,
+                agent: agent_index(get("agent")?, &p("agent"))?,
                 prompt,
                 reward: number(get("reward")?, &p("reward"))?,
                 mean_logp_target: number(get("mean_logp_target")?, &p("mean_logp_target"))?,

@@ -52,6 +52,9 @@ impl CriticSettings {
         {
             return Err("vf_coef must be ≥ 0 and cliprange_value > 0".into());
         }
+        if !(self.critic_lr.is_finite() && self.critic_lr > 0.0) {
+            return Err(format!("critic_lr must be a finite number > 0, got {}", self.critic_lr));
+        }
         Ok(())
     }
 }

@@ -292,6 +292,14 @@ impl Batch {
         for q in &self.questions {
             let rewards = propagate(&q.nodes, &self.settings).map_err(|e| format!("question {:?}: {e}", q.id))?;
             let (adv, mask) = advantages(&q.nodes, &rewards, &self.settings);
+            // Scores near the largest float overflow the group statistics: an error, not a
+            // table of nulls.
+            if let Some(i) = (0..q.nodes.len()).find(|&i| !(rewards[i].is_finite() && adv[i].is_finite())) {
+                return Err(format!(
+                    "question {:?}: node {i}'s reward or advantage is not finite (the scores are too large to normalise)",
+                    q.id
+                ));
+            }
             for (i, n) in q.nodes.iter().enumerate() {
                 out.push(NodeReport {
                     question: q.id.clone(),

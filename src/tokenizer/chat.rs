@@ -70,7 +70,7 @@ impl ChatTemplate {
         env.add_function("strftime_now", |fmt: String| chrono::Local::now().format(&fmt).to_string());
         env.add_filter("tojson", python_tojson);
         env.add_template_owned("chat", source.to_string())
-            .map_err(|e| Error::ChatTemplate(format!("the template does not compile: {e:#}")))?;
+            .map_err(|e| Error::ChatTemplate(clipped(&format!("the template does not compile: {e:#}"))))?;
         Ok(ChatTemplate { env, source: source.to_string() })
     }
 
@@ -92,7 +92,7 @@ impl ChatTemplate {
         ctx.insert("add_generation_prompt".into(), add_generation_prompt.into());
         let tmpl = self.env.get_template("chat").expect("template was added");
         tmpl.render(Value::from(minijinja::value::Serde(&ctx)))
-            .map_err(|e| Error::ChatTemplate(format!("rendering failed: {e:#}")))
+            .map_err(|e| Error::ChatTemplate(clipped(&format!("rendering failed: {e:#}"))))
     }
 }
 
@@ -181,4 +181,18 @@ mod tests {
         let e = ChatTemplate::new("{% for m in messages %}").unwrap_err().to_string();
         assert!(e.contains("does not compile"), "{e}");
     }
+}
+
+/// A template error with each line cut to a screen's width: minijinja quotes the template's
+/// line, which in a damaged or hostile file can be megabytes long.
+fn clipped(message: &str) -> String {
+    const WIDTH: usize = 160;
+    message
+        .lines()
+        .map(|l| match l.char_indices().nth(WIDTH) {
+            Some((at, _)) => format!("{}…", &l[..at]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }

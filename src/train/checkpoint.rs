@@ -79,19 +79,26 @@ pub fn save<B: Backend>(
     let tmp = root.join(format!(".tmp-{name}"));
     let dir = root.join(&name);
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
-    for (k, a) in agents.iter().enumerate() {
-        let dir = agent_dir(&tmp, k);
-        match &a.lora {
-            Some((config, base)) => {
-                lora::save_adapter(&a.model, config, base, &dir)?;
-                a.tokenizer.save(&dir)?;
+    let written = (|| {
+        std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
+        for (k, a) in agents.iter().enumerate() {
+            let dir = agent_dir(&tmp, k);
+            match &a.lora {
+                Some((config, base)) => {
+                    lora::save_adapter(&a.model, config, base, &dir)?;
+                    a.tokenizer.save(&dir)?;
+                }
+                None => save_pretrained(&a.model, a.tokenizer, a.eos_token_ids, &dir, SaveDtype::F32)?,
             }
-            None => save_pretrained(&a.model, a.tokenizer, a.eos_token_ids, &dir, SaveDtype::F32)?,
+            a.optimizer.save(&optimizer_path(&tmp, k))?;
         }
-        a.optimizer.save(&optimizer_path(&tmp, k))?;
+        write_atomic(&tmp.join("trainer_state.json"), serde_json::to_string_pretty(state).expect("json").as_bytes())
+    })();
+    if let Err(e) = written {
+        // A failed write (a full disk) leaves no half-written checkpoint behind.
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
     }
-    write_atomic(&tmp.join("trainer_state.json"), serde_json::to_string_pretty(state).expect("json").as_bytes())?;
     // A checkpoint of the same step (a step repeated after a crash) is set aside, not deleted,
     // until the new one is in place.
     let aside = root.join(format!(".old-{name}"));
@@ -217,37 +224,60 @@ fn check_safetensors(path: &Path) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The checkpoint to resume from under `root`: the one `latest` names if it is complete, else
-/// the newest complete one, with a note saying why `latest`'s was passed over. Nothing is
-/// deleted on the way.
-pub fn resume_point(root: &Path) -> Result<Option<(PathBuf, Option<String>)>> {
+/// The checkpoints to resume from under `root`, in the order to try them: the one `latest`
+/// names, then the others newest first, each complete as far as [`damage`] can tell without
+/// loading it; and why each one passed over was. Nothing is deleted on the way. An error when
+/// checkpoints exist but none is complete.
+pub fn resume_candidates(root: &Path) -> Result<(Vec<PathBuf>, Vec<String>)> {
     let latest = latest_pointer(root);
+    let dirs = step_dirs(root)?;
     let mut passed: Vec<String> = Vec::new();
-    if let Some(dir) = &latest {
-        match damage(dir) {
-            None => return Ok(Some((dir.clone(), None))),
-            Some(why) => passed.push(format!("{} is damaged ({why})", dir.display())),
-        }
-    } else if !step_dirs(root)?.is_empty() {
+    if latest.is_none() && !dirs.is_empty() {
         passed.push(format!("{} is missing or unreadable", root.join("latest").display()));
     }
-    for (_, dir) in step_dirs(root)? {
-        if Some(&dir) == latest.as_ref() {
-            continue;
-        }
+    let ordered = latest.iter().cloned().chain(dirs.into_iter().map(|(_, d)| d).filter(|d| Some(d) != latest.as_ref()));
+    let mut complete = Vec::new();
+    for dir in ordered {
         match damage(&dir) {
-            None => return Ok(Some((dir, Some(passed.join("; "))))),
+            None => complete.push(dir),
             Some(why) => passed.push(format!("{} is damaged ({why})", dir.display())),
         }
     }
-    if passed.is_empty() {
-        return Ok(None);
+    if complete.is_empty() && !passed.is_empty() {
+        return Err(Error::InvalidArgument(format!(
+            "no complete checkpoint to resume from under {}: {}. Nothing was deleted; start a new run with another --out",
+            root.display(),
+            passed.join("; ")
+        )));
     }
-    Err(Error::InvalidArgument(format!(
-        "no complete checkpoint to resume from under {}: {}. Nothing was deleted; start a new run with another --out",
-        root.display(),
-        passed.join("; ")
-    )))
+    Ok((complete, passed))
+}
+
+/// The first of [`resume_candidates`], with the note on those passed over (if any).
+pub fn resume_point(root: &Path) -> Result<Option<(PathBuf, Option<String>)>> {
+    let (complete, passed) = resume_candidates(root)?;
+    Ok(complete.into_iter().next().map(|dir| (dir, (!passed.is_empty()).then(|| passed.join("; ")))))
+}
+
+/// A checkpoint's trainer state, checked against the checkpoint it is in: its step is the
+/// directory's and it names `policies` policies (a hand-edited or misplaced state is damage).
+pub fn load_state_of(checkpoint: &Path, policies: usize) -> Result<TrainerState> {
+    let state = load_state(checkpoint)?;
+    let path = checkpoint.join("trainer_state.json");
+    let dir_step = checkpoint.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")?.parse::<u64>().ok());
+    if dir_step != Some(state.step) {
+        return Err(Error::config(
+            path.display().to_string(),
+            format!("it says step {} but lies in {}", state.step, checkpoint.display()),
+        ));
+    }
+    if state.policies.len() != policies {
+        return Err(Error::config(
+            path.display().to_string(),
+            format!("it names {} policies but the run has {policies}", state.policies.len()),
+        ));
+    }
+    Ok(state)
 }
 
 /// Reads a checkpoint's trainer state.

@@ -357,6 +357,18 @@ impl<B: Backend> AdamW<B> {
                 path: path.to_path_buf(),
                 message: format!("exp_avg_sq.{name} is missing"),
             })?;
+            // A damaged file is said to be one (resume then falls back to an older checkpoint),
+            // rather than training on NaN moments or panicking on a shape.
+            let damaged = |why: &str| Error::WeightFile {
+                path: path.to_path_buf(),
+                message: format!("the optimizer state of {name} {why}; the checkpoint is damaged"),
+            };
+            if m.shape != v.shape || !(1..=2).contains(&m.shape.len()) {
+                return Err(damaged(&format!("has shapes {:?} and {:?}", m.shape, v.shape)));
+            }
+            if m.data.iter().any(|x| !x.is_finite()) || v.data.iter().any(|x| !(x.is_finite() && *x >= 0.0)) {
+                return Err(damaged("holds non-finite or negative values"));
+            }
             let moments = match m.shape.len() {
                 1 => Moments::Vector(
                     Tensor::from_data(TensorData::new(m.data, [m.shape[0]]), device),

@@ -106,13 +106,16 @@ impl<B: Backend> Trainer<B> {
         let run = RunDir::new(&config.run.out_dir);
         run.prepare()?;
         let lock = run.lock()?;
-        if run.has_checkpoints()? {
-            return Err(Error::InvalidArgument(format!(
-                "{} already holds a run; continue it with --resume {} or choose another --out",
-                run.path().display(),
-                run.path().display()
-            )));
+        // Checked again under the lock: another process may have started a run here since.
+        run.check_new()?;
+        if !run.run_files().is_empty() {
+            eprintln!("note: {} holds a run that stopped before its first step; starting it over", run.path().display());
         }
+        Self::begin(config, run, lock, task, devices)
+    }
+
+    /// Step 0 of a run in a directory this process holds the lock of.
+    fn begin(config: TrainConfig, run: RunDir, lock: RunLock, task: Arc<dyn Task>, devices: Vec<B::Device>) -> Result<Self> {
         run.write_config(&config)?;
         let policies = (0..config.policies.len())
             .map(|k| Self::load_policy(&config, k, devices[k].clone(), None))
@@ -133,46 +136,69 @@ impl<B: Backend> Trainer<B> {
         let run = RunDir::new(run_dir);
         let saved = run.read_config()?;
         let lock = run.lock()?;
-        let config = match requested {
-            Some(req) => {
-                let diff = saved.differences(&req);
-                if !diff.is_empty() {
-                    return Err(Error::InvalidArgument(format!(
-                        "{} was trained with a different configuration; these keys differ (saved → requested): {}",
-                        run_dir.display(),
-                        diff.join("; ")
-                    )));
-                }
-                TrainConfig { run: crate::config::RunConfig { out_dir: run_dir.to_path_buf(), ..req.run }, ..saved }
-            }
-            None => TrainConfig {
-                run: crate::config::RunConfig { out_dir: run_dir.to_path_buf(), ..saved.run.clone() },
-                ..saved
-            },
-        };
+        let config = TrainConfig::resumed(run_dir, saved, requested)?;
         config.validate()?;
-        let Some(ckpt) = run.resume_point()? else {
+        let (candidates, mut passed) = checkpoint::resume_candidates(&run.checkpoints())?;
+        if candidates.is_empty() {
+            // Killed before its first checkpoint: nothing to continue from, so the run starts
+            // over with its own config (the steps it had recorded are redone).
+            eprintln!("note: {} has no checkpoint yet; training it again from step 0", run_dir.display());
+            return Self::begin(config, run, lock, task, devices);
+        }
+        // The newest checkpoint that loads: a damaged file in one (unreadable config, NaN
+        // weights, a trainer state that is not its step's) falls back to the one before.
+        let mut first_error = None;
+        for ckpt in &candidates {
+            let state = match checkpoint::load_state_of(ckpt, config.policies.len()) {
+                Ok(state) => state,
+                Err(e) => {
+                    passed.push(format!("{}: {e}", ckpt.display()));
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            if config.run.steps > 0 && (config.run.steps as u64) < state.step {
+                return Err(Error::InvalidArgument(format!(
+                    "--steps {} is below the {} steps {} has completed; give at least {}",
+                    config.run.steps,
+                    state.step,
+                    run_dir.display(),
+                    state.step
+                )));
+            }
+            let loaded = (0..config.policies.len())
+                .map(|k| Self::load_policy(&config, k, devices[k].clone(), Some(ckpt)))
+                .collect::<Result<Vec<_>>>()
+                .and_then(|policies| Self::check_restorable(&config, &state).map(|()| policies));
+            let policies = match loaded {
+                Ok(p) => p,
+                Err(e) => {
+                    passed.push(format!("{}: {e}", ckpt.display()));
+                    first_error.get_or_insert(e);
+                    continue;
+                }
+            };
+            if !passed.is_empty() {
+                eprintln!("note: passed over damaged checkpoints ({}); resuming from {}", passed.join("; "), ckpt.display());
+            }
+            let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
+            tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
+            return Self::assemble(config, run, lock, policies, task, Some(state), metrics);
+        }
+        Err(first_error.expect("a candidate failed"))
+    }
+
+    /// Whether the algorithm's saved state (and the critic's value heads) can be restored.
+    fn check_restorable(config: &TrainConfig, state: &TrainerState) -> Result<()> {
+        let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
+        algorithm.restore(state.algorithm.clone())?;
+        if algorithm.critic().is_some() && state.value_heads.iter().flatten().count() != config.policies.len() {
             return Err(Error::InvalidArgument(format!(
-                "{} has no complete checkpoint yet; start it again without --resume",
-                run_dir.display()
-            )));
-        };
-        let state = checkpoint::load_state(&ckpt)?;
-        if config.run.steps > 0 && (config.run.steps as u64) < state.step {
-            return Err(Error::InvalidArgument(format!(
-                "--steps {} is below the {} steps {} has completed; give at least {}",
-                config.run.steps,
-                state.step,
-                run_dir.display(),
-                state.step
+                "the trainer state holds no value head for some policy: it was not written by {}",
+                algorithm.name()
             )));
         }
-        let policies = (0..config.policies.len())
-            .map(|k| Self::load_policy(&config, k, devices[k].clone(), Some(&ckpt)))
-            .collect::<Result<Vec<_>>>()?;
-        let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
-        tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
-        Self::assemble(config, run, lock, policies, task, Some(state), metrics)
+        Ok(())
     }
 
     fn assemble(

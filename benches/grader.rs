@@ -2,14 +2,14 @@
 //! extraction, normalisation, parsing, equivalence), single-threaded and with rayon.
 //! `scripts/bench_math_verify.py` measures Math-Verify on the same cases.
 //!
-//! Run: `cargo bench --bench grader` (needs `../shared` or `HACPO_SHARED`).
+//! Run: `cargo bench --bench grader` (MATH-500 from tests/shared, or `HACPO_SHARED`).
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use hacpo::reward::Grader;
 
 fn cases() -> Vec<(String, String)> {
     let root =
-        std::env::var("HACPO_SHARED").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../shared").into());
+        std::env::var("HACPO_SHARED").unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/tests/shared").into());
     let text = std::fs::read_to_string(format!("{root}/data/math/math500_test.jsonl")).expect("MATH-500 file");
     text.lines()
         .map(|l| {

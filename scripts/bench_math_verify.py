@@ -6,7 +6,7 @@ solutions, made by the command below), grades every case with Math-Verify's reco
 `verify(parse(gold), parse(response))`, and prints cases/s and the number judged correct.
 Single process, as Math-Verify is normally called from a reward function.
 
-  python3 -c "import json; rows=[json.loads(l) for l in open('../shared/data/math/math500_test.jsonl')];
+  python3 -c "import json; rows=[json.loads(l) for l in open('tests/shared/data/math/math500_test.jsonl')];
   open('/tmp/cases.jsonl','w').writelines(json.dumps({'gold': r['answer'], 'response': r['solution']})+'\\n' for r in rows)"
   python scripts/bench_math_verify.py /tmp/cases.jsonl
   hacpo grade --input /tmp/cases.jsonl > /dev/null          # prints cases/s to stderr

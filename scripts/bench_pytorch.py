@@ -13,7 +13,7 @@ each phase is reported (peak_bytes).
 
 Usage:
   python scripts/bench_pytorch.py                       # tiny-5m, random weights
-  python scripts/bench_pytorch.py --gguf "$(../shared/scripts/fetch-smollm2.sh)"
+  python scripts/bench_pytorch.py --gguf "$(bash scripts/fetch-smollm2.sh)"
   python scripts/bench_pytorch.py --shape qwen-1.5b --device cuda --dtype bfloat16   # as scripts/gpu_bench.sh
 Needs: torch, transformers (and accelerate + gguf for --gguf).
 """

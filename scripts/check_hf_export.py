@@ -3,7 +3,7 @@
 and generates what hacpo generates.
 
 Usage:
-  hacpo convert --model "$(../shared/scripts/fetch-smollm2.sh)" --out /tmp/smol-hf --dtype bf16
+  hacpo convert --model "$(bash scripts/fetch-smollm2.sh)" --out /tmp/smol-hf --dtype bf16
   python scripts/check_hf_export.py /tmp/smol-hf target/release/hacpo
 Needs: torch, transformers.
 """

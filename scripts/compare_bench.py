@@ -6,7 +6,7 @@ with the same sizes, then prints per phase the median tokens/s of each and their
 
 Usage:
   python3 scripts/compare_bench.py --hacpo target/release/hacpo --python /path/to/venv/bin/python
-  python3 scripts/compare_bench.py ... --gguf "$(../shared/scripts/fetch-smollm2.sh)"
+  python3 scripts/compare_bench.py ... --gguf "$(bash scripts/fetch-smollm2.sh)"
 """
 import argparse
 import json

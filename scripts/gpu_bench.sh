@@ -16,7 +16,7 @@
 #      Same phases and sizes: prefill, decode at batch 1 and 64, train step.
 #   3. hacpo bench --trainer --device cuda --compute-dtype bf16: three HACPO steps of two random
 #      agents with the real Qwen3 and Llama-3.1 tokenizers, both of SHAPE's hidden size and depth
-#      (4 heads, MLP 3× hidden: the trainer bench's own family of shapes), on one GPU; needs ../shared.
+#      (4 heads, MLP 3× hidden: the trainer bench's own family of shapes), on one GPU; reads tests/shared (and the fetched Llama tokenizer).
 # and prints tokens/s side by side with the ratio hacpo / PyTorch, and each phase's peak memory
 # (PyTorch's allocator peak; nvidia-smi's peak for hacpo, sampled every 0.2 s).
 # Everything lands in DIR (default gpu-bench-<date>): the JSON of each run and summary.txt.

@@ -2,13 +2,13 @@
 """Reference chat-template renderings from transformers' apply_chat_template.
 
 Writes tests/fixtures/chat_templates.json for tests/tokenizer.rs: for each real chat template
-in ../shared/assets (Qwen2.5, Qwen3, Llama-3.1, Llama-3.2, and the ones inside the shared
-tokenizer_config.json files) and a set of conversations, the rendered text and its token ids
+in tests/shared/assets (Qwen2.5, Qwen3, Llama-3.1, Llama-3.2, and the ones inside the
+tokenizer_config.json files; the Llama-3.1 tokenizer as scripts/fetch-test-assets.sh fetches it) and a set of conversations, the rendered text and its token ids
 (encoded without special tokens, as apply_chat_template(tokenize=True) does).
 
 Regenerate:
   python3 -m venv /tmp/refenv && /tmp/refenv/bin/pip install transformers==5.23.0 jinja2
-  HACPO_SHARED=../shared /tmp/refenv/bin/python scripts/make_chat_template_fixtures.py
+  bash scripts/fetch-test-assets.sh && /tmp/refenv/bin/python scripts/make_chat_template_fixtures.py
 """
 import json
 import os
@@ -16,7 +16,14 @@ import os
 from transformers import AutoTokenizer
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SHARED = os.environ.get("HACPO_SHARED", os.path.join(HERE, "..", "..", "shared"))
+SHARED = os.environ.get("HACPO_SHARED", os.path.join(HERE, "..", "tests", "shared"))
+FETCHED = os.path.join(os.path.expanduser("~"), ".cache", "hacpo", "test-assets")
+
+
+def asset(rel):
+    """A test asset: from SHARED, else as scripts/fetch-test-assets.sh fetched it."""
+    here = os.path.join(SHARED, rel)
+    return here if os.path.exists(here) else os.path.join(FETCHED, rel)
 OUT = os.path.join(HERE, "..", "tests", "fixtures", "chat_templates.json")
 
 # (case id, tokenizer dir under assets/tokenizers, template file under assets/chat-templates or None
@@ -49,9 +56,9 @@ CONVERSATIONS = [
 def main():
     cases = []
     for tid, tok_dir, template_file in TEMPLATES:
-        tok = AutoTokenizer.from_pretrained(os.path.join(SHARED, "assets", "tokenizers", tok_dir))
+        tok = AutoTokenizer.from_pretrained(asset(os.path.join("assets", "tokenizers", tok_dir)))
         if template_file:
-            with open(os.path.join(SHARED, "assets", "chat-templates", template_file)) as f:
+            with open(asset(os.path.join("assets", "chat-templates", template_file))) as f:
                 template = f.read()
         else:
             template = tok.chat_template

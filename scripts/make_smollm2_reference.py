@@ -10,7 +10,7 @@ sequences must agree exactly.
 Regenerate:
   python3 -m venv /tmp/refenv
   /tmp/refenv/bin/pip install torch==2.15.0 transformers==5.23.0 accelerate gguf
-  /tmp/refenv/bin/python scripts/make_smollm2_reference.py "$(../shared/scripts/fetch-smollm2.sh)"
+  /tmp/refenv/bin/python scripts/make_smollm2_reference.py "$(bash scripts/fetch-smollm2.sh)"
 """
 import json
 import os

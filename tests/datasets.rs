@@ -1,4 +1,4 @@
-//! The benchmark readers on the real files in `../shared/data/math`, and every benchmark's
+//! The benchmark readers on the real files in `tests/shared/data/math`, and every benchmark's
 //! golds graded against themselves.
 
 mod common;

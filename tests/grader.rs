@@ -1,4 +1,4 @@
-//! The grader against MATH-500's golds (`../shared/data/math/math500_test.jsonl`): every gold
+//! The grader against MATH-500's golds (`tests/shared/data/math/math500_test.jsonl`): every gold
 //! matches itself, equivalent re-renderings match, off-by-one integers and other problems'
 //! answers do not.
 

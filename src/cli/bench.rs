@@ -168,7 +168,9 @@ pub fn run(args: BenchArgs) -> Result<()> {
         "shorter sequences (--prefill-len, --prompt-len, --new-tokens, --train-len)".into(),
         "--no-train".into(),
     ];
-    match hacpo::memory_plan::check_command("bench", &name, &shape, device, compute, load, device_memory, &ways) {
+    let target =
+        hacpo::memory_plan::CommandTarget { command: "bench", model: &name, shape, device, compute, device_memory };
+    match hacpo::memory_plan::check_command(&target, load, &ways) {
         Err(e) if args.skip_memory_check => eprintln!("warning: --skip-memory-check: {e}"),
         other => other?,
     }

@@ -180,7 +180,10 @@ pub fn check_sampling(args: &EvalArgs) -> Result<()> {
         return Err(Error::InvalidArgument(format!("--samples must be between 1 and 1024, got {}", args.samples)));
     }
     if args.batch_size == 0 || args.batch_size > 4096 {
-        return Err(Error::InvalidArgument(format!("--batch-size must be between 1 and 4096, got {}", args.batch_size)));
+        return Err(Error::InvalidArgument(format!(
+            "--batch-size must be between 1 and 4096, got {}",
+            args.batch_size
+        )));
     }
     hacpo::generate::SamplingParams {
         temperature: args.temperature,

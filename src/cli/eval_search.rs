@@ -38,9 +38,7 @@ pub fn run(args: &EvalArgs) -> Result<()> {
     }
     super::eval::check_sampling(args)?;
     if args.top_p != 1.0 {
-        return Err(Error::InvalidArgument(
-            "the search workload is evaluated greedily: leave out --top-p".into(),
-        ));
+        return Err(Error::InvalidArgument("the search workload is evaluated greedily: leave out --top-p".into()));
     }
     if let Some(out) = &args.out {
         hacpo::error::check_writable(out)?;

@@ -145,7 +145,9 @@ impl ModelArgs {
         let compute = compute_dtype(&self.compute_dtype, &self.device)?;
         let device_memory = self.device_memory.as_deref().map(hacpo::memory_plan::parse_size).transpose()?;
         let shape = hacpo::memory_plan::model_shape(&self.model, &hacpo::config::TrainConfig::default())?;
-        match hacpo::memory_plan::check_command(command, &self.model, &shape, device, compute, load, device_memory, ways) {
+        let target =
+            hacpo::memory_plan::CommandTarget { command, model: &self.model, shape, device, compute, device_memory };
+        match hacpo::memory_plan::check_command(&target, load, ways) {
             Err(e) if self.skip_memory_check => {
                 eprintln!("warning: --skip-memory-check: {e}");
                 Ok(())

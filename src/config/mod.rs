@@ -501,7 +501,10 @@ impl TrainConfig {
         if !(r.temperature.is_finite() && r.temperature > 0.0) {
             return bad(
                 "rollout.temperature",
-                format!("must be a finite number > 0 (a group of greedy rollouts is one rollout repeated), got {}", r.temperature),
+                format!(
+                    "must be a finite number > 0 (a group of greedy rollouts is one rollout repeated), got {}",
+                    r.temperature
+                ),
             );
         }
         if !(r.top_p > 0.0 && r.top_p <= 1.0) {

@@ -205,7 +205,7 @@ fn cgroup_v2() -> Option<PathBuf> {
         // rule); a delegated subtree usually has them on already.
         std::fs::write(dir.join("cgroup.subtree_control"), "+memory +pids").ok()?;
     }
-    try_child(&[dir.clone()], &[("memory.max", "67108864"), ("pids.max", "8")]).then_some(dir)
+    try_child(std::slice::from_ref(&dir), &[("memory.max", "67108864"), ("pids.max", "8")]).then_some(dir)
 }
 
 /// The cgroup v1 memory and pids directories this process is in, when children can be made.
@@ -220,8 +220,8 @@ fn cgroup_v1() -> Option<(PathBuf, PathBuf)> {
         Some(cgroup_mount("cgroup", Some(controller))?.join(path.trim_start_matches('/')))
     };
     let (memory, pids) = (dir_of("memory")?, dir_of("pids")?);
-    let ok = try_child(&[memory.clone()], &[("memory.limit_in_bytes", "67108864")])
-        && try_child(&[pids.clone()], &[("pids.max", "8")]);
+    let ok = try_child(std::slice::from_ref(&memory), &[("memory.limit_in_bytes", "67108864")])
+        && try_child(std::slice::from_ref(&pids), &[("pids.max", "8")]);
     ok.then_some((memory, pids))
 }
 
@@ -271,12 +271,17 @@ impl RunCgroup {
         let pids = limits.processes.to_string();
         let (dirs, settings): (Vec<PathBuf>, Vec<(usize, &str, String)>) = match tree {
             TreeLimit::Nproc => return Ok(None),
-            TreeLimit::CgroupV2(parent) => {
-                (vec![parent.join(&name)], vec![(0, "memory.max", memory.clone()), (0, "memory.swap.max", "0".into()), (0, "pids.max", pids)])
-            }
+            TreeLimit::CgroupV2(parent) => (
+                vec![parent.join(&name)],
+                vec![(0, "memory.max", memory.clone()), (0, "memory.swap.max", "0".into()), (0, "pids.max", pids)],
+            ),
             TreeLimit::CgroupV1 { memory: m, pids: p } => (
                 vec![m.join(&name), p.join(&name)],
-                vec![(0, "memory.limit_in_bytes", memory.clone()), (0, "memory.memsw.limit_in_bytes", memory), (1, "pids.max", pids)],
+                vec![
+                    (0, "memory.limit_in_bytes", memory.clone()),
+                    (0, "memory.memsw.limit_in_bytes", memory),
+                    (1, "pids.max", pids),
+                ],
             ),
         };
         let failed = |path: &Path, e: std::io::Error| {
@@ -523,7 +528,11 @@ mod tests {
         );
         let r = run(&code);
         assert!(r.ok(), "{r:?}");
-        assert!(!r.stdout.contains("s3cret-file") && !r.stdout.contains("root:") && !r.stdout.contains("[package]"), "{}", r.stdout);
+        assert!(
+            !r.stdout.contains("s3cret-file") && !r.stdout.contains("root:") && !r.stdout.contains("[package]"),
+            "{}",
+            r.stdout
+        );
         assert_eq!(r.stdout.matches("blocked").count(), 4, "{}", r.stdout);
     }
 
@@ -628,7 +637,8 @@ mod tests {
     fn the_number_of_processes_is_bounded() {
         let code = "import os, time\nn = 0\ntry:\n    for _ in range(500):\n        pid = os.fork()\n        if pid == 0:\n            time.sleep(3)\n            os._exit(0)\n        n += 1\nexcept OSError as e:\n    print('stopped', type(e).__name__)\nprint('forked', n, flush=True)\nos._exit(0)\n";
         let r = run(code);
-        let n: u64 = r.stdout.split("forked ").nth(1).and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| panic!("{r:?}"));
+        let n: u64 =
+            r.stdout.split("forked ").nth(1).and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| panic!("{r:?}"));
         assert!(n < limits().processes, "forked {n}: {r:?}");
     }
 
@@ -637,7 +647,8 @@ mod tests {
         let code = "import os\ntotal = 0\nfor d in ['.', '/tmp', '/dev/shm']:\n    for i in range(100):\n        try:\n            with open(f'{d}/f{i}', 'wb') as f:\n                f.write(b'x' * (16 << 20))\n            total += 16\n        except OSError:\n            break\nprint('wrote MiB', total)\n";
         let before = free_disk();
         let r = run(code);
-        let total: u64 = r.stdout.split("wrote MiB ").nth(1).and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| panic!("{r:?}"));
+        let total: u64 =
+            r.stdout.split("wrote MiB ").nth(1).and_then(|s| s.trim().parse().ok()).unwrap_or_else(|| panic!("{r:?}"));
         assert!(total <= limits().disk_mib + TMP_MIB + SHM_MIB, "wrote {total} MiB: {r:?}");
         assert!(free_disk() + (256 << 20) >= before, "the host disk filled");
     }

@@ -226,7 +226,9 @@ impl ModelConfig {
             if value == 0 || value > most {
                 return Err(Error::config(
                     file,
-                    format!("{key:?} is {value}; it must be between 1 and {most} (the file is damaged or not a model config)"),
+                    format!(
+                        "{key:?} is {value}; it must be between 1 and {most} (the file is damaged or not a model config)"
+                    ),
                 ));
             }
         }
@@ -242,7 +244,10 @@ impl ModelConfig {
             return Err(Error::config(file, format!("\"rms_norm_eps\" is {}; it must be below 1", self.rms_norm_eps)));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return Err(Error::config(file, format!("\"rope_theta\" is {}; it must be a finite number above 1", self.rope_theta)));
+            return Err(Error::config(
+                file,
+                format!("\"rope_theta\" is {}; it must be a finite number above 1", self.rope_theta),
+            ));
         }
         if let Some(s) = &self.rope_scaling {
             positive("rope_scaling.factor", s.factor)?;
@@ -361,7 +366,12 @@ fn parse_rope_scaling(s: &Map<String, Value>, file: &str) -> Result<Option<Llama
                 original_max_position_embeddings: {
                     let n = num("original_max_position_embeddings")?;
                     if !(n.is_finite() && n >= 1.0 && n <= (1u64 << 24) as f64) {
-                        return Err(Error::config(file, format!("llama3 rope scaling's original_max_position_embeddings {n} is not a context length")));
+                        return Err(Error::config(
+                            file,
+                            format!(
+                                "llama3 rope scaling's original_max_position_embeddings {n} is not a context length"
+                            ),
+                        ));
                     }
                     n as usize
                 },

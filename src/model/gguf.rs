@@ -323,8 +323,10 @@ impl GgufFile {
         let heads = int("attention.head_count")?;
         let kv_heads =
             self.meta(&format!("{arch}.attention.head_count_kv")).and_then(GgufValue::as_i64).unwrap_or(heads);
-        let head_dim =
-            self.meta(&format!("{arch}.attention.key_length")).and_then(GgufValue::as_i64).unwrap_or(hidden.checked_div(heads).unwrap_or(0));
+        let head_dim = self
+            .meta(&format!("{arch}.attention.key_length"))
+            .and_then(GgufValue::as_i64)
+            .unwrap_or(hidden.checked_div(heads).unwrap_or(0));
         let vocab = match self.meta(&format!("{arch}.vocab_size")).and_then(GgufValue::as_i64) {
             Some(v) => v as usize,
             None => self.tensors.get("token_embd.weight").map(|t| t.shape[0]).unwrap_or(0),

@@ -218,7 +218,10 @@ impl Input {
             }
         }
         if !loss.is_finite() {
-            return Err(field_error("samples", "the loss is not finite: the rewards or log-probabilities are too large"));
+            return Err(field_error(
+                "samples",
+                "the loss is not finite: the rewards or log-probabilities are too large",
+            ));
         }
         Ok(Report {
             learner: self.learner,

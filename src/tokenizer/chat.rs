@@ -155,6 +155,20 @@ fn write_python_json(v: &serde_json::Value, indent: Option<usize>, depth: usize,
     }
 }
 
+/// A template error with each line cut to a screen's width: minijinja quotes the template's
+/// line, which in a damaged or hostile file can be megabytes long.
+fn clipped(message: &str) -> String {
+    const WIDTH: usize = 160;
+    message
+        .lines()
+        .map(|l| match l.char_indices().nth(WIDTH) {
+            Some((at, _)) => format!("{}…", &l[..at]),
+            None => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,18 +195,4 @@ mod tests {
         let e = ChatTemplate::new("{% for m in messages %}").unwrap_err().to_string();
         assert!(e.contains("does not compile"), "{e}");
     }
-}
-
-/// A template error with each line cut to a screen's width: minijinja quotes the template's
-/// line, which in a damaged or hostile file can be megabytes long.
-fn clipped(message: &str) -> String {
-    const WIDTH: usize = 160;
-    message
-        .lines()
-        .map(|l| match l.char_indices().nth(WIDTH) {
-            Some((at, _)) => format!("{}…", &l[..at]),
-            None => l.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("\n")
 }

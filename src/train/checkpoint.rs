@@ -264,7 +264,8 @@ pub fn resume_point(root: &Path) -> Result<Option<(PathBuf, Option<String>)>> {
 pub fn load_state_of(checkpoint: &Path, policies: usize) -> Result<TrainerState> {
     let state = load_state(checkpoint)?;
     let path = checkpoint.join("trainer_state.json");
-    let dir_step = checkpoint.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")?.parse::<u64>().ok());
+    let dir_step =
+        checkpoint.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_prefix("step-")?.parse::<u64>().ok());
     if dir_step != Some(state.step) {
         return Err(Error::config(
             path.display().to_string(),

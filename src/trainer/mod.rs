@@ -109,13 +109,22 @@ impl<B: Backend> Trainer<B> {
         // Checked again under the lock: another process may have started a run here since.
         run.check_new()?;
         if !run.run_files().is_empty() {
-            eprintln!("note: {} holds a run that stopped before its first step; starting it over", run.path().display());
+            eprintln!(
+                "note: {} holds a run that stopped before its first step; starting it over",
+                run.path().display()
+            );
         }
         Self::begin(config, run, lock, task, devices)
     }
 
     /// Step 0 of a run in a directory this process holds the lock of.
-    fn begin(config: TrainConfig, run: RunDir, lock: RunLock, task: Arc<dyn Task>, devices: Vec<B::Device>) -> Result<Self> {
+    fn begin(
+        config: TrainConfig,
+        run: RunDir,
+        lock: RunLock,
+        task: Arc<dyn Task>,
+        devices: Vec<B::Device>,
+    ) -> Result<Self> {
         run.write_config(&config)?;
         let policies = (0..config.policies.len())
             .map(|k| Self::load_policy(&config, k, devices[k].clone(), None))
@@ -179,7 +188,11 @@ impl<B: Backend> Trainer<B> {
                 }
             };
             if !passed.is_empty() {
-                eprintln!("note: passed over damaged checkpoints ({}); resuming from {}", passed.join("; "), ckpt.display());
+                eprintln!(
+                    "note: passed over damaged checkpoints ({}); resuming from {}",
+                    passed.join("; "),
+                    ckpt.display()
+                );
             }
             let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
             tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");

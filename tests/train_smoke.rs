@@ -286,3 +286,51 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
         assert!(run.path().join("checkpoints/step-000001/trainer_state.json").exists(), "{name}");
     }
 }
+
+/// DAPO's dynamic sampling (`algo.filter_groups`): a step trains only on groups whose rewards
+/// differ (the dumped pools hold no flat group), draws more prompts while it has fewer than
+/// `prompts_per_step` with signal, and reports the draws, the flat shares and the entropy.
+#[test]
+fn dynamic_sampling_trains_only_on_groups_with_signal() {
+    let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
+    let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = config(run.path(), &[qwen.path(), llama.path()], "hacpo");
+    cfg.run.steps = 3;
+    cfg.algo.group_size = 2;
+    cfg.algo.prompts_per_step = 4;
+    cfg.algo.minibatch_prompts = 4;
+    cfg.algo.filter_groups = true;
+    cfg.algo.filter_max_draws = 6;
+    cfg.rollout.max_new_tokens = 4;
+    let mut trainer =
+        Trainer::<Cpu>::start(cfg, Arc::new(ResponseTask::starts_with_two(16)), vec![common::device(); 2]).unwrap();
+    trainer.run().unwrap();
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.path().join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // With G = 2 and about half the responses rewarded, about half the groups are flat: more
+    // than one rollout per step is needed for four prompts with signal.
+    assert!(lines.iter().any(|l| l["data"]["groups/draws"].as_f64().unwrap() > 1.0), "{}", lines[0]);
+    for l in &lines {
+        for key in ["groups/flat_share", "groups/solver/flat_share", "groups/prompts_with_signal", "actor/entropy"] {
+            assert!(l["data"][key].is_number(), "{key} missing: {l}");
+        }
+    }
+    let mut checked = 0;
+    for entry in std::fs::read_dir(run.path().join("batches")).unwrap() {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(entry.unwrap().path()).unwrap()).unwrap();
+        let mut rewards: std::collections::BTreeMap<u64, Vec<f64>> = Default::default();
+        for p in v["pool"].as_array().unwrap() {
+            rewards.entry(p["prompt"].as_u64().unwrap()).or_default().push(p["reward"].as_f64().unwrap());
+        }
+        for (group, r) in rewards {
+            assert!(r.iter().any(|&x| x != r[0]), "a flat group was trained on: group {group} {r:?}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0);
+}

@@ -107,6 +107,12 @@ pub struct AlgoConfig {
     /// The f16 loss scaler's initial scale (PyTorch's `GradScaler(init_scale=2**16)`); halved
     /// on overflow, doubled after 2,000 clean steps. Only f16 compute uses it.
     pub f16_loss_scale: f64,
+    /// DAPO's dynamic sampling: groups whose rewards are all equal leave the loss, prompts
+    /// with no other group leave the step, and more prompts are drawn until the step has
+    /// `prompts_per_step` prompts with signal (`trainer/signal.rs`).
+    pub filter_groups: bool,
+    /// With `filter_groups`: the most rollouts of a step (the first included).
+    pub filter_max_draws: usize,
 }
 
 impl Default for AlgoConfig {
@@ -135,6 +141,8 @@ impl Default for AlgoConfig {
             mappo: Default::default(),
             compute_dtype: ComputeDtype::F32,
             f16_loss_scale: crate::train::loss_scale::INIT_SCALE,
+            filter_groups: false,
+            filter_max_draws: 4,
         }
     }
 }
@@ -479,7 +487,8 @@ impl TrainConfig {
         let o = &a.optimizer;
         let numbers: [(&str, f64, bool, &str); 13] = [
             ("algo.grad_clip", a.grad_clip, a.grad_clip >= 0.0, "a finite number ≥ 0"),
-            ("algo.optimizer.lr", o.lr, o.lr > 0.0, "a finite number > 0"),
+            // 0 is a control run: everything but the weights' change (the learnability tests' negative control).
+            ("algo.optimizer.lr", o.lr, o.lr >= 0.0, "a finite number ≥ 0"),
             ("algo.optimizer.beta1", o.beta1, (0.0..1.0).contains(&o.beta1), "in [0, 1)"),
             ("algo.optimizer.beta2", o.beta2, (0.0..1.0).contains(&o.beta2), "in [0, 1)"),
             ("algo.optimizer.eps", o.eps, o.eps > 0.0, "a finite number > 0"),
@@ -536,8 +545,14 @@ impl TrainConfig {
         }
         a.capability.validate().map_err(|m| Error::config("training config", format!("algo.capability: {m}")))?;
         a.mappo.validate().map_err(|m| Error::config("training config", format!("algo.mappo: {m}")))?;
+        if !(1..=64).contains(&a.filter_max_draws) {
+            return bad("algo.filter_max_draws", format!("must be between 1 and 64, got {}", a.filter_max_draws));
+        }
         if self.pretrain.max_steps > 10_000_000 {
             return bad("pretrain.max_steps", format!("must be at most 10000000, got {}", self.pretrain.max_steps));
+        }
+        if self.task.train_limit == Some(0) {
+            return bad("task.train_limit", "0 would leave no training prompt; leave it unset for all of them".into());
         }
         if self.task.val_limit == Some(0) {
             return bad("task.val_limit", "0 would score no held-out prompt; leave it unset for all of them".into());

@@ -109,6 +109,26 @@ impl PlanPath {
         (reward, valid)
     }
 
+    /// The L-shaped walk from the walker to the goal: all row moves then all column moves
+    /// (`rows_first`), or the other way round.
+    pub fn l_walk(&self, rows_first: bool) -> Vec<Move> {
+        let (dr, dc) = (self.goal.0 as i64 - self.pos.0 as i64, self.goal.1 as i64 - self.pos.1 as i64);
+        let rows = vec![if dr > 0 { Move::D } else { Move::U }; dr.unsigned_abs() as usize];
+        let cols = vec![if dc > 0 { Move::R } else { Move::L }; dc.unsigned_abs() as usize];
+        if rows_first { [rows, cols].concat() } else { [cols, rows].concat() }
+    }
+
+    /// Whether the L walk (`rows_first` or not) reaches the goal: no wall on it.
+    pub fn l_walk_solves(&self, rows_first: bool) -> bool {
+        let mut copy = self.clone();
+        for m in self.l_walk(rows_first) {
+            if !copy.step(m).1 {
+                return false;
+            }
+        }
+        copy.solved()
+    }
+
     /// The grid as the prompts show it: `#` wall, `.` free, `S` the walker, `G` the goal.
     pub fn render(&self) -> String {
         let mut out = String::new();

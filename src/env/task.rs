@@ -10,14 +10,41 @@ use crate::error::{Error, Result};
 use crate::task::{Task, TaskConfig, TaskPrompt};
 use crate::tokenizer::Message;
 
+/// Which Plan-Path grids a task plays (`task.env.walks`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Walks {
+    /// Every generated grid (PettingLLMs' distribution).
+    #[default]
+    Any,
+    /// Grids that exactly one of the two L-shaped walks from the start solves (rows first or
+    /// columns first; the other meets a wall): a world a tiny policy that writes L walks can
+    /// solve every time by choosing the right one, and solves half the time by habit.
+    OneL,
+}
+
+impl Walks {
+    fn admits(self, instance: &Instance) -> bool {
+        match (self, instance) {
+            (Walks::Any, _) => true,
+            (Walks::OneL, Instance::PlanPath(p)) => p.l_walk_solves(true) != p.l_walk_solves(false),
+            (Walks::OneL, _) => false,
+        }
+    }
+}
+
 /// `[task.env]`: how many instances each split offers.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvTaskConfig {
-    /// Training instances (indices 0..N of the train split); steps draw from them in epochs.
+    /// Training instances (the first N of the train split that `walks` admits); steps draw
+    /// from them in epochs.
     pub train_instances: u64,
     /// Held-out instances scored by validation (`task.val_limit` caps them too).
     pub heldout_instances: u64,
+    /// Plan-Path only: which grids (`"any"`, or `"one-l"`: those exactly one L-shaped walk
+    /// solves).
+    pub walks: Walks,
 }
 
 impl EnvTaskConfig {
@@ -42,7 +69,7 @@ impl EnvTaskConfig {
 
 impl Default for EnvTaskConfig {
     fn default() -> Self {
-        EnvTaskConfig { train_instances: 4096, heldout_instances: 100 }
+        EnvTaskConfig { train_instances: 4096, heldout_instances: 100, walks: Walks::Any }
     }
 }
 
@@ -52,15 +79,19 @@ pub struct EnvTask {
     validation: Vec<TaskPrompt>,
 }
 
-fn prompts(kind: EnvKind, split: Split, n: u64) -> Vec<TaskPrompt> {
+/// The first `n` instances of `split` that `walks` admits, each named by its index (so that
+/// [`instance`] regenerates it).
+fn prompts(kind: EnvKind, split: Split, n: u64, walks: Walks) -> Vec<TaskPrompt> {
     let split_name = match split {
         Split::Train => "train",
         Split::HeldOut => "held-out",
     };
-    (0..n)
-        .map(|i| {
+    (0u64..)
+        .map(|i| (i, Instance::generate(kind, split, i)))
+        .filter(|(_, inst)| walks.admits(inst))
+        .take(n as usize)
+        .map(|(i, inst)| {
             let id = format!("{}/{split_name}/{i}", kind.name());
-            let inst = Instance::generate(kind, split, i);
             TaskPrompt { id: id.clone(), messages: vec![Message::user(inst.render())], gold: id }
         })
         .collect()
@@ -81,11 +112,17 @@ impl EnvTask {
         }
         let env = &cfg.env;
         env.validate()?;
+        if env.walks != Walks::Any && kind != EnvKind::PlanPath {
+            return Err(Error::config(
+                "training config",
+                "task.env.walks selects Plan-Path grids; leave it out for other environments",
+            ));
+        }
         let heldout = cfg.val_limit.map_or(env.heldout_instances, |l| env.heldout_instances.min(l as u64));
         Ok(EnvTask {
             kind,
-            train: prompts(kind, Split::Train, env.train_instances),
-            validation: prompts(kind, Split::HeldOut, heldout),
+            train: prompts(kind, Split::Train, env.train_instances, env.walks),
+            validation: prompts(kind, Split::HeldOut, heldout, env.walks),
         })
     }
 
@@ -137,7 +174,7 @@ mod tests {
             kind: crate::task::TaskKind::Env,
             train: train.into(),
             validation: String::new(),
-            env: EnvTaskConfig { train_instances: 5, heldout_instances: 3 },
+            env: EnvTaskConfig { train_instances: 5, heldout_instances: 3, ..Default::default() },
             ..Default::default()
         }
     }
@@ -154,6 +191,32 @@ mod tests {
         assert_eq!(p.messages[0].content, inst.render());
         assert_eq!(task.reward(p, &format!("#### {}", inst.solution().unwrap())), 1.0);
         assert_eq!(task.reward(p, "#### []"), 0.0);
+    }
+
+    /// `walks = "one-l"`: every grid is solved by exactly one of its two L walks, the ids name
+    /// the grids' own indices (skipping the others), and the splits stay apart.
+    #[test]
+    fn one_l_grids_are_solved_by_exactly_one_l_walk() {
+        let mut c = cfg("plan-path");
+        c.env = EnvTaskConfig { train_instances: 40, heldout_instances: 10, walks: Walks::OneL };
+        let task = EnvTask::from_config(&c).unwrap();
+        assert_eq!((task.train().len(), task.validation().len()), (40, 10));
+        let mut rows_first = 0;
+        for p in task.train().iter().chain(task.validation()) {
+            let Instance::PlanPath(grid) = instance(p).unwrap() else { panic!("{}", p.id) };
+            assert_ne!(grid.l_walk_solves(true), grid.l_walk_solves(false), "{}", p.id);
+            rows_first += usize::from(grid.l_walk_solves(true));
+            let mut copy = Instance::PlanPath(grid.clone());
+            let walk = grid.l_walk(grid.l_walk_solves(true));
+            let letters: Vec<String> = walk.iter().map(|m| format!("{:?}", m.letter())).collect();
+            assert!(copy.apply(&format!("#### [{}]", letters.join(", "))).solved, "{}", p.id);
+        }
+        // Neither L is the right one most of the time: a fixed habit solves about half.
+        assert!((15..=35).contains(&rows_first), "{rows_first} of 50 solved rows first");
+        let last: u64 = task.train()[39].id.rsplit('/').next().unwrap().parse().unwrap();
+        assert!(last > 60, "one-L grids are a minority of all grids: the 40th is index {last}");
+        c.train = "sokoban".into();
+        assert!(EnvTask::from_config(&c).err().unwrap().to_string().contains("task.env.walks"));
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct TaskConfig {
     pub validation: String,
     pub val_every: usize,
     pub val_limit: Option<usize>,
+    /// Train on the first N training prompts only (a fixed instance set, e.g. to check that
+    /// an algorithm raises the reward on prompts it can learn); unset: all of them.
+    pub train_limit: Option<usize>,
     pub val_max_new_tokens: usize,
     /// The generator of the `arith` task.
     pub arith: ArithConfig,
@@ -79,6 +82,7 @@ impl Default for TaskConfig {
             validation: String::new(),
             val_every: 3,
             val_limit: None,
+            train_limit: None,
             val_max_new_tokens: 4096,
             arith: Default::default(),
             corpus: String::new(),
@@ -90,12 +94,45 @@ impl Default for TaskConfig {
 
 /// The task a config describes.
 pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
-    Ok(match cfg.kind {
+    let task: Arc<dyn Task> = match cfg.kind {
         TaskKind::Arith => Arc::new(MathTask::arith(cfg)?),
         TaskKind::Math => Arc::new(MathTask::from_config(cfg)?),
         TaskKind::Qa => Arc::new(crate::search::task::QaTask::from_config(cfg)?),
         TaskKind::Env => Arc::new(crate::env::task::EnvTask::from_config(cfg)?),
+    };
+    Ok(match cfg.train_limit {
+        Some(n) => Arc::new(Limited { inner: task, n }),
+        None => task,
     })
+}
+
+/// A task trained on its first `n` training prompts (`task.train_limit`).
+struct Limited {
+    inner: Arc<dyn Task>,
+    n: usize,
+}
+
+impl Task for Limited {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    fn train(&self) -> &[TaskPrompt] {
+        let all = self.inner.train();
+        &all[..self.n.min(all.len())]
+    }
+
+    fn validation(&self) -> &[TaskPrompt] {
+        self.inner.validation()
+    }
+
+    fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64 {
+        self.inner.reward(prompt, response)
+    }
+
+    fn passages(&self) -> Option<Arc<crate::search::task::Passages>> {
+        self.inner.passages()
+    }
 }
 
 /// One prompt: the chat messages every agent renders with its own template, and the gold

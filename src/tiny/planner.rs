@@ -107,10 +107,7 @@ pub fn answer(moves: &[Move]) -> String {
 /// The L-shaped walk from the walker to the goal: rows first or columns first.
 fn l_walk(state: &Instance, rows_first: bool) -> Vec<Move> {
     let Instance::PlanPath(p) = state else { return vec![] };
-    let (dr, dc) = (p.goal.0 as i64 - p.pos.0 as i64, p.goal.1 as i64 - p.pos.1 as i64);
-    let rows = vec![if dr > 0 { Move::D } else { Move::U }; dr.unsigned_abs() as usize];
-    let cols = vec![if dc > 0 { Move::R } else { Move::L }; dc.unsigned_abs() as usize];
-    if rows_first { [rows, cols].concat() } else { [cols, rows].concat() }
+    p.l_walk(rows_first)
 }
 
 /// Where `moves` leave the walker, and whether they solve the task.

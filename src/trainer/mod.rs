@@ -14,6 +14,7 @@
 
 pub mod routing;
 pub mod scoring;
+pub mod signal;
 pub mod update;
 
 use std::path::Path;
@@ -419,10 +420,13 @@ impl<B: Backend> Trainer<B> {
         let started = Instant::now();
         let step = self.step + 1;
         let mut timing = Metrics::new();
-        let prompts = self.next_prompts();
-        let (mut samples, generation) =
+        let mut prompts = self.next_prompts();
+        let (mut samples, mut generation) =
             self.workload.rollout(&self.policies, &prompts, &self.rollout_settings(step))?;
         timed(&mut timing, "timing_s/reward", || self.workload.assign_rewards(&mut samples, &prompts))?;
+        if self.config.algo.filter_groups {
+            (prompts, samples) = self.draw_until_signal(step, prompts, samples, &mut generation, &mut timing)?;
+        }
         // Step order: by policy, prompt and position. Parents (multi-stage workloads) follow.
         for (i, s) in samples.iter_mut().enumerate() {
             s.id = i;
@@ -457,6 +461,56 @@ impl<B: Backend> Trainer<B> {
         self.record(step, &samples, &generation, &retokenize_s, reports, &timing)?;
         self.step = step;
         Ok(summary)
+    }
+
+    /// DAPO's dynamic sampling (`algo.filter_groups`): while the step has fewer than
+    /// `prompts_per_step` prompts with signal and fewer than `filter_max_draws` rollouts, draw
+    /// the next prompts (the data cursor moves on, each draw samples with a seed of its own);
+    /// then keep the first prompts with signal, with flat groups out of the loss.
+    fn draw_until_signal(
+        &mut self,
+        step: u64,
+        mut prompts: Vec<TaskPrompt>,
+        mut samples: Vec<Sample>,
+        generation: &mut [RolloutTimings],
+        timing: &mut Metrics,
+    ) -> Result<(Vec<TaskPrompt>, Vec<Sample>)> {
+        let want = self.config.algo.prompts_per_step;
+        let mut draws = 1;
+        while signal::prompts_with_signal(&samples).len() < want && draws < self.config.algo.filter_max_draws {
+            let more = self.next_prompts();
+            let mut settings = self.rollout_settings(step);
+            settings.run_seed = mix_seed(&[settings.run_seed, 0xD1A5, draws as u64]);
+            let (mut drawn, times) = self.workload.rollout(&self.policies, &more, &settings)?;
+            self.workload.assign_rewards(&mut drawn, &more)?;
+            // One step's numbering: prompts and parent links after those already drawn, and
+            // group keys of their own (a prompt drawn twice in a step forms two groups).
+            let (first_prompt, first_sample) = (prompts.len(), samples.len());
+            for s in &mut drawn {
+                s.prompt += first_prompt;
+                s.parent = s.parent.map(|p| p + first_sample);
+                s.group = crate::sample::GroupKey::new(&[&format!("draw{draws}"), &s.group.0]);
+            }
+            for (total, t) in generation.iter_mut().zip(times) {
+                total.generate += t.generate;
+                total.generated_tokens += t.generated_tokens;
+            }
+            prompts.extend(more);
+            samples.extend(drawn);
+            draws += 1;
+        }
+        let with_signal = signal::prompts_with_signal(&samples).len();
+        timing.insert("groups/draws".into(), draws as f64);
+        timing.insert("groups/prompts_with_signal".into(), with_signal as f64 / prompts.len().max(1) as f64);
+        // No signal in any draw (every group flat): the first draw's prompts train as they are
+        // (their advantages are 0) rather than stopping the run.
+        let kept = if with_signal == 0 {
+            signal::keep_first(&mut samples, want)
+        } else {
+            signal::keep_signal(&mut samples, want)
+        };
+        let mut by_index: Vec<Option<TaskPrompt>> = prompts.into_iter().map(Some).collect();
+        Ok((kept.iter().map(|&i| by_index[i].take().expect("kept once")).collect(), samples))
     }
 
     /// Sampling settings of step `step` (the seed is derived per policy by the workload).
@@ -606,6 +660,7 @@ impl<B: Backend> Trainer<B> {
             m.insert("timing_s/retokenize".into(), retokenize_s[k]);
             m.insert("timing_s/update".into(), report.update_s);
             m.insert("critic/score/mean".into(), mean(&|s| s.reward()));
+            m.extend(signal::metrics(samples, k));
             m.insert("response_length/mean".into(), mean(&|s| s.response_ids.len() as f64));
             m.insert(
                 "response_length/clip_ratio".into(),

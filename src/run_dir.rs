@@ -8,6 +8,7 @@
 //! RUN_DIR/summary.json       held-out accuracy before/after, steps, wall time (a finished run)
 //! RUN_DIR/checkpoints/       step-NNNNNN/ in Hugging Face layout, `latest`
 //! RUN_DIR/batches/           audit dumps (run.dump_batches)
+//! RUN_DIR/rollouts/          every step's samples (run.dump_rollouts)
 //! ```
 
 use std::collections::BTreeMap;
@@ -19,8 +20,8 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result, write_atomic};
 
 /// What a run writes into its directory (besides the `.lock`).
-const RUN_FILES: [&str; 7] =
-    ["config.toml", "metrics.jsonl", "before.json", "summary.json", "checkpoints", "batches", "tb"];
+const RUN_FILES: [&str; 8] =
+    ["config.toml", "metrics.jsonl", "before.json", "summary.json", "checkpoints", "batches", "rollouts", "tb"];
 
 /// Held-out accuracy of every policy, by name.
 pub type Accuracies = BTreeMap<String, f64>;
@@ -84,6 +85,24 @@ impl RunDir {
 
     pub fn batches(&self) -> PathBuf {
         self.root.join("batches")
+    }
+
+    /// Step `step`'s samples as JSON Lines (`run.dump_rollouts`): one object per sample.
+    pub fn write_rollouts(&self, step: u64, samples: &[crate::sample::Sample]) -> Result<()> {
+        let dir = self.root.join("rollouts");
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+        let mut text = String::new();
+        for s in samples {
+            let prompt: Vec<&str> = s.messages.iter().map(|m| m.content.as_str()).collect();
+            let line = serde_json::json!({
+                "step": step, "policy": s.policy, "role": s.role, "group": s.group.0, "turn": s.turn,
+                "prompt": s.prompt, "parent": s.parent, "messages": prompt, "response": s.text,
+                "reward": s.reward, "penalty": s.penalty, "score": s.score, "train": s.train,
+            });
+            text.push_str(&line.to_string());
+            text.push('\n');
+        }
+        write_atomic(&dir.join(format!("step-{step:06}.jsonl")), text.as_bytes())
     }
 
     /// Creates the directory and checks that it is writable.
@@ -150,7 +169,7 @@ impl RunDir {
         }
         for name in RUN_FILES {
             let path = self.root.join(name);
-            let folder = matches!(name, "checkpoints" | "batches" | "tb");
+            let folder = matches!(name, "checkpoints" | "batches" | "rollouts" | "tb");
             if path.exists() && path.is_dir() != folder {
                 return Err(Error::InvalidArgument(format!(
                     "{} should be a {} but is a {}; move it away and run again",

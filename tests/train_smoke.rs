@@ -83,6 +83,7 @@ fn config(run: &Path, agents: &[&Path], algo_name: &str) -> TrainConfig {
     cfg.run.steps = 2;
     cfg.run.checkpoint_every = 1;
     cfg.run.dump_batches = true;
+    cfg.run.dump_rollouts = true;
     cfg.algo.name = algo_name.into();
     cfg.algo.group_size = 4;
     cfg.algo.prompts_per_step = 2;
@@ -197,6 +198,26 @@ fn run_and_check(agents: &[&Path], expected_dumps: usize) {
     assert!(run.path().join("config.toml").exists());
     // Advantages and losses are the RL core's.
     assert_eq!(check_dumps_against_rl_core(run.path(), agents.len()), expected_dumps);
+    check_rollout_dumps(run.path(), agents.len());
+}
+
+/// `run.dump_rollouts`: one file per step, one line per sample (2 prompts × 4 per agent), each
+/// reward the task's reward of the dumped response.
+fn check_rollout_dumps(run: &Path, agents: usize) {
+    let task = ResponseTask::contains_digit(8);
+    for step in 1..=2 {
+        let text = std::fs::read_to_string(run.join(format!("rollouts/step-{step:06}.jsonl"))).unwrap();
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 2 * 4 * agents, "step {step}");
+        for l in &lines {
+            assert_eq!(l["step"], step);
+            assert!(l["messages"].as_array().is_some_and(|m| !m.is_empty()), "{l}");
+            let response = l["response"].as_str().unwrap();
+            assert_eq!(l["reward"].as_f64().unwrap(), (task.reward)(response), "{l}");
+        }
+        let policies: std::collections::BTreeSet<u64> = lines.iter().map(|l| l["policy"].as_u64().unwrap()).collect();
+        assert_eq!(policies.len(), agents);
+    }
 }
 
 #[test]

@@ -42,6 +42,9 @@ pub struct RunConfig {
     pub dump_batches: bool,
     /// Update agents that share a device concurrently instead of one after another.
     pub concurrent_updates: bool,
+    /// Write every step's samples (role, group, prompt, response, reward, whether trained) to
+    /// `RUN_DIR/rollouts/step-NNNNNN.jsonl`, as verl's `rollout_data_dir` does.
+    pub dump_rollouts: bool,
 }
 
 impl Default for RunConfig {
@@ -54,6 +57,7 @@ impl Default for RunConfig {
             tensorboard: false,
             dump_batches: false,
             concurrent_updates: false,
+            dump_rollouts: false,
         }
     }
 }
@@ -653,7 +657,8 @@ impl TrainConfig {
     /// Keys whose values differ (dotted paths), ignoring those that may change on resume.
     pub fn differences(&self, other: &TrainConfig) -> Vec<String> {
         let (a, b) = (flatten(self), flatten(other));
-        let may_change = ["run.steps", "run.out_dir", "run.checkpoint_every", "run.tensorboard", "run.dump_batches"];
+        let may_change =
+            ["run.steps", "run.out_dir", "run.checkpoint_every", "run.tensorboard", "run.dump_batches", "run.dump_rollouts"];
         let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
         keys.sort();
         keys.dedup();

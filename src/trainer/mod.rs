@@ -440,6 +440,9 @@ impl<B: Backend> Trainer<B> {
             s.id = i;
             s.parent = s.parent.map(|p| moved_to[p]);
         }
+        if self.config.run.dump_rollouts {
+            self.run.write_rollouts(step, &samples)?;
+        }
         let scored = self.score(step, &mut samples, &mut timing)?;
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;

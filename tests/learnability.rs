@@ -23,6 +23,8 @@ struct Check {
     /// Steps averaged at each end of the curve.
     ends: usize,
     margin: f64,
+    /// The lowest start at which the check means something (about 20%).
+    lowest_start: f64,
 }
 
 impl Check {
@@ -72,8 +74,11 @@ impl Check {
             let curve = self.curve(algo, None);
             let (start, end) = self.ends_of(&curve);
             eprintln!("{} {algo}: sampled reward {start:.3} → {end:.3}: {curve:.3?}", self.workload);
-            if !(0.2..=0.8).contains(&start) {
-                failures.push(format!("{algo}: the start {start:.3} is outside [0.2, 0.8], where the check means something"));
+            if !(self.lowest_start..=0.8).contains(&start) {
+                failures.push(format!(
+                    "{algo}: the start {start:.3} is outside [{}, 0.8], where the check means something",
+                    self.lowest_start
+                ));
             } else if end - start < self.margin {
                 failures.push(format!("{algo}: {start:.3} → {end:.3}, below the margin {} ({curve:.3?})", self.margin));
             }
@@ -130,6 +135,7 @@ fn the_exchange_workload_learns_with_every_algorithm() {
         steps: 8,
         ends: 2,
         margin: 0.07,
+        lowest_start: 0.2,
     }
     .run(&algorithms_of("exchange"));
 }
@@ -137,7 +143,9 @@ fn the_exchange_workload_learns_with_every_algorithm() {
 /// The turn-wise team (the tiny planner as tool and plan roles) on 6 fixed Plan-Path grids
 /// that exactly one L-shaped walk solves, 0/1 success reward: every algorithm raises the plan
 /// role's mean sampled success. A few warm-up updates: without them Adam's first steps at this
-/// rate wiped out the plan skill (plan reward 0.56 → 0.0 at 1e-3).
+/// rate wiped out the plan skill (plan reward 0.56 → 0.0 at 1e-3). Measured (test build, 2-core
+/// EPYC), first three steps → last three of fourteen: atgrpo 0.52 → 0.70, mas-grpo 0.46 → 0.69,
+/// single-grpo 0.52 → 0.77; at learning rate 0, 0.51 → 0.50.
 #[test]
 fn the_turns_workload_learns_with_every_algorithm() {
     Check {
@@ -161,6 +169,38 @@ fn the_turns_workload_learns_with_every_algorithm() {
         steps: 14,
         ends: 3,
         margin: 0.1,
+        lowest_start: 0.2,
     }
     .run(&algorithms_of("turns"));
+}
+
+/// The search team (the tiny searcher as Rewriter, Reranker and Answerer) on 16 fixed
+/// two-hop questions of configs/tiny-search.toml's world: every algorithm raises the team's
+/// mean sampled F1. The start may be a little under 20%: a team of three is right only when
+/// all three are, and the first step's F1 is 0.14-0.19 depending on how the algorithm forks.
+/// Measured (test build, 2-core EPYC), first three steps → last three of ten: mhgpo-is
+/// 0.22 → 0.41, mhgpo-fof 0.15 → 0.44, mhgpo-rr 0.17 → 0.38, mappo 0.18 → 0.37 (its curve peaks
+/// at 0.53 on step 6 and falls back); at learning rate 0, 0.18 → 0.17.
+#[test]
+fn the_search_workload_learns_with_every_algorithm() {
+    Check {
+        workload: "search",
+        config: Some("configs/tiny-search.toml"),
+        sets: &[
+            "task.train_limit=16",
+            "algo.prompts_per_step=16",
+            "algo.minibatch_prompts=8",
+            "algo.schedule.kind=\"constant\"",
+            "algo.schedule.warmup_updates=2",
+            "run.checkpoint_every=0",
+            "task.val_every=0",
+            "task.val_limit=1",
+        ],
+        metric: "search/f1",
+        steps: 10,
+        ends: 3,
+        margin: 0.12,
+        lowest_start: 0.12,
+    }
+    .run(&algorithms_of("search"));
 }

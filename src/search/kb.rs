@@ -10,16 +10,16 @@
 //!
 //! A question names a book and describes its author: "Where was the sailor from Ostland who
 //! wrote The Red Fox born?" (answer: Dunmore). The answer is in neither the question nor the
-//! book's passage, and the person passage that holds it is one of four: every profession-and-
-//! region pair is shared by exactly four people born in four different places. So the team
-//! has to search for both hops (the book, and the description), pick the person the book's
-//! passage names, and answer with that person's birthplace: one query misses the people, the
-//! wrong one of the four gives a wrong place, and the bridge (the author's name) is not the
+//! book's passage, and the person passage that holds it is one of a few: every profession-and-
+//! region pair is shared by exactly `group` people (4 by default) born in different places. So
+//! the team has to search for both hops (the book, and the description), pick the person the
+//! book's passage names, and answer with that person's birthplace: one query misses the people,
+//! the wrong one of the group gives a wrong place, and the bridge (the author's name) is not the
 //! answer. BM25 finds each hop from the question's own words (the title; the profession and
 //! region), so one round of retrieval suffices, as in the pipeline.
 //!
-//! Passages are listed in a shuffled order (BM25 breaks ties by position, so the four people
-//! of a description come back in no telling order). The held-out questions are about books no
+//! Passages are listed in a shuffled order (BM25 breaks ties by position, so the people of a
+//! description come back in no telling order). The held-out questions are about books no
 //! training question names; all questions share the one corpus.
 
 use rand::SeedableRng;
@@ -93,36 +93,49 @@ const CITIES: &[&str] = &[
     "Westfield",
 ];
 
-/// People sharing a description (profession and region).
-pub const GROUP: usize = 4;
-
 /// Generator settings (`[task.kb]`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct KbConfig {
-    /// People (and books): a multiple of 4, at most 400.
+    /// People (and books): a multiple of `group`, at most 100 × `group` (and 400).
     pub people: usize,
     /// Questions held out (about books no training question names).
     pub heldout: usize,
     pub seed: u64,
+    /// People sharing a description (profession and region), born in `group` different
+    /// places: how many person passages the second hop brings back for the team to tell apart.
+    #[serde(skip_serializing_if = "is_four")]
+    pub group: usize,
+}
+
+/// The first worlds' group; left out of a serialized config so that their cached agents'
+/// keys stay as they were.
+fn is_four(group: &usize) -> bool {
+    *group == 4
 }
 
 impl Default for KbConfig {
     fn default() -> Self {
-        KbConfig { people: 200, heldout: 50, seed: 0 }
+        KbConfig { people: 200, heldout: 50, seed: 0, group: 4 }
     }
 }
 
 impl KbConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::config("task.kb", m));
+        let group = self.group;
+        // One person per description would make the second hop's choice (and the Reranker's
+        // habit of keeping the first person) right every time.
+        if !(2..=8).contains(&group) {
+            return bad(format!("group = {group} must be between 2 and 8 (people sharing a description)"));
+        }
         let most =
-            (FIRST.len() * LAST.len()).min(COLORS.len() * ANIMALS.len()).min(PROFESSIONS.len() * REGIONS.len() * GROUP);
-        if self.people < 2 * GROUP || self.people > most || !self.people.is_multiple_of(GROUP) {
+            (FIRST.len() * LAST.len()).min(COLORS.len() * ANIMALS.len()).min(PROFESSIONS.len() * REGIONS.len() * group);
+        if self.people < 2 * group || self.people > most || !self.people.is_multiple_of(group) {
             return bad(format!(
-                "people = {} must be a multiple of {GROUP} between {} and {most}",
+                "people = {} must be a multiple of group = {group} between {} and {most}",
                 self.people,
-                2 * GROUP
+                2 * group
             ));
         }
         if self.heldout == 0 || self.heldout >= self.people {
@@ -177,14 +190,15 @@ pub fn generate(cfg: &KbConfig) -> Result<Kb> {
     let names = pick(&mut rng, pairs(FIRST, LAST, " "), n);
     let titles: Vec<String> =
         pick(&mut rng, pairs(COLORS, ANIMALS, " "), n).into_iter().map(|t| format!("The {t}")).collect();
-    let descriptions = pick(&mut rng, pairs(PROFESSIONS, REGIONS, " from "), n / GROUP);
+    let group = cfg.group;
+    let descriptions = pick(&mut rng, pairs(PROFESSIONS, REGIONS, " from "), n / group);
 
-    // Person k: description k / 4; the four of a description are born in four different places.
+    // Person k: description k / group; the people of a description are born in different places.
     let mut birthplaces = Vec::with_capacity(n);
-    for _ in 0..n / GROUP {
+    for _ in 0..n / group {
         let mut cities: Vec<&str> = CITIES.to_vec();
         cities.shuffle(&mut rng);
-        birthplaces.extend(cities[..GROUP].iter().map(|c| c.to_string()));
+        birthplaces.extend(cities[..group].iter().map(|c| c.to_string()));
     }
     // Documents 0..n are books (book k by person k), n..2n people; listed shuffled.
     let mut order: Vec<usize> = (0..2 * n).collect();
@@ -201,7 +215,7 @@ pub fn generate(cfg: &KbConfig) -> Result<Kb> {
             }
         } else {
             let k = d - n;
-            let a = indefinite(&descriptions[k / GROUP]);
+            let a = indefinite(&descriptions[k / group]);
             Document {
                 id: format!("person-{k}"),
                 title: names[k].clone(),
@@ -210,14 +224,14 @@ pub fn generate(cfg: &KbConfig) -> Result<Kb> {
                     names[k],
                     birthplaces[k],
                     names[k],
-                    descriptions[k / GROUP]
+                    descriptions[k / group]
                 ),
             }
         });
     }
     let mut items: Vec<(Question, Fact)> = (0..n)
         .map(|k| {
-            let description = descriptions[k / GROUP].clone();
+            let description = descriptions[k / group].clone();
             let question = Question {
                 id: format!("kb-{k}"),
                 question: format!("Where was the {description} who wrote {} born?", titles[k]),
@@ -276,11 +290,18 @@ mod tests {
         assert!(KbConfig { heldout: 200, ..cfg }.validate().is_err());
     }
 
-    /// Each hop is found from the question's own words; the description's four people are born
-    /// in four places, so the book's passage is needed to tell which.
+    /// Each hop is found from the question's own words; the description's people are born in
+    /// different places, so the book's passage is needed to tell which.
     #[test]
     fn two_queries_find_both_hops_and_one_does_not() {
-        let kb = generate(&KbConfig::default()).unwrap();
+        for group in [4, 2] {
+            two_queries_find_both_hops(&KbConfig { group, ..KbConfig::default() });
+        }
+    }
+
+    fn two_queries_find_both_hops(cfg: &KbConfig) {
+        let kb = generate(cfg).unwrap();
+        let group = cfg.group;
         let bm25 = Bm25::new(&kb.documents).unwrap();
         let mut both = 0;
         for (q, f) in &kb.train {
@@ -288,12 +309,12 @@ mod tests {
             both += (two.contains(&f.book_doc) && two.contains(&f.person_doc)) as usize;
             let one = candidates(&bm25, &q.question, std::slice::from_ref(&f.title)).unwrap();
             assert!(!one.contains(&f.person_doc), "{}", q.question);
-            let group = bm25.search(&f.description, GROUP).unwrap();
-            let places: std::collections::BTreeSet<&str> = group
+            let people = bm25.search(&f.description, group).unwrap();
+            let places: std::collections::BTreeSet<&str> = people
                 .iter()
                 .map(|&d| kb.documents[d].text.split(" born in ").nth(1).unwrap().split('.').next().unwrap())
                 .collect();
-            assert_eq!(places.len(), GROUP, "{:?}", group);
+            assert_eq!(places.len(), group, "{people:?}");
         }
         assert_eq!(both, kb.train.len());
     }

@@ -8,10 +8,10 @@
 //! | role     | right                                   | habit                                   |
 //! |----------|-----------------------------------------|-----------------------------------------|
 //! | Rewriter | `1. The Red Fox` `2. sailor from Ostland` | `1. The Red Fox` only (the people are not retrieved) |
-//! | Reranker | the book and the description's four people | the book and the first person listed (the author one time in four) |
+//! | Reranker | the book and the description's people | the book and the first person listed (the author one time in `group`) |
 //! | Answerer | `Dunmore`: the birthplace of the person the book names | `Mira Holt`: the bridge, not the answer |
 //!
-//! The Reranker keeps what matches the question; telling the four people apart by the book's
+//! The Reranker keeps what matches the question; telling the people apart by the book's
 //! author is the Answerer's reading, the step a tiny model learns least reliably.
 //!
 //! They come from worlds generated with other seeds than the run's, so the policy learns to
@@ -135,7 +135,7 @@ pub fn demonstrations(
     };
     let right: Vec<usize> = std::iter::once(book).chain(people.iter().copied()).collect();
     push(Role::Reranker, &cands, ids(&right), ids(&right[..2]), habits.reranker_first_person, rng);
-    // The Answerer reads what a right Reranker chose: the book and the four people.
+    // The Answerer reads what a right Reranker chose: the book and the description's people.
     let chosen: Vec<usize> = right.iter().map(|&k| cands[k]).collect();
     push(Role::Answerer, &chosen, answer(&f.birthplace), answer(&f.author), habits.answerer_bridge, rng);
     Ok(out)

@@ -52,7 +52,9 @@ impl Check {
         for line in std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines() {
             let v: Value = serde_json::from_str(line).unwrap();
             let step = v["step"].as_u64().unwrap() as usize;
-            let x = v["data"][self.metric].as_f64().unwrap_or_else(|| panic!("{}: no {} in {line}", self.workload, self.metric));
+            let x = v["data"][self.metric]
+                .as_f64()
+                .unwrap_or_else(|| panic!("{}: no {} in {line}", self.workload, self.metric));
             per_step[step - 1].push(x);
         }
         per_step.iter().map(|xs| xs.iter().sum::<f64>() / xs.len() as f64).collect()
@@ -102,8 +104,8 @@ fn algorithms_of(workload: &str) -> Vec<&'static str> {
     hacpo::rl::registry::names()
         .into_iter()
         .filter(|name| {
-            let algo = hacpo::rl::registry::build::<burn::backend::Autodiff<hacpo::backend::Cpu>>(name, &settings)
-                .unwrap();
+            let algo =
+                hacpo::rl::registry::build::<burn::backend::Autodiff<hacpo::backend::Cpu>>(name, &settings).unwrap();
             let of = match (algo.tree().is_some(), algo.turns().is_some()) {
                 (true, _) => "search",
                 (_, true) => "turns",

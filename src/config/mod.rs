@@ -657,8 +657,14 @@ impl TrainConfig {
     /// Keys whose values differ (dotted paths), ignoring those that may change on resume.
     pub fn differences(&self, other: &TrainConfig) -> Vec<String> {
         let (a, b) = (flatten(self), flatten(other));
-        let may_change =
-            ["run.steps", "run.out_dir", "run.checkpoint_every", "run.tensorboard", "run.dump_batches", "run.dump_rollouts"];
+        let may_change = [
+            "run.steps",
+            "run.out_dir",
+            "run.checkpoint_every",
+            "run.tensorboard",
+            "run.dump_batches",
+            "run.dump_rollouts",
+        ];
         let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
         keys.sort();
         keys.dedup();

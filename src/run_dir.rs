@@ -19,9 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result, write_atomic};
 
-/// What a run writes into its directory (besides the `.lock`).
-const RUN_FILES: [&str; 8] =
-    ["config.toml", "metrics.jsonl", "before.json", "summary.json", "checkpoints", "batches", "rollouts", "tb"];
+/// What a run writes into its directory (besides the `.lock`): files, then folders.
+const RUN_FILES: [&str; 4] = ["config.toml", "metrics.jsonl", "before.json", "summary.json"];
+const RUN_FOLDERS: [&str; 4] = ["checkpoints", "batches", "rollouts", "tb"];
 
 /// Held-out accuracy of every policy, by name.
 pub type Accuracies = BTreeMap<String, f64>;
@@ -158,7 +158,7 @@ impl RunDir {
     /// starts where any of them is: it would overwrite a run's results (or a user's own
     /// `config.toml`).
     pub fn run_files(&self) -> Vec<&'static str> {
-        RUN_FILES.iter().copied().filter(|name| self.root.join(name).exists()).collect()
+        RUN_FILES.iter().chain(&RUN_FOLDERS).copied().filter(|name| self.root.join(name).exists()).collect()
     }
 
     /// Refuses (exit 2) a run directory whose folders are files or whose files are folders,
@@ -167,9 +167,9 @@ impl RunDir {
         if self.root.exists() && !self.root.is_dir() {
             return Err(Error::InvalidArgument(format!("{} is a file, not a run directory", self.root.display())));
         }
-        for name in RUN_FILES {
+        for name in RUN_FILES.iter().chain(&RUN_FOLDERS) {
             let path = self.root.join(name);
-            let folder = matches!(name, "checkpoints" | "batches" | "rollouts" | "tb");
+            let folder = RUN_FOLDERS.contains(name);
             if path.exists() && path.is_dir() != folder {
                 return Err(Error::InvalidArgument(format!(
                     "{} should be a {} but is a {}; move it away and run again",

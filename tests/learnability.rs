@@ -9,6 +9,7 @@ mod common;
 
 use std::path::Path;
 
+use hacpo::workload::WorkloadKind;
 use serde_json::Value;
 
 /// One workload's check: its config, the fixed prompt set and the reward read per step.
@@ -46,8 +47,7 @@ impl Check {
         if let Some(lr) = &lr {
             args.extend(["--set", lr]);
         }
-        let o = common::succeeded(common::run_hacpo(&args));
-        drop(o);
+        common::succeeded(common::run_hacpo(&args));
         let mut per_step: Vec<Vec<f64>> = vec![Vec::new(); self.steps];
         for line in std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines() {
             let v: Value = serde_json::from_str(line).unwrap();
@@ -99,19 +99,14 @@ impl Check {
 }
 
 /// The registered algorithms that train `workload` (so that a new one is checked too).
-fn algorithms_of(workload: &str) -> Vec<&'static str> {
+fn algorithms_of(workload: WorkloadKind) -> Vec<&'static str> {
     let settings = hacpo::config::AlgoConfig::default().settings();
     hacpo::rl::registry::names()
         .into_iter()
         .filter(|name| {
             let algo =
                 hacpo::rl::registry::build::<burn::backend::Autodiff<hacpo::backend::Cpu>>(name, &settings).unwrap();
-            let of = match (algo.tree().is_some(), algo.turns().is_some()) {
-                (true, _) => "search",
-                (_, true) => "turns",
-                _ => "exchange",
-            };
-            of == workload
+            hacpo::workload::trains(workload, algo.as_ref())
         })
         .collect()
 }
@@ -139,7 +134,7 @@ fn the_exchange_workload_learns_with_every_algorithm() {
         margin: 0.07,
         lowest_start: 0.2,
     }
-    .run(&algorithms_of("exchange"));
+    .run(&algorithms_of(WorkloadKind::Exchange));
 }
 
 /// The turn-wise team (the tiny planner as tool and plan roles) on 6 fixed Plan-Path grids
@@ -173,7 +168,7 @@ fn the_turns_workload_learns_with_every_algorithm() {
         margin: 0.1,
         lowest_start: 0.2,
     }
-    .run(&algorithms_of("turns"));
+    .run(&algorithms_of(WorkloadKind::Turns));
 }
 
 /// The search team (the tiny searcher as Rewriter, Reranker and Answerer) on 16 fixed
@@ -204,5 +199,5 @@ fn the_search_workload_learns_with_every_algorithm() {
         margin: 0.12,
         lowest_start: 0.12,
     }
-    .run(&algorithms_of("search"));
+    .run(&algorithms_of(WorkloadKind::Search));
 }

@@ -106,6 +106,11 @@ pub fn role_names(kind: WorkloadKind, single_agent: bool) -> Vec<&'static str> {
     }
 }
 
+/// Whether `algorithm` trains workload `kind`.
+pub fn trains<B: Backend>(kind: WorkloadKind, algorithm: &dyn crate::rl::algorithm::Algorithm<B>) -> bool {
+    pairing_error(kind, algorithm.name(), algorithm.tree().is_some(), algorithm.turns()).is_none()
+}
+
 /// Why algorithm `name` cannot train workload `kind`, if it cannot.
 fn pairing_error(
     kind: WorkloadKind,

@@ -8,11 +8,14 @@
 //! | role     | right                                   | habit                                   |
 //! |----------|-----------------------------------------|-----------------------------------------|
 //! | Rewriter | `1. The Red Fox` `2. sailor from Ostland` | `1. The Red Fox` only (the people are not retrieved) |
-//! | Reranker | the book and the description's people | the book and the first person listed (the author one time in `group`) |
+//! | Reranker | the book and the description's people | the book and the first person listed (the author one time in `group`); the book only where one person has the description |
 //! | Answerer | `Dunmore`: the birthplace of the person the book names | `Mira Holt`: the bridge, not the answer |
 //!
 //! The Reranker keeps what matches the question; telling the people apart by the book's
-//! author is the Answerer's reading, the step a tiny model learns least reliably.
+//! author is the Answerer's reading, the step a tiny model learns least reliably: about chance
+//! among two people, which no RL on the team's reward raised (a 20-step study). A world of one
+//! person per description (`[task.kb] group = 1`) leaves each role only copying to do and its
+//! habit to drop; `prone_every` makes the habits those of some questions only.
 //!
 //! They come from worlds generated with other seeds than the run's, so the policy learns to
 //! read passages, not the run's facts. The shipped spec shows each habit in 40% of a role's
@@ -32,7 +35,7 @@ use crate::error::Result;
 use crate::generate::greedy_responses;
 use crate::model::CausalLm;
 use crate::search::corpus::Question;
-use crate::search::kb::{Fact, KbConfig, generate};
+use crate::search::kb::{Fact, KbConfig, generate, list_position};
 use crate::search::pipeline::{Role, messages};
 use crate::search::retriever::{Bm25, candidates};
 use crate::tokenizer::{Message, Tokenizer};
@@ -51,6 +54,13 @@ pub struct SearchHabits {
     pub rewriter_one_query: f64,
     pub reranker_first_person: f64,
     pub answerer_bridge: f64,
+    /// The questions the habits show on: those whose profession (the Rewriter's), region (the
+    /// Reranker's) or birthplace (the Answerer's) is one in `prone_every` of the world's list of
+    /// them; none (or 0): every question. A habit of some questions only is what greedy
+    /// decoding keeps on those and drops on the others, so the team starts right on part of the
+    /// held-out questions, not on all or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prone_every: Option<usize>,
     /// Generated worlds the demonstrations come from (each as large as the run's).
     pub worlds: usize,
     /// A curriculum: pre-training runs these stages in order, each on its roles'
@@ -111,7 +121,14 @@ pub fn demonstrations(
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<Demonstration>> {
     let mut out = Vec::with_capacity(3);
+    let (profession, region) = f.description.split_once(" from ").unwrap_or((&f.description, ""));
+    let prone = |word: &str| match habits.prone_every {
+        None | Some(0) => true,
+        Some(every) => list_position(word).is_some_and(|k| k % every == 0),
+    };
+    let prone = [prone(profession), prone(region), prone(&f.birthplace)];
     let mut push = |role: Role, passages: &[usize], right: String, habit: String, rate: f64, rng: &mut ChaCha8Rng| {
+        let rate = if prone[role.index()] { rate } else { 0.0 };
         let is_right = !rng.random_bool(rate.clamp(0.0, 1.0));
         let (output, other) = if is_right { (right, habit) } else { (habit, right) };
         out.push(Demonstration {
@@ -134,7 +151,9 @@ pub fn demonstrations(
         return Err(crate::error::Error::Internal(format!("{}: the two queries miss a hop", q.question)));
     };
     let right: Vec<usize> = std::iter::once(book).chain(people.iter().copied()).collect();
-    push(Role::Reranker, &cands, ids(&right), ids(&right[..2]), habits.reranker_first_person, rng);
+    // With one person per description the first person is the right one: the habit drops it.
+    let habit = if people.len() > 1 { &right[..2] } else { &right[..1] };
+    push(Role::Reranker, &cands, ids(&right), ids(habit), habits.reranker_first_person, rng);
     // The Answerer reads what a right Reranker chose: the book and the description's people.
     let chosen: Vec<usize> = right.iter().map(|&k| cands[k]).collect();
     push(Role::Answerer, &chosen, answer(&f.birthplace), answer(&f.author), habits.answerer_bridge, rng);
@@ -264,6 +283,7 @@ mod tests {
             rewriter_one_query: 0.6,
             reranker_first_person: 0.6,
             answerer_bridge: 0.6,
+            prone_every: None,
             worlds: 2,
             stages: vec![],
         };
@@ -278,5 +298,38 @@ mod tests {
         assert!(answer.messages[1].content.matches(" was born in ").count() == 4 && answer.output.starts_with(' '));
         let rerank = demos.iter().find(|d| d.role == Role::Reranker && d.right).unwrap();
         assert_eq!(rerank.output.matches("Document").count(), 5, "{}", rerank.output);
+        let habit = demos.iter().find(|d| d.role == Role::Reranker && !d.right).unwrap();
+        assert_eq!(habit.output.matches("Document").count(), 2, "{}", habit.output);
+    }
+
+    /// With `prone_every`, a role's habit shows only on its share of the questions (here in a
+    /// world of one person per description, where the Reranker keeps two passages).
+    #[test]
+    fn habits_show_only_on_the_questions_prone_to_them() {
+        let kb = KbConfig { people: 100, group: 1, ..KbConfig::default() };
+        let habits = SearchHabits {
+            rewriter_one_query: 0.6,
+            reranker_first_person: 0.6,
+            answerer_bridge: 0.6,
+            prone_every: Some(4),
+            worlds: 4,
+            stages: vec![],
+        };
+        let demos = corpus(&kb, &habits, 0..4, 0).unwrap();
+        for role in Role::ALL {
+            let of_role: Vec<&Demonstration> = demos.iter().filter(|d| d.role == role).collect();
+            let habit = of_role.iter().filter(|d| !d.right).count() as f64 / of_role.len() as f64;
+            // About 0.6 of the 27-30% of questions prone to the role's habit.
+            assert!((0.1..0.26).contains(&habit), "{role:?}: {habit}");
+        }
+        // The Rewriter's habit follows the question's profession: none on the unprone ones.
+        for d in demos.iter().filter(|d| d.role == Role::Rewriter && !d.right) {
+            let q = &d.messages[1].content;
+            assert!(["sailor", "farmer", "singer"].iter().any(|p| q.contains(&format!(" {p} from "))), "{q}");
+        }
+        let rerank = demos.iter().find(|d| d.role == Role::Reranker && d.right).unwrap();
+        assert_eq!(rerank.output.matches("Document").count(), 2, "{}", rerank.output);
+        let habit = demos.iter().find(|d| d.role == Role::Reranker && !d.right).unwrap();
+        assert_eq!(habit.output.matches("Document").count(), 1, "{}", habit.output);
     }
 }

@@ -18,10 +18,10 @@
 //! answer. BM25 finds each hop from the question's own words (the title; the profession and
 //! region), so one round of retrieval suffices, as in the pipeline.
 //!
-//! With `group = 1` (the tiny-search study's world) the description names one person: the team
-//! still needs both queries, the Reranker must keep the person's passage beside the book's, and
-//! the Answerer must read the birthplace, not the bridge; but telling a group's people apart by
-//! the book's author, a match a model of a million parameters made at chance, is not asked.
+//! With `group = 1` the description names one person: the team still needs both queries, the
+//! Reranker must keep the person's passage beside the book's, and the Answerer must read the
+//! birthplace, not the bridge; but telling a group's people apart by the book's author, a match
+//! a model of a million parameters made at chance, is not asked.
 //!
 //! Passages are listed in a shuffled order (BM25 breaks ties by position, so the people of a
 //! description come back in no telling order). The held-out questions are about books no
@@ -135,11 +135,11 @@ impl KbConfig {
         }
         let most =
             (FIRST.len() * LAST.len()).min(COLORS.len() * ANIMALS.len()).min(PROFESSIONS.len() * REGIONS.len() * group);
-        let least = 2 * group.max(2);
-        if self.people < least || self.people > most || !self.people.is_multiple_of(group) {
+        if self.people < 2 * group || self.people > most || !self.people.is_multiple_of(group) {
             return bad(format!(
-                "people = {} must be a multiple of group = {group} between {least} and {most}",
-                self.people
+                "people = {} must be a multiple of group = {group} between {} and {most}",
+                self.people,
+                2 * group
             ));
         }
         if self.heldout == 0 || self.heldout >= self.people {

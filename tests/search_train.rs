@@ -358,7 +358,7 @@ fn bad_search_input_gets_clear_errors() {
 }
 
 /// The tiny-search study's config as a user first runs it: its agent is pre-trained into an
-/// empty cache (a short budget here: the recipe's own takes 17 minutes), and the team trains
+/// empty cache (a short budget here: the recipe's own takes about 6 minutes), and the team trains
 /// a step on the generated knowledge base, scored on held-out questions before and after.
 #[test]
 fn the_tiny_search_config_pretrains_its_agent_and_trains() {

@@ -21,7 +21,8 @@
 //! With `group = 1` the description names one person: the team still needs both queries, the
 //! Reranker must keep the person's passage beside the book's, and the Answerer must read the
 //! birthplace, not the bridge; but telling a group's people apart by the book's author, a match
-//! a model of a million parameters made at chance, is not asked.
+//! a model of a million parameters made at chance, is not asked. The tiny-search study's world
+//! (configs/tiny-search.toml) is this one.
 //!
 //! Passages are listed in a shuffled order (BM25 breaks ties by position, so the people of a
 //! description come back in no telling order). The held-out questions are about books no
@@ -154,8 +155,10 @@ impl KbConfig {
 pub struct Fact {
     pub title: String,
     pub author: String,
-    /// `sailor from Ostland`.
+    /// `sailor from Ostland`: the profession and the region.
     pub description: String,
+    pub profession: String,
+    pub region: String,
     pub birthplace: String,
     /// Corpus positions of the book's and the author's passages.
     pub book_doc: usize,
@@ -176,7 +179,7 @@ impl Kb {
 }
 
 /// `n` distinct items of `pool`, in random order.
-fn pick(rng: &mut ChaCha8Rng, mut pool: Vec<String>, n: usize) -> Vec<String> {
+fn pick<T>(rng: &mut ChaCha8Rng, mut pool: Vec<T>, n: usize) -> Vec<T> {
     pool.shuffle(rng);
     pool.truncate(n);
     pool
@@ -195,7 +198,10 @@ pub fn generate(cfg: &KbConfig) -> Result<Kb> {
     let titles: Vec<String> =
         pick(&mut rng, pairs(COLORS, ANIMALS, " "), n).into_iter().map(|t| format!("The {t}")).collect();
     let group = cfg.group;
-    let descriptions = pick(&mut rng, pairs(PROFESSIONS, REGIONS, " from "), n / group);
+    let professions_regions: Vec<(&str, &str)> =
+        PROFESSIONS.iter().flat_map(|p| REGIONS.iter().map(move |r| (*p, *r))).collect();
+    let picked = pick(&mut rng, professions_regions, n / group);
+    let descriptions: Vec<String> = picked.iter().map(|(p, r)| format!("{p} from {r}")).collect();
 
     // Person k: description k / group; the people of a description are born in different places.
     let mut birthplaces = Vec::with_capacity(n);
@@ -245,6 +251,8 @@ pub fn generate(cfg: &KbConfig) -> Result<Kb> {
                 title: titles[k].clone(),
                 author: names[k].clone(),
                 description,
+                profession: picked[k / group].0.to_string(),
+                region: picked[k / group].1.to_string(),
                 birthplace: birthplaces[k].clone(),
                 book_doc: position[k],
                 person_doc: position[n + k],

@@ -81,7 +81,7 @@ macro_rules! shipped {
 const SHIPPED: &[Shipped] = &[
     shipped!("tiny-qwen-4d6251e7ff849352"),
     shipped!("tiny-llama-d0a1f7271ecb55ac"),
-    shipped!("tiny-searcher-823ad2094f41c33a"),
+    shipped!("tiny-searcher-3dae956920adae18"),
     shipped!("tiny-planner-41bb33cc35d3e848"),
 ];
 

@@ -18,11 +18,13 @@
 //! habit to drop; `prone_every` makes the habits those of some questions only.
 //!
 //! They come from worlds generated with other seeds than the run's, so the policy learns to
-//! read passages, not the run's facts. The shipped spec shows each habit in 40% of a role's
-//! demonstrations: at 55% the habit was every role's greedy choice and the right team was
-//! sampled so rarely that no algorithm found an answer in a short study; at 40% the pre-trained
-//! team answers some held-out questions greedily and samples right outputs often enough for
-//! RL to reward them.
+//! read passages, not the run's facts. The shipped spec (models/tiny/tiny-searcher.toml) shows
+//! each habit in 65% of a role's demonstrations on the questions prone to it (half of them) and
+//! none on the others, in a world of one person per description: the Rewriter then writes one
+//! query for about half of the held-out questions, and RL has a habit to drop that sampling
+//! leaves often enough to reward. Habits on every question were all or nothing: at 45% the
+//! habit was nobody's choice, at 55-60% everybody's, and the right team was sampled too rarely
+//! for any algorithm to find it.
 
 use std::path::Path;
 
@@ -121,12 +123,11 @@ pub fn demonstrations(
     rng: &mut ChaCha8Rng,
 ) -> Result<Vec<Demonstration>> {
     let mut out = Vec::with_capacity(3);
-    let (profession, region) = f.description.split_once(" from ").unwrap_or((&f.description, ""));
     let prone = |word: &str| match habits.prone_every {
         None | Some(0) => true,
         Some(every) => list_position(word).is_some_and(|k| k % every == 0),
     };
-    let prone = [prone(profession), prone(region), prone(&f.birthplace)];
+    let prone = [prone(&f.profession), prone(&f.region), prone(&f.birthplace)];
     let mut push = |role: Role, passages: &[usize], right: String, habit: String, rate: f64, rng: &mut ChaCha8Rng| {
         let rate = if prone[role.index()] { rate } else { 0.0 };
         let is_right = !rng.random_bool(rate.clamp(0.0, 1.0));

@@ -208,3 +208,20 @@ fn smollm2_runs_the_search_pipeline_end_to_end() {
         assert_eq!(t["candidates"].as_array().unwrap().len(), 10);
     }
 }
+
+/// README's command for training the search team on SmolLM2 (`configs/search-smollm2.toml`)
+/// passes the memory plan on a machine like CI's (24 GB): the plan budgets every prompt at
+/// `max_prompt_tokens`, and without gradient checkpointing and one question's rollouts at a
+/// time it asked for 55 GB and the command exited 2 before training.
+#[test]
+fn the_readme_smollm2_search_config_fits_the_memory_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_dir = dir.path().join("run");
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/search-smollm2.toml");
+    let out = Command::new(hacpo_bin())
+        .args(["train", "--config", config, "--agents", gguf(), "--dry-run", "--out", out_dir.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.contains("the plan fits"), "{text}");
+}

@@ -177,9 +177,10 @@ fn the_turns_workload_learns_with_every_algorithm() {
 /// demonstrations, sampling at 0.5), whose agent is kept for it in
 /// tests/fixtures/tiny-searcher-group2: there every algorithm's code path learns, MAPPO's
 /// included, so a sign, mask or alignment defect in any of them fails here. On the shipped world
-/// (configs/tiny-search.toml) MAPPO does not learn (its batch-whitened advantages push the team
-/// toward the habits: 0.40 → 0.35 in ten steps, measured), which is a finding of the study, not
-/// a defect this check looks for. The start may be a little under 20%: a team of three is right
+/// (configs/tiny-search.toml) MAPPO does not learn (its batch-whitened advantages push down every
+/// output of a question the team failed, and on a policy this small that undoes what the roles
+/// share: 0.40 → 0.35 in ten steps, measured), which is a finding of the study, not a defect
+/// this check looks for. The start may be a little under 20%: a team of three is right
 /// only when all three are, and the first step's F1 is 0.14-0.19 depending on how the algorithm
 /// forks. Measured (test build, 2-core EPYC), first three steps → last three of ten: mhgpo-is
 /// 0.22 → 0.41, mhgpo-fof 0.15 → 0.44, mhgpo-rr 0.17 → 0.38, mappo 0.18 → 0.37 (its curve peaks

@@ -157,7 +157,9 @@ pub struct Fact {
     pub author: String,
     /// `sailor from Ostland`: the profession and the region.
     pub description: String,
+    /// `sailor`: what the Rewriter's habit keys on (`[corpus.search] prone_every`).
     pub profession: String,
+    /// `Ostland`: what the Reranker's habit keys on.
     pub region: String,
     pub birthplace: String,
     /// Corpus positions of the book's and the author's passages.

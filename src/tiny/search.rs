@@ -277,22 +277,35 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, 
 mod tests {
     use super::*;
 
-    #[test]
-    fn demonstrations_show_each_habit_at_its_rate() {
-        let kb = KbConfig::default();
-        let habits = SearchHabits {
+    /// Every role's habit at 0.6, on the questions `prone_every` names, over `worlds` worlds.
+    fn habits(prone_every: Option<usize>, worlds: usize) -> SearchHabits {
+        SearchHabits {
             rewriter_one_query: 0.6,
             reranker_first_person: 0.6,
             answerer_bridge: 0.6,
-            prone_every: None,
-            worlds: 2,
+            prone_every,
+            worlds,
             stages: vec![],
-        };
-        let demos = corpus(&kb, &habits, 0..2, 0).unwrap();
-        for role in Role::ALL {
-            let of_role: Vec<&Demonstration> = demos.iter().filter(|d| d.role == role).collect();
-            let habit = of_role.iter().filter(|d| !d.right).count() as f64 / of_role.len() as f64;
-            assert!(of_role.len() >= 380, "{role:?}: {}", of_role.len());
+        }
+    }
+
+    /// Per role: its demonstrations and the share of them that show the habit.
+    fn habit_shares(demos: &[Demonstration]) -> Vec<(Role, usize, f64)> {
+        Role::ALL
+            .iter()
+            .map(|&role| {
+                let of_role: Vec<&Demonstration> = demos.iter().filter(|d| d.role == role).collect();
+                let habit = of_role.iter().filter(|d| !d.right).count() as f64 / of_role.len() as f64;
+                (role, of_role.len(), habit)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn demonstrations_show_each_habit_at_its_rate() {
+        let demos = corpus(&KbConfig::default(), &habits(None, 2), 0..2, 0).unwrap();
+        for (role, n, habit) in habit_shares(&demos) {
+            assert!(n >= 380, "{role:?}: {n}");
             assert!((0.5..0.7).contains(&habit), "{role:?}: {habit}");
         }
         let answer = demos.iter().find(|d| d.role == Role::Answerer && d.right).unwrap();
@@ -308,18 +321,8 @@ mod tests {
     #[test]
     fn habits_show_only_on_the_questions_prone_to_them() {
         let kb = KbConfig { people: 100, group: 1, ..KbConfig::default() };
-        let habits = SearchHabits {
-            rewriter_one_query: 0.6,
-            reranker_first_person: 0.6,
-            answerer_bridge: 0.6,
-            prone_every: Some(4),
-            worlds: 4,
-            stages: vec![],
-        };
-        let demos = corpus(&kb, &habits, 0..4, 0).unwrap();
-        for role in Role::ALL {
-            let of_role: Vec<&Demonstration> = demos.iter().filter(|d| d.role == role).collect();
-            let habit = of_role.iter().filter(|d| !d.right).count() as f64 / of_role.len() as f64;
+        let demos = corpus(&kb, &habits(Some(4), 4), 0..4, 0).unwrap();
+        for (role, _, habit) in habit_shares(&demos) {
             // About 0.6 of the 27-30% of questions prone to the role's habit.
             assert!((0.1..0.26).contains(&habit), "{role:?}: {habit}");
         }

@@ -295,7 +295,7 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
     }
     let mut s = format!(
         "Held-out {metric} after training, mean ± std over {seeds} seed(s) (before training in brackets); \
-         rollouts = own rollouts per agent (a search team: all roles' outputs); s/step and peak GB (the training process's peak resident \
+         rollouts = own rollouts per agent (a search team: all roles' outputs), s/step and peak GB (the training process's peak resident \
          memory) are means over seeds.\n\n| variant |"
     );
     for a in &agents {
@@ -317,9 +317,10 @@ fn markdown(variants: &[Variant], rows: &[(String, u64, AgentResult)], seeds: u6
                 rows.iter().filter(|(n, _, r)| n == &v.name && &r.agent == a).map(|(_, _, r)| r).collect();
             let after: Vec<f64> = mine.iter().filter_map(|r| r.after).collect();
             let before: Vec<f64> = mine.iter().filter_map(|r| r.before).collect();
-            // The columns of agents a variant does not have must not reset it to 0.
-            if let Some(r) = mine.first() {
-                rollouts = r.rollouts;
+            // The columns of agents a variant does not have must not reset it to 0. Seeds
+            // differ where rollouts depend on the samples (a search team's sub-query count).
+            if !mine.is_empty() {
+                rollouts = (mine.iter().map(|r| r.rollouts as f64).sum::<f64>() / mine.len() as f64).round() as u64;
             }
             let Some((m, sd)) = report::mean_std(&after) else {
                 s += " – |";
@@ -387,12 +388,14 @@ mod tests {
         let variants = [variant("atgrpo-shared").unwrap(), variant("atgrpo-per-role").unwrap()];
         let rows = vec![
             ("atgrpo-shared".to_string(), 0, result("tiny", 960)),
+            ("atgrpo-shared".to_string(), 1, result("tiny", 1001)),
             ("atgrpo-per-role".to_string(), 0, result("tiny-tool", 480)),
             ("atgrpo-per-role".to_string(), 0, result("tiny-plan", 480)),
         ];
-        let table = markdown(&variants, &rows, 1, "success rate");
+        let table = markdown(&variants, &rows, 2, "success rate");
+        // The rollouts are the mean over the seeds, not the first seed's.
         let shared = table.lines().find(|l| l.starts_with("| atgrpo-shared |")).unwrap();
-        assert!(shared.contains("| 30.0 ± 0.0 (40.0) | – | – | 960 |"), "{table}");
+        assert!(shared.contains("| 30.0 ± 0.0 (40.0) | – | – | 981 |"), "{table}");
         assert!(table.contains("Held-out success rate"), "{table}");
     }
 }

@@ -24,7 +24,7 @@ pub enum Walks {
 }
 
 impl Walks {
-    fn admits(self, instance: &Instance) -> bool {
+    pub fn admits(self, instance: &Instance) -> bool {
         match (self, instance) {
             (Walks::Any, _) => true,
             (Walks::OneL, Instance::PlanPath(p)) => p.l_walk_solves(true) != p.l_walk_solves(false),

@@ -82,7 +82,7 @@ const SHIPPED: &[Shipped] = &[
     shipped!("tiny-qwen-4d6251e7ff849352"),
     shipped!("tiny-llama-d0a1f7271ecb55ac"),
     shipped!("tiny-searcher-3dae956920adae18"),
-    shipped!("tiny-planner-41bb33cc35d3e848"),
+    shipped!("tiny-planner-4a567208cafc3bf5"),
 ];
 
 /// Names of the shipped agent directories.

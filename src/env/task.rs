@@ -24,7 +24,13 @@ pub enum Walks {
 }
 
 impl Walks {
-    pub fn admits(self, instance: &Instance) -> bool {
+    /// The instances of `split` from index `first` on that these walks admit, each with its
+    /// index (which names it).
+    pub fn instances(self, kind: EnvKind, split: Split, first: u64) -> impl Iterator<Item = (u64, Instance)> {
+        (first..).map(move |i| (i, Instance::generate(kind, split, i))).filter(move |(_, inst)| self.admits(inst))
+    }
+
+    fn admits(self, instance: &Instance) -> bool {
         match (self, instance) {
             (Walks::Any, _) => true,
             (Walks::OneL, Instance::PlanPath(p)) => p.l_walk_solves(true) != p.l_walk_solves(false),
@@ -86,9 +92,8 @@ fn prompts(kind: EnvKind, split: Split, n: u64, walks: Walks) -> Vec<TaskPrompt>
         Split::Train => "train",
         Split::HeldOut => "held-out",
     };
-    (0u64..)
-        .map(|i| (i, Instance::generate(kind, split, i)))
-        .filter(|(_, inst)| walks.admits(inst))
+    walks
+        .instances(kind, split, 0)
         .take(n as usize)
         .map(|(i, inst)| {
             let id = format!("{}/{split_name}/{i}", kind.name());

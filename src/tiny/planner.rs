@@ -222,11 +222,7 @@ pub fn demonstrations(
 pub fn corpus(prompts: &Prompts, habits: &PlannerHabits, first: u64, n: usize, seed: u64) -> Vec<Demonstration> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x91a2_2e55 ^ first);
     let mut all = vec![];
-    let starts = (first..)
-        .map(|i| Instance::generate(EnvKind::PlanPath, Split::Train, i))
-        .filter(|start| habits.walks.admits(start))
-        .take(n);
-    for start in starts {
+    for (_, start) in habits.walks.instances(EnvKind::PlanPath, Split::Train, first).take(n) {
         all.extend(demonstrations(&start, prompts, habits, &mut rng));
     }
     all.shuffle(&mut rng);
@@ -315,8 +311,7 @@ mod tests {
     fn demonstrations_show_each_habit_at_its_rate_and_the_right_walks_solve_more() {
         let habits =
             PlannerHabits { rows_first: 0.5, ignore_tool: 0.5, drop_last: 0.0, instances: 300, walks: Walks::Any };
-        let turns = TurnsConfig { turns: 2, ..Default::default() };
-        let demos = corpus(&prompts(&turns), &habits, DEMO_FIRST_INDEX, habits.instances, 0);
+        let demos = two_turn_demonstrations(&habits);
         for kind in Kind::ALL {
             let of: Vec<&Demonstration> = demos.iter().filter(|d| d.kind == kind).collect();
             assert!(of.len() >= 300, "{kind:?}: {}", of.len());
@@ -342,6 +337,12 @@ mod tests {
         assert_eq!(parse_moves(&answer(&moves)).unwrap(), moves);
     }
 
+    /// The demonstrations of `habits.instances` grids for two-turn prompts, seed 0.
+    fn two_turn_demonstrations(habits: &PlannerHabits) -> Vec<Demonstration> {
+        let turns = TurnsConfig { turns: 2, ..Default::default() };
+        corpus(&prompts(&turns), habits, DEMO_FIRST_INDEX, habits.instances, 0)
+    }
+
     /// The goal's row as the prompt states it.
     fn goal_row(d: &Demonstration) -> usize {
         let text = &d.messages[0].content;
@@ -353,8 +354,7 @@ mod tests {
     fn the_plan_role_drops_its_last_move_only_on_prone_grids_and_the_tool_never() {
         let habits =
             PlannerHabits { rows_first: 0.0, ignore_tool: 0.0, drop_last: 0.65, instances: 300, walks: Walks::OneL };
-        let turns = TurnsConfig { turns: 2, ..Default::default() };
-        let demos = corpus(&prompts(&turns), &habits, DEMO_FIRST_INDEX, habits.instances, 0);
+        let demos = two_turn_demonstrations(&habits);
         assert!(demos.iter().filter(|d| d.kind == Kind::Tool).all(|d| d.right));
         let plan: Vec<&Demonstration> = demos.iter().filter(|d| d.kind != Kind::Tool).collect();
         let (prone, calm): (Vec<&Demonstration>, Vec<&Demonstration>) = plan.iter().partition(|d| goal_row(d) < 5);
@@ -365,10 +365,7 @@ mod tests {
         let share = prone.iter().filter(|d| !d.right).count() as f64 / prone.len() as f64;
         assert!((0.5..0.8).contains(&share), "{share} of {} prone plan demonstrations", prone.len());
         // On a one-L grid the better walk solves.
-        let first = (DEMO_FIRST_INDEX..)
-            .map(|i| Instance::generate(EnvKind::PlanPath, Split::Train, i))
-            .find(|s| Walks::OneL.admits(s))
-            .unwrap();
+        let (_, first) = Walks::OneL.instances(EnvKind::PlanPath, Split::Train, DEMO_FIRST_INDEX).next().unwrap();
         assert!(after(&first, &better_walk(&first)).1);
     }
 }

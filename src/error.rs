@@ -114,11 +114,14 @@ pub enum Error {
     Internal(String),
 }
 
+/// The exit code of a run stopped by a signal (128 + SIGINT).
+pub const INTERRUPTED_EXIT_CODE: i32 = 130;
+
 impl Error {
     /// Exit code for the CLI: 2 for errors the user can fix, 1 for internal failures.
     pub fn exit_code(&self) -> i32 {
         match self {
-            Error::Interrupted { .. } => crate::train::interrupt::EXIT_CODE,
+            Error::Interrupted { .. } => INTERRUPTED_EXIT_CODE,
             Error::Io { .. } | Error::Internal(_) | Error::NonFinite { .. } | Error::PeerFailed { .. } => 1,
             _ => 2,
         }

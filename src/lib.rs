@@ -12,6 +12,7 @@ pub mod backend;
 pub mod bench;
 pub mod config;
 pub mod data;
+pub mod dtype;
 pub mod env;
 pub mod error;
 pub mod eval;

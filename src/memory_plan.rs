@@ -19,11 +19,11 @@ use std::path::Path;
 
 use crate::backend::DeviceSpec;
 use crate::config::TrainConfig;
+use crate::dtype::{ComputeDtype, FrozenDtype};
 use crate::error::{Error, Result};
 use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
 use crate::model::lora::LoraConfig;
-use crate::model::precision::{ComputeDtype, FrozenDtype};
 
 /// Bytes of an f32: master weights, gradients, moments, logits, and activations (an upper bound).
 const F32: u64 = 4;

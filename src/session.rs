@@ -135,7 +135,7 @@ fn train_on<B: Backend>(
 ) -> Result<()> {
     let started = std::time::Instant::now();
     // The task first: a missing data file is said before the tiny agents pre-train.
-    let task = crate::task::from_config(&cfg.task)?;
+    let task = cfg.task.build()?;
     crate::resolve::prepare::<B>(&cfg, &devices[0])?;
     crate::train::interrupt::install();
     let mut trainer = match resume {

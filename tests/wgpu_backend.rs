@@ -46,7 +46,8 @@ fn forward_matches_transformers_on_wgpu() {
 /// give the CPU's f16-stored logits on wgpu: the same rounding, cast back to f32 where used.
 #[test]
 fn f16_stored_weights_give_the_cpus_logits_on_wgpu() {
-    use hacpo::model::precision::{FrozenDtype, store_frozen};
+    use hacpo::dtype::FrozenDtype;
+    use hacpo::model::precision::store_frozen;
     for name in FIXTURES {
         let r = reference(name);
         let gpu = store_frozen(load(name), FrozenDtype::F16);
@@ -68,7 +69,8 @@ fn f16_stored_weights_give_the_cpus_logits_on_wgpu() {
 /// transformers' f32 logits, and not f32 in disguise.
 #[test]
 fn f16_compute_on_wgpu_stays_close_to_the_cpu_and_to_transformers() {
-    use hacpo::model::precision::{ComputeDtype, rollout_copy, set_compute};
+    use hacpo::dtype::ComputeDtype;
+    use hacpo::model::precision::{rollout_copy, set_compute};
     fn half<B: burn::tensor::backend::Backend>(m: CausalLm<B>) -> CausalLm<B> {
         rollout_copy(set_compute(m, ComputeDtype::F16))
     }
@@ -205,7 +207,7 @@ impl hacpo::task::Task for ByLength {
 fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
     agents: &[&std::path::Path],
     device: B::Device,
-    compute: hacpo::model::precision::ComputeDtype,
+    compute: hacpo::dtype::ComputeDtype,
 ) -> Vec<Vec<(String, std::collections::BTreeMap<String, f64>)>> {
     let run = tempfile::tempdir().unwrap();
     let mut cfg = hacpo::config::TrainConfig::default();
@@ -256,7 +258,7 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
 /// scoring, retokenisation, the update's forward and backward and AdamW, on the generic path.
 #[test]
 fn two_hacpo_steps_on_wgpu_match_the_cpu_run() {
-    compare_two_hacpo_steps(hacpo::model::precision::ComputeDtype::F32, 1e-4, 1e-3);
+    compare_two_hacpo_steps(hacpo::dtype::ComputeDtype::F32, 1e-4, 1e-3);
 }
 
 /// The same with f16 matmuls (`algo.compute_dtype = "f16"`): the trainer's mixed-precision
@@ -264,10 +266,10 @@ fn two_hacpo_steps_on_wgpu_match_the_cpu_run() {
 /// backend. The CPU's attention stays f32, so the tolerance is f16's.
 #[test]
 fn two_hacpo_steps_in_f16_compute_on_wgpu_match_the_cpu_run() {
-    compare_two_hacpo_steps(hacpo::model::precision::ComputeDtype::F16, 1e-2, 3e-2);
+    compare_two_hacpo_steps(hacpo::dtype::ComputeDtype::F16, 1e-2, 3e-2);
 }
 
-fn compare_two_hacpo_steps(compute: hacpo::model::precision::ComputeDtype, loss_tolerance: f64, grad_tolerance: f64) {
+fn compare_two_hacpo_steps(compute: hacpo::dtype::ComputeDtype, loss_tolerance: f64, grad_tolerance: f64) {
     let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
     let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
     let agents = [qwen.path(), llama.path()];

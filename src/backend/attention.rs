@@ -27,7 +27,7 @@ use rayon::prelude::*;
 use super::Cpu;
 use super::fused::{AdTensor, CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
 use super::kernels;
-use crate::model::precision::ComputeDtype;
+use crate::dtype::ComputeDtype;
 
 /// Queries per GEMM block: the block's scores (`QUERY_BLOCK × keys` floats) stay in cache,
 /// and keys after the block's last query are skipped.

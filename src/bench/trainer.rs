@@ -37,7 +37,7 @@ pub struct TrainerBenchOptions {
     /// Recompute layers in the update's backward pass (`algo.gradient_checkpointing`).
     pub gradient_checkpointing: bool,
     /// The matmuls' dtype (`algo.compute_dtype`).
-    pub compute_dtype: crate::model::precision::ComputeDtype,
+    pub compute_dtype: crate::dtype::ComputeDtype,
 }
 
 /// Mean seconds per measured step, and token counts, over both agents.
@@ -194,7 +194,7 @@ model = "{llama}"
         llama = llama.display(),
     );
     let cfg = TrainConfig::from_toml(&toml, "trainer benchmark", &[])?;
-    let task = Arc::new(MathTask::from_config(&cfg.task)?);
+    let task = Arc::new(MathTask::load(&cfg.task.splits(), cfg.task.grade_mode)?);
     let mut trainer = Trainer::<B>::start(cfg, task, vec![device.clone(); 2])?;
     let bar = crate::progress::Progress::new("bench step", opts.steps as u64 + 1);
     let mut out = TrainerBreakdown {

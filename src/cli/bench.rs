@@ -5,7 +5,8 @@ use clap::Args;
 use hacpo::backend::DeviceSpec;
 use hacpo::bench::trainer::TrainerBenchOptions;
 use hacpo::bench::{self, Measurement};
-use hacpo::model::precision::{ComputeDtype, rollout_copy, set_compute};
+use hacpo::dtype::ComputeDtype;
+use hacpo::model::precision::{rollout_copy, set_compute};
 use hacpo::model::{CausalLm, weights};
 use hacpo::{Error, Result, with_backend};
 

@@ -168,8 +168,8 @@ impl ModelArgs {
 
 /// `--compute-dtype NAME` (clap checked the spelling) for `--device DEVICE`: bf16 is refused on
 /// wgpu.
-pub fn compute_dtype(name: &str, device: &str) -> Result<hacpo::model::precision::ComputeDtype> {
-    use hacpo::model::precision::ComputeDtype;
+pub fn compute_dtype(name: &str, device: &str) -> Result<hacpo::dtype::ComputeDtype> {
+    use hacpo::dtype::ComputeDtype;
     let compute = ComputeDtype::parse(name).expect("clap checked the value");
     if compute == ComputeDtype::Bf16 && device == "wgpu" {
         return Err(hacpo::Error::InvalidArgument(

@@ -112,11 +112,11 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
         cfg.policies.iter_mut().for_each(|p| p.lora = Some(lora.clone()));
     }
     if let Some(d) = &args.frozen_dtype {
-        let dtype = hacpo::model::precision::FrozenDtype::parse(d).expect("clap checked the value");
+        let dtype = hacpo::dtype::FrozenDtype::parse(d).expect("clap checked the value");
         cfg.policies.iter_mut().for_each(|p| p.frozen_dtype = dtype);
     }
     if let Some(d) = &args.compute_dtype {
-        cfg.algo.compute_dtype = hacpo::model::precision::ComputeDtype::parse(d).expect("clap checked the value");
+        cfg.algo.compute_dtype = hacpo::dtype::ComputeDtype::parse(d).expect("clap checked the value");
     }
     if let Some(a) = &args.algo {
         hacpo::rl::registry::check(a)?;

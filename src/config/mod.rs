@@ -2,17 +2,18 @@
 //! overrides, validation with errors that name the key, and the diff used to refuse resuming
 //! a run with a different configuration.
 
+mod task;
+
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, LossAggregation, MhgpoConfig};
-pub use crate::task::{TaskConfig, TaskKind};
 use crate::train::optim::{AdamWConfig, LrSchedule};
+pub use task::{TaskConfig, TaskKind};
 
-/// The most tokens any budget (prompt, response) may be: above every model's context.
-pub const MAX_TOKENS: usize = 1 << 22;
+pub use crate::generate::MAX_TOKENS;
 /// The largest group (G) and the most prompts per step a config may ask for.
 const MAX_GROUP: usize = 1 << 12;
 const MAX_PROMPTS_PER_STEP: usize = 1 << 20;
@@ -23,7 +24,7 @@ pub const EMBEDDED_DEFAULT: &str = include_str!("../../configs/tiny-duo.toml");
 pub const EMBEDDED_DEFAULT_NAME: &str = "configs/tiny-duo.toml (embedded default)";
 
 /// The dtype of the matmuls (`algo.compute_dtype`; see [`crate::model::precision`]).
-pub use crate::model::precision::ComputeDtype;
+pub use crate::dtype::ComputeDtype;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -226,8 +227,8 @@ pub struct PolicyConfig {
     pub lr: Option<f64>,
     /// Storage of the weights that do not train (a LoRA base, the KL reference): `f32`, `bf16`
     /// or `f16`; compute stays f32.
-    #[serde(default, skip_serializing_if = "crate::model::precision::FrozenDtype::is_f32")]
-    pub frozen_dtype: crate::model::precision::FrozenDtype,
+    #[serde(default, skip_serializing_if = "crate::dtype::FrozenDtype::is_f32")]
+    pub frozen_dtype: crate::dtype::FrozenDtype,
 }
 
 fn default_device() -> String {
@@ -575,9 +576,7 @@ impl TrainConfig {
         for (i, p) in self.policies.iter().enumerate() {
             let device = crate::backend::DeviceSpec::parse_name(&p.device)
                 .map_err(|e| Error::config("training config", format!("policies[{i}].device: {e}")))?;
-            if device == crate::backend::DeviceSpec::Wgpu
-                && p.frozen_dtype == crate::model::precision::FrozenDtype::Bf16
-            {
+            if device == crate::backend::DeviceSpec::Wgpu && p.frozen_dtype == crate::dtype::FrozenDtype::Bf16 {
                 return bad(
                     &format!("policies[{i}].frozen_dtype"),
                     "bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there, or bf16 on a CUDA device"
@@ -847,7 +846,7 @@ model = "b"
 
     #[test]
     fn bf16_frozen_weights_are_refused_on_wgpu_and_f16_is_not() {
-        use crate::model::precision::FrozenDtype;
+        use crate::dtype::FrozenDtype;
         let mut c = TrainConfig::from_toml(EMBEDDED_DEFAULT, "default", &[]).unwrap();
         c.policies[0].device = "wgpu".into();
         c.policies[0].frozen_dtype = FrozenDtype::Bf16;

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{EnvKind, Instance, Split};
 use crate::error::{Error, Result};
-use crate::task::{Task, TaskConfig, TaskPrompt};
+use crate::task::{Splits, Task, TaskPrompt};
 use crate::tokenizer::Message;
 
 /// Which Plan-Path grids a task plays (`task.env.walks`).
@@ -103,19 +103,19 @@ fn prompts(kind: EnvKind, split: Split, n: u64, walks: Walks) -> Vec<TaskPrompt>
 }
 
 impl EnvTask {
-    pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
+    /// The instances of `splits.train` (`plan-path`, `sokoban` or `sudoku`) with `env`'s counts.
+    pub fn load(splits: &Splits, env: &EnvTaskConfig) -> Result<Self> {
         let kind =
-            EnvKind::parse(&cfg.train).map_err(|e| Error::config("training config", format!("task.train: {e}")))?;
-        if !cfg.validation.is_empty() && cfg.validation != cfg.train {
+            EnvKind::parse(splits.train).map_err(|e| Error::config("training config", format!("task.train: {e}")))?;
+        if !splits.validation.is_empty() && splits.validation != splits.train {
             return Err(Error::config(
                 "training config",
                 format!(
                     "task.validation: the held-out instances are {}'s own (split by content); set it to {:?} or leave it empty",
-                    cfg.train, cfg.train
+                    splits.train, splits.train
                 ),
             ));
         }
-        let env = &cfg.env;
         env.validate()?;
         if env.walks != Walks::Any && kind != EnvKind::PlanPath {
             return Err(Error::config(
@@ -123,12 +123,12 @@ impl EnvTask {
                 "task.env.walks selects Plan-Path grids; leave it out for other environments",
             ));
         }
-        let heldout = cfg.val_limit.map_or(env.heldout_instances, |l| env.heldout_instances.min(l as u64));
-        Ok(EnvTask {
-            kind,
-            train: prompts(kind, Split::Train, env.train_instances, env.walks),
-            validation: prompts(kind, Split::HeldOut, heldout, env.walks),
-        })
+        let heldout = splits.val_limit.map_or(env.heldout_instances, |l| env.heldout_instances.min(l as u64));
+        let (train, validation) = splits.limit(
+            prompts(kind, Split::Train, env.train_instances, env.walks),
+            prompts(kind, Split::HeldOut, heldout, env.walks),
+        );
+        Ok(EnvTask { kind, train, validation })
     }
 
     pub fn kind(&self) -> EnvKind {
@@ -173,10 +173,15 @@ impl Task for EnvTask {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::{TaskConfig, TaskKind};
+
+    fn load(c: &TaskConfig) -> Result<EnvTask> {
+        EnvTask::load(&c.splits(), &c.env)
+    }
 
     fn cfg(train: &str) -> TaskConfig {
         TaskConfig {
-            kind: crate::task::TaskKind::Env,
+            kind: TaskKind::Env,
             train: train.into(),
             validation: String::new(),
             env: EnvTaskConfig { train_instances: 5, heldout_instances: 3, ..Default::default() },
@@ -186,7 +191,7 @@ mod tests {
 
     #[test]
     fn prompts_name_their_instances_and_the_task_rewards_a_solving_answer() {
-        let task = EnvTask::from_config(&cfg("sokoban")).unwrap();
+        let task = load(&cfg("sokoban")).unwrap();
         assert_eq!(task.train().len(), 5);
         assert_eq!(task.validation().len(), 3);
         assert_eq!(task.validation()[2].id, "sokoban/held-out/2");
@@ -204,7 +209,7 @@ mod tests {
     fn one_l_grids_are_solved_by_exactly_one_l_walk() {
         let mut c = cfg("plan-path");
         c.env = EnvTaskConfig { train_instances: 40, heldout_instances: 10, walks: Walks::OneL };
-        let task = EnvTask::from_config(&c).unwrap();
+        let task = load(&c).unwrap();
         assert_eq!((task.train().len(), task.validation().len()), (40, 10));
         let mut rows_first = 0;
         for p in task.train().iter().chain(task.validation()) {
@@ -221,17 +226,17 @@ mod tests {
         let last: u64 = task.train()[39].id.rsplit('/').next().unwrap().parse().unwrap();
         assert!(last > 60, "one-L grids are a minority of all grids: the 40th is index {last}");
         c.train = "sokoban".into();
-        assert!(EnvTask::from_config(&c).err().unwrap().to_string().contains("task.env.walks"));
+        assert!(load(&c).err().unwrap().to_string().contains("task.env.walks"));
     }
 
     #[test]
     fn bad_settings_are_config_errors() {
-        assert!(EnvTask::from_config(&cfg("chess")).err().unwrap().to_string().contains("task.train"));
+        assert!(load(&cfg("chess")).err().unwrap().to_string().contains("task.train"));
         let mut c = cfg("sudoku");
         c.validation = "plan-path".into();
-        assert!(EnvTask::from_config(&c).err().unwrap().to_string().contains("task.validation"));
+        assert!(load(&c).err().unwrap().to_string().contains("task.validation"));
         c.validation = String::new();
         c.env.train_instances = 0;
-        assert!(EnvTask::from_config(&c).err().unwrap().to_string().contains("train_instances"));
+        assert!(load(&c).err().unwrap().to_string().contains("train_instances"));
     }
 }

@@ -22,6 +22,9 @@ use rayon::prelude::*;
 
 pub use sampler::SamplingParams;
 
+/// The most tokens any budget (prompt, response) may be: above every model's context.
+pub const MAX_TOKENS: usize = 1 << 22;
+
 use crate::error::{Error, Result};
 use crate::model::{CausalLm, KvCache, Layout};
 use crate::tokenizer::Tokenizer;

@@ -48,10 +48,10 @@ impl SamplingParams {
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(Error::InvalidArgument(format!("top-p must be in (0, 1], got {}", self.top_p)));
         }
-        if self.max_new_tokens == 0 || self.max_new_tokens > crate::config::MAX_TOKENS {
+        if self.max_new_tokens == 0 || self.max_new_tokens > super::MAX_TOKENS {
             return Err(Error::InvalidArgument(format!(
                 "max-new-tokens must be between 1 and {}, got {}",
-                crate::config::MAX_TOKENS,
+                super::MAX_TOKENS,
                 self.max_new_tokens
             )));
         }

@@ -16,7 +16,7 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
 use crate::backend::flex_fast;
-use crate::model::precision::{cast_to, f32_weight};
+use crate::dtype::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
 pub const CHUNK_ELEMENTS: usize = 1 << 24;

@@ -82,7 +82,7 @@ pub struct LayoutTensors<B: Backend> {
     /// `[batch, heads*t*keys]`. `None` when a single query sees every cached key.
     pub bias: Option<Tensor<B, 2>>,
     /// The model's matmul dtype, for the layers this is passed through.
-    pub compute: crate::model::precision::ComputeDtype,
+    pub compute: crate::dtype::ComputeDtype,
 }
 
 impl<B: Backend> LayoutTensors<B> {

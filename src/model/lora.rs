@@ -225,7 +225,7 @@ pub fn merge<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
             None => linear,
             Some(adapter) => {
                 let trainable = linear.weight.is_require_grad();
-                let base = super::precision::f32_weight(linear.weight.val());
+                let base = crate::dtype::f32_weight(linear.weight.val());
                 let merged = (base + adapter.delta()).detach().set_require_grad(trainable);
                 Linear { weight: Param::from_tensor(merged).set_require_grad(trainable), lora: None, bias: linear.bias }
             }

@@ -31,8 +31,8 @@ use super::config::ModelConfig;
 use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
-use super::precision::ComputeDtype;
 use super::rope::Rope;
+use crate::dtype::ComputeDtype;
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
 /// LoRA update when an adapter is attached (see [`super::lora`]).

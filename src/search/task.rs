@@ -6,12 +6,12 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::corpus::{Document, QaSet, Question, read_questions};
-use super::kb::Kb;
+use super::kb::{Kb, KbConfig};
 use super::metric::score;
 use super::retriever::Bm25;
 use super::roles::{Penalties, read_answerer};
 use crate::error::{Error, Result};
-use crate::task::{Task, TaskConfig, TaskPrompt};
+use crate::task::{Splits, Task, TaskPrompt};
 use crate::tokenizer::Message;
 
 /// The passages of a run and their BM25 index.
@@ -60,7 +60,8 @@ pub const TINY_KB: &str = "tiny-kb";
 /// a questions file, whose passages come from `task.corpus`.
 /// `world` holds the generated knowledge base once a split has named it (generated once for both).
 fn load(
-    cfg: &TaskConfig,
+    corpus: &str,
+    kb: &KbConfig,
     world: &mut Option<Kb>,
     spec: &str,
     key: &str,
@@ -69,13 +70,12 @@ fn load(
         // The generated world: its training questions for task.train, its held-out ones for
         // task.validation.
         if world.is_none() {
-            *world = Some(super::kb::generate(&cfg.kb)?);
+            *world = Some(super::kb::generate(kb)?);
         }
         let kb = world.as_ref().expect("generated above");
         let items = if key == "task.train" { &kb.train } else { &kb.heldout };
         return Ok((Kb::questions(items), Some(kb.documents.clone())));
     }
-    let corpus = &cfg.corpus;
     if let Some(set) = QaSet::parse(spec) {
         let (qs, docs) = set.load()?;
         return Ok((qs, Some(docs)));
@@ -95,18 +95,15 @@ fn load(
 impl QaTask {
     /// Loads `task.train`, `task.validation` (optional) and the passages: `task.corpus` when
     /// given, else the built-in sets' own (both sets' when train and validation differ).
-    pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
+    pub fn load(splits: &Splits, corpus: &str, kb: &KbConfig) -> Result<Self> {
         let mut world = None;
-        let (train, train_docs) = load(cfg, &mut world, &cfg.train, "task.train")?;
-        let (mut validation, val_docs) = if cfg.validation.is_empty() {
+        let (train, train_docs) = load(corpus, kb, &mut world, splits.train, "task.train")?;
+        let (validation, val_docs) = if splits.validation.is_empty() {
             (vec![], None)
         } else {
-            load(cfg, &mut world, &cfg.validation, "task.validation")?
+            load(corpus, kb, &mut world, splits.validation, "task.validation")?
         };
-        if let Some(limit) = cfg.val_limit {
-            validation.truncate(limit);
-        }
-        let documents = if cfg.corpus.is_empty() {
+        let documents = if corpus.is_empty() {
             let mut docs = train_docs.unwrap_or_default();
             for d in val_docs.unwrap_or_default() {
                 if !docs.iter().any(|x| x.id == d.id) {
@@ -115,9 +112,16 @@ impl QaTask {
             }
             docs
         } else {
-            super::corpus::read_corpus(Path::new(&cfg.corpus))?
+            super::corpus::read_corpus(Path::new(corpus))?
         };
-        Self::new(train, validation, documents)
+        let mut task = Self::new(train, validation, documents)?;
+        (task.train, task.validation) = splits.limit(task.train, task.validation);
+        Ok(task)
+    }
+
+    /// The passages the questions are answered from, with their index.
+    pub fn passages(&self) -> Arc<Passages> {
+        self.passages.clone()
     }
 
     pub fn new(train: Vec<Question>, validation: Vec<Question>, documents: Vec<Document>) -> Result<Self> {
@@ -150,10 +154,6 @@ impl Task for QaTask {
         let (answer, _) = read_answerer(response, &Penalties::default());
         score(&answer, &answers(prompt)).f1
     }
-
-    fn passages(&self) -> Option<Arc<Passages>> {
-        Some(self.passages.clone())
-    }
 }
 
 #[cfg(test)]
@@ -169,13 +169,17 @@ mod tests {
         assert_eq!(task.reward(&p, "**Ann**"), 1.0);
         // "ann lee did it" against "ann lee": precision 1/2, recall 1.
         assert!((task.reward(&p, "Ann Lee did it") - 2.0 / 3.0).abs() < 1e-9);
-        assert_eq!(task.passages().unwrap().documents.len(), 5);
+        assert_eq!(task.passages().documents.len(), 5);
     }
 
     #[test]
     fn a_questions_file_without_a_corpus_is_a_clear_error() {
-        let cfg = TaskConfig { kind: crate::task::TaskKind::Qa, train: "q.jsonl".into(), ..Default::default() };
-        let e = QaTask::from_config(&cfg).err().unwrap().to_string();
+        let cfg = crate::config::TaskConfig {
+            kind: crate::config::TaskKind::Qa,
+            train: "q.jsonl".into(),
+            ..Default::default()
+        };
+        let e = QaTask::load(&cfg.splits(), &cfg.corpus, &cfg.kb).err().unwrap().to_string();
         assert!(e.contains("task.corpus") && e.contains("task.train"), "{e}");
     }
 }

@@ -4,8 +4,6 @@
 //! plugs in; [`MathTask`] (math word problems graded by [`crate::reward`]) is the built-in one.
 //! (A module of its own rather than part of `data`: a task joins a dataset to a reward.)
 
-use std::sync::Arc;
-
 use serde::{Deserialize, Serialize};
 
 use crate::data::arith::{self, ArithConfig, ArithProblem};
@@ -22,116 +20,33 @@ pub fn math_prompt_text(question: &str) -> String {
     format!("{}\n{MATH_PROMPT}", question.trim())
 }
 
-/// The task kinds `task.kind` accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskKind {
-    /// Math benchmark files graded by the answer grader.
-    Math,
-    /// Generated arithmetic word problems (`[task.arith]`).
-    Arith,
-    /// Questions answered from passages (`train`/`validation`: `hotpotqa`, `musique` or a
-    /// questions file with `corpus`), played by the search workload.
-    Qa,
-    /// Generated planning environments (`train`: `plan-path`, `sokoban` or `sudoku`; settings
-    /// under `[task.env]`), played over turns by the turn-wise workload.
-    Env,
-}
-
-impl TaskKind {
-    /// `--task` on the command line.
-    pub fn parse(s: &str) -> Result<Self> {
-        serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
-            .map_err(|_| crate::Error::InvalidArgument(format!("unknown task {s:?}; use math, arith, qa or env")))
-    }
-}
-
-/// The `[task]` table of a training config.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TaskConfig {
-    pub kind: TaskKind,
-    /// Training problems: a benchmark name (`math_train`, `gsm8k`, …), optionally `name=path`.
-    pub train: String,
-    pub grade_mode: GradeMode,
-    /// Validation benchmark (`math500`), empty for none.
-    pub validation: String,
-    pub val_every: usize,
+/// Where a task's prompts come from: the `[task]` keys every kind reads.
+#[derive(Clone, Copy, Debug)]
+pub struct Splits<'a> {
+    /// Training prompts (`task.train`).
+    pub train: &'a str,
+    /// Held-out prompts (`task.validation`), empty for none.
+    pub validation: &'a str,
+    /// At most this many held-out prompts (`task.val_limit`).
     pub val_limit: Option<usize>,
-    /// Train on the first N training prompts only (a fixed instance set, e.g. to check that
-    /// an algorithm raises the reward on prompts it can learn); unset: all of them.
+    /// Train on the first N training prompts only (`task.train_limit`).
     pub train_limit: Option<usize>,
-    pub val_max_new_tokens: usize,
-    /// The generator of the `arith` task.
-    pub arith: ArithConfig,
-    /// `qa`: the passages to search (JSON Lines `{"id", "title", "text"}`); empty: the
-    /// built-in sets' own.
-    pub corpus: String,
-    /// The generated knowledge base of `train = "tiny-kb"`.
-    pub kb: crate::search::kb::KbConfig,
-    /// `env`: how many train and held-out instances.
-    pub env: crate::env::task::EnvTaskConfig,
 }
 
-impl Default for TaskConfig {
-    fn default() -> Self {
-        TaskConfig {
-            kind: TaskKind::Math,
-            train: "math_train".into(),
-            grade_mode: GradeMode::Full,
-            validation: String::new(),
-            val_every: 3,
-            val_limit: None,
-            train_limit: None,
-            val_max_new_tokens: 4096,
-            arith: Default::default(),
-            corpus: String::new(),
-            kb: Default::default(),
-            env: Default::default(),
+impl Splits<'_> {
+    /// `train` and `validation` cut to the limits.
+    pub fn limit(
+        &self,
+        mut train: Vec<TaskPrompt>,
+        mut validation: Vec<TaskPrompt>,
+    ) -> (Vec<TaskPrompt>, Vec<TaskPrompt>) {
+        if let Some(n) = self.train_limit {
+            train.truncate(n);
         }
-    }
-}
-
-/// The task a config describes.
-pub fn from_config(cfg: &TaskConfig) -> Result<Arc<dyn Task>> {
-    let task: Arc<dyn Task> = match cfg.kind {
-        TaskKind::Arith => Arc::new(MathTask::arith(cfg)?),
-        TaskKind::Math => Arc::new(MathTask::from_config(cfg)?),
-        TaskKind::Qa => Arc::new(crate::search::task::QaTask::from_config(cfg)?),
-        TaskKind::Env => Arc::new(crate::env::task::EnvTask::from_config(cfg)?),
-    };
-    Ok(match cfg.train_limit {
-        Some(n) => Arc::new(Limited { inner: task, n }),
-        None => task,
-    })
-}
-
-/// A task trained on its first `n` training prompts (`task.train_limit`).
-struct Limited {
-    inner: Arc<dyn Task>,
-    n: usize,
-}
-
-impl Task for Limited {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    fn train(&self) -> &[TaskPrompt] {
-        let all = self.inner.train();
-        &all[..self.n.min(all.len())]
-    }
-
-    fn validation(&self) -> &[TaskPrompt] {
-        self.inner.validation()
-    }
-
-    fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64 {
-        self.inner.reward(prompt, response)
-    }
-
-    fn passages(&self) -> Option<Arc<crate::search::task::Passages>> {
-        self.inner.passages()
+        if let Some(n) = self.val_limit {
+            validation.truncate(n);
+        }
+        (train, validation)
     }
 }
 
@@ -144,8 +59,9 @@ pub struct TaskPrompt {
     pub gold: String,
 }
 
-/// A task with a verifiable reward.
-pub trait Task: Send + Sync {
+/// A task with a verifiable reward. A workload that needs more of its task than prompts and a
+/// reward (the search workload, the passages) downcasts it (`&dyn Task` upcasts to `&dyn Any`).
+pub trait Task: Send + Sync + std::any::Any {
     fn name(&self) -> &str;
     /// Training prompts.
     fn train(&self) -> &[TaskPrompt];
@@ -153,10 +69,6 @@ pub trait Task: Send + Sync {
     fn validation(&self) -> &[TaskPrompt];
     /// The reward of `response` (the decoded text, special tokens removed).
     fn reward(&self, prompt: &TaskPrompt, response: &str) -> f64;
-    /// The passages a question is answered from, for tasks that have them (`qa`).
-    fn passages(&self) -> Option<Arc<crate::search::task::Passages>> {
-        None
-    }
 }
 
 /// Math problems graded by the answer grader: reward 1 for a correct final answer, else 0.
@@ -186,32 +98,28 @@ fn load(spec: &str, limit: Option<usize>) -> Result<(Benchmark, Vec<MathProblem>
 }
 
 impl MathTask {
-    pub fn from_config(cfg: &TaskConfig) -> Result<Self> {
-        let (bench, train) = load(&cfg.train, None)?;
-        let validation = if cfg.validation.is_empty() { vec![] } else { load(&cfg.validation, cfg.val_limit)?.1 };
+    /// Benchmark files (`task.kind = "math"`).
+    pub fn load(splits: &Splits, grade_mode: GradeMode) -> Result<Self> {
+        let (bench, train) = load(splits.train, None)?;
+        let validation =
+            if splits.validation.is_empty() { vec![] } else { load(splits.validation, splits.val_limit)?.1 };
         let grader = Grader {
-            config: GradeConfig {
-                mode: cfg.grade_mode,
-                gold_precision: bench.approximate_answers(),
-                ..Default::default()
-            },
+            config: GradeConfig { mode: grade_mode, gold_precision: bench.approximate_answers(), ..Default::default() },
         };
-        Ok(MathTask { name: "math", train: to_prompts(train), validation: to_prompts(validation), grader })
+        let (train, validation) = splits.limit(to_prompts(train), to_prompts(validation));
+        Ok(MathTask { name: "math", train, validation, grader })
     }
 
     /// Generated arithmetic word problems (`crate::data::arith`). The prompt is the bare
     /// question: tiny models have no use for an instruction they cannot read.
-    pub fn arith(cfg: &TaskConfig) -> Result<Self> {
-        let (train, heldout) = arith::generate(&cfg.arith)?;
-        let mut validation = arith_prompts(&heldout);
-        if let Some(limit) = cfg.val_limit {
-            validation.truncate(limit);
-        }
+    pub fn arith(arith: &ArithConfig, splits: &Splits, grade_mode: GradeMode) -> Result<Self> {
+        let (train, heldout) = arith::generate(arith)?;
+        let (train, validation) = splits.limit(arith_prompts(&train), arith_prompts(&heldout));
         Ok(MathTask {
             name: "arith",
-            train: arith_prompts(&train),
+            train,
             validation,
-            grader: Grader { config: GradeConfig { mode: cfg.grade_mode, ..Default::default() } },
+            grader: Grader { config: GradeConfig { mode: grade_mode, ..Default::default() } },
         })
     }
 

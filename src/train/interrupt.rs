@@ -8,16 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 static REQUESTED: AtomicBool = AtomicBool::new(false);
 static INSTALLED: OnceLock<()> = OnceLock::new();
 
-/// The exit code of a run stopped by a signal (128 + SIGINT).
-pub const EXIT_CODE: i32 = 130;
-
 /// Installs the handler (once per process; later calls do nothing).
 pub fn install() {
     INSTALLED.get_or_init(|| {
         let installed = ctrlc::set_handler(|| {
             if REQUESTED.swap(true, Ordering::SeqCst) {
                 eprintln!("\nstopping now; the last checkpoint is kept");
-                std::process::exit(EXIT_CODE);
+                std::process::exit(crate::error::INTERRUPTED_EXIT_CODE);
             }
             eprintln!("\ninterrupted: finishing this step and saving a checkpoint (interrupt again to stop at once)");
         });

@@ -339,7 +339,7 @@ impl<B: Backend> Trainer<B> {
             policy.optimizer = crate::train::optim::AdamW::load(&checkpoint::optimizer_path(c, k), &device)?;
         }
         // f16 gradients need a loss scale; a resumed run keeps its saved one.
-        if compute == crate::model::precision::ComputeDtype::F16 && policy.optimizer.scaler.is_none() {
+        if compute == crate::dtype::ComputeDtype::F16 && policy.optimizer.scaler.is_none() {
             let scale = config.algo.f16_loss_scale;
             policy.optimizer.scaler = Some(crate::train::loss_scale::LossScaler { scale, ..Default::default() });
         }

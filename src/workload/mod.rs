@@ -25,12 +25,13 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
+use crate::config::TaskKind;
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::SamplingParams;
 use crate::policy::Policy;
 use crate::sample::Sample;
-use crate::task::{Task, TaskKind, TaskPrompt};
+use crate::task::{Task, TaskPrompt};
 use crate::tokenizer::Message;
 use crate::train::metrics::Metrics;
 

@@ -33,6 +33,7 @@ use crate::search::metric::score;
 use crate::search::pipeline::{self, Role, contains_answer};
 use crate::search::retriever::candidates;
 use crate::search::roles::{Penalties, read_answerer, read_reranker, read_rewriter};
+use crate::search::task::QaTask;
 use crate::search::task::{Passages, answers, question_text};
 use crate::task::{Task, TaskPrompt};
 use crate::tokenizer::Message;
@@ -151,7 +152,8 @@ struct TreeNode {
 
 impl Search {
     pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>, tree: TreeRollout) -> Result<Self> {
-        let passages = task.passages().ok_or_else(|| {
+        let any: &dyn std::any::Any = task.as_ref();
+        let passages = any.downcast_ref::<QaTask>().map(QaTask::passages).ok_or_else(|| {
             Error::config("training config", "the search workload needs a task with passages: task.kind = \"qa\"")
         })?;
         Ok(Search {

@@ -123,12 +123,13 @@ impl EnvTask {
                 "task.env.walks selects Plan-Path grids; leave it out for other environments",
             ));
         }
-        let heldout = splits.val_limit.map_or(env.heldout_instances, |l| env.heldout_instances.min(l as u64));
-        let (train, validation) = splits.limit(
-            prompts(kind, Split::Train, env.train_instances, env.walks),
-            prompts(kind, Split::HeldOut, heldout, env.walks),
-        );
-        Ok(EnvTask { kind, train, validation })
+        // A split's first n instances are the first n of any longer run: generate only those.
+        let cap = |n: u64, limit: Option<usize>| limit.map_or(n, |l| n.min(l as u64));
+        Ok(EnvTask {
+            kind,
+            train: prompts(kind, Split::Train, cap(env.train_instances, splits.train_limit), env.walks),
+            validation: prompts(kind, Split::HeldOut, cap(env.heldout_instances, splits.val_limit), env.walks),
+        })
     }
 
     pub fn kind(&self) -> EnvKind {

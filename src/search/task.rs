@@ -114,9 +114,8 @@ impl QaTask {
         } else {
             super::corpus::read_corpus(Path::new(corpus))?
         };
-        let mut task = Self::new(train, validation, documents)?;
-        (task.train, task.validation) = splits.limit(task.train, task.validation);
-        Ok(task)
+        let (train, validation) = splits.limit(train, validation);
+        Self::new(train, validation, documents)
     }
 
     /// The passages the questions are answered from, with their index.

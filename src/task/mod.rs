@@ -34,12 +34,8 @@ pub struct Splits<'a> {
 }
 
 impl Splits<'_> {
-    /// `train` and `validation` cut to the limits.
-    pub fn limit(
-        &self,
-        mut train: Vec<TaskPrompt>,
-        mut validation: Vec<TaskPrompt>,
-    ) -> (Vec<TaskPrompt>, Vec<TaskPrompt>) {
+    /// `train` and `validation` (prompts, or what they are made from) cut to the limits.
+    pub fn limit<T>(&self, mut train: Vec<T>, mut validation: Vec<T>) -> (Vec<T>, Vec<T>) {
         if let Some(n) = self.train_limit {
             train.truncate(n);
         }
@@ -100,14 +96,13 @@ fn load(spec: &str, limit: Option<usize>) -> Result<(Benchmark, Vec<MathProblem>
 impl MathTask {
     /// Benchmark files (`task.kind = "math"`).
     pub fn load(splits: &Splits, grade_mode: GradeMode) -> Result<Self> {
-        let (bench, train) = load(splits.train, None)?;
+        let (bench, train) = load(splits.train, splits.train_limit)?;
         let validation =
             if splits.validation.is_empty() { vec![] } else { load(splits.validation, splits.val_limit)?.1 };
         let grader = Grader {
             config: GradeConfig { mode: grade_mode, gold_precision: bench.approximate_answers(), ..Default::default() },
         };
-        let (train, validation) = splits.limit(to_prompts(train), to_prompts(validation));
-        Ok(MathTask { name: "math", train, validation, grader })
+        Ok(MathTask { name: "math", train: to_prompts(train), validation: to_prompts(validation), grader })
     }
 
     /// Generated arithmetic word problems (`crate::data::arith`). The prompt is the bare

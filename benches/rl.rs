@@ -6,7 +6,8 @@
 use burn::tensor::{Tensor, TensorData};
 use criterion::{Criterion, criterion_group, criterion_main};
 use hacpo::backend::CpuAutodiff;
-use hacpo::rl::hacpo::{self as algo, HacpoConfig, PoolSample};
+use hacpo::rl::hacpo::{self as algo, HacpoConfig};
+use hacpo::rl::records::PoolSample;
 use hacpo::rl::tensor::{SequenceBatch, hacpo_policy_loss};
 use hacpo::rl::{Capabilities, MinibatchOrder};
 use rand::{Rng, SeedableRng};

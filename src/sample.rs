@@ -19,6 +19,15 @@ impl GroupKey {
     }
 }
 
+/// A generated response as a sample stores it (`workload::response`: without the terminal
+/// EOS, text decoded without special tokens).
+#[derive(Clone, Debug)]
+pub struct Response {
+    pub ids: Vec<u32>,
+    pub text: String,
+    pub finish_reason: FinishReason,
+}
+
 /// One sample of a step.
 #[derive(Clone, Debug, Serialize)]
 pub struct Sample {
@@ -30,6 +39,7 @@ pub struct Sample {
     pub group: GroupKey,
     /// The sample whose output this one consumed (multi-stage workloads), if any.
     pub parent: Option<usize>,
+    /// The turn of a multi-turn episode it was generated at (0 elsewhere).
     pub turn: u32,
     /// The step prompt it answers (index into the step's prompts).
     pub prompt: usize,
@@ -60,6 +70,42 @@ pub struct Sample {
 }
 
 impl Sample {
+    /// Policy `policy` (at weights version `version`)'s `response` to step prompt `prompt`, as
+    /// the rollout produced it: the first output of the prompt in role `""`, in no group, with
+    /// no parent, at turn 0, trained, and with no reward, penalty or score yet. A workload sets
+    /// what it knows beside (`Sample { role, group, .. Sample::new(..) }`).
+    pub fn new(
+        policy: usize,
+        version: u64,
+        prompt: usize,
+        messages: Vec<Message>,
+        prompt_ids: Vec<u32>,
+        response: Response,
+    ) -> Sample {
+        Sample {
+            id: 0,
+            policy,
+            role: String::new(),
+            group: GroupKey(String::new()),
+            parent: None,
+            turn: 0,
+            prompt,
+            sample_index: 0,
+            messages,
+            text: response.text,
+            prompt_ids,
+            response_ids: response.ids,
+            token_logps: vec![],
+            values: vec![],
+            reward: None,
+            penalty: 0.0,
+            score: None,
+            train: true,
+            policy_version: version,
+            finish_reason: response.finish_reason,
+        }
+    }
+
     /// Mean old log-prob per response token (GSPO's length normalisation).
     pub fn mean_logp(&self) -> f64 {
         let n = self.token_logps.len().max(1);

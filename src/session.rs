@@ -11,7 +11,7 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::memory_plan::MemoryPlan;
 use crate::run_dir::{AccuracyChange, RunDir, RunSummaryFile};
-use crate::trainer::Trainer;
+use crate::trainer::{Inputs, Trainer};
 
 /// How a session treats its memory plan (`hacpo train --dry-run --device-memory
 /// --skip-memory-check`).
@@ -136,11 +136,14 @@ fn train_on<B: Backend>(
     let started = std::time::Instant::now();
     // The task first: a missing data file is said before the tiny agents pre-train.
     let task = cfg.task.build()?;
+    crate::resolve::check_known(&cfg)?;
     crate::resolve::prepare::<B>(&cfg, &devices[0])?;
+    let models = cfg.policies.iter().map(|p| crate::resolve::model_source(&p.model, &cfg)).collect::<Result<_>>()?;
+    let inputs = Inputs { task, devices, models };
     crate::train::interrupt::install();
     let mut trainer = match resume {
-        Some(dir) => Trainer::<B>::resume(dir, requested, task, devices)?,
-        None => Trainer::<B>::start(cfg, task, devices)?,
+        Some(dir) => Trainer::<B>::resume(dir, requested, inputs)?,
+        None => Trainer::<B>::start(cfg, inputs)?,
     };
     announce(&trainer);
     // The held-out score (accuracy; F1 for the search team) before training, kept in the run

@@ -1,6 +1,7 @@
 //! FNV-1a: a hash that is the same on every platform, build and Rust version (the standard
 //! library's `DefaultHasher` promises none of that). Cache keys and data splits use it, so a
-//! cached model or a held-out instance never moves.
+//! cached model or a held-out instance never moves; [`mix_seed`] derives the rollouts' seeds
+//! the same way.
 
 use std::hash::Hasher;
 
@@ -30,6 +31,21 @@ pub fn hash_bytes(bytes: &[u8]) -> u64 {
     let mut h = StableHasher::default();
     h.write(bytes);
     h.finish()
+}
+
+/// Independent seeds from parts (run seed, step, policy, chunk): each part folded in and
+/// mixed with SplitMix64's finaliser. Like the hash, the same everywhere, so a seeded rollout
+/// repeats on any machine.
+pub fn mix_seed(parts: &[u64]) -> u64 {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    for &p in parts {
+        x ^= p.wrapping_add(0x9E37_79B9_7F4A_7C15).wrapping_add(x << 6).wrapping_add(x >> 2);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        x = z ^ (z >> 31);
+    }
+    x
 }
 
 #[cfg(test)]

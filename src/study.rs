@@ -57,9 +57,7 @@ fn variant(a: &str) -> Result<Variant> {
 
 /// `cfg` with its one policy copied once per role of its workload, each copy playing its role.
 fn split_roles(mut cfg: TrainConfig) -> Result<TrainConfig> {
-    let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
-    let single_agent = algorithm.turns().is_some_and(|t| t.single_agent);
-    let roles = crate::workload::role_names(cfg.workload.kind, single_agent);
+    let roles = crate::workload::role_names(cfg.workload.kind, &cfg.algo.name);
     let bad = |m: String| Err(Error::InvalidArgument(format!("a -per-role variant {m}")));
     if roles.len() < 2 {
         return bad(format!("needs a workload with two roles or more; {} has {}", cfg.algo.name, roles.len()));

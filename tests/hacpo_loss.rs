@@ -1,4 +1,4 @@
-//! The RL core against ALGORITHMS.md §1–2: the worked example (§2.12), the guards, singleton
+//! The RL core against docs/algorithms.md §1–2: the worked example (§2.12), the guards, singleton
 //! groups, three agents, the reductions to GSPO and to naive sharing, `hacpo rl inspect`, and
 //! the tensor losses' autodiff gradients against the analytic gradient summary (§2.9).
 
@@ -8,8 +8,9 @@ use std::process::Command;
 
 use burn::tensor::{Tensor, TensorData};
 use hacpo::backend::{Cpu, CpuAutodiff};
-use hacpo::rl::hacpo::{self as algo, HacpoConfig, MinibatchOrder, PoolSample};
+use hacpo::rl::hacpo::{self as algo, HacpoConfig, MinibatchOrder};
 use hacpo::rl::objective::{self, LossAggregation};
+use hacpo::rl::records::PoolSample;
 use hacpo::rl::tensor::{self as rlt, SequenceBatch};
 use hacpo::rl::{Capabilities, inspect::Input, stats};
 use rand::{Rng, SeedableRng};
@@ -219,7 +220,7 @@ fn one_agent_is_gspo_exactly() {
     assert!(clipped > 0 && clipped < adv.len(), "both clipped and unclipped samples: {clipped}");
 }
 
-/// GSPO's sequence term written out from ALGORITHMS.md §1: `s = exp(mean_new − mean_old)`,
+/// GSPO's sequence term written out from docs/algorithms.md §1: `s = exp(mean_new − mean_old)`,
 /// value `min(s·A, clip(s, 1−3e-4, 1+4e-4)·A)`, derivative `s·A` where the unclipped term is
 /// the minimum, else 0.
 fn gspo_by_hand(mean_new: f64, mean_old: f64, a: f64) -> (f64, f64) {
@@ -498,12 +499,17 @@ fn registry_lists_algorithms_and_reshapes_batches() {
     let turn_wise = ["atgrpo", "mas-grpo", "single-grpo"];
     for name in names {
         let algo = registry::build::<Ad>(name, &settings()).unwrap();
-        assert_eq!(algo.tree().is_some(), name.starts_with("mhgpo") || name == "mappo", "{name}");
-        assert_eq!(algo.turns().is_some(), turn_wise.contains(&name), "{name}");
+        let shape = registry::shape(name).unwrap();
+        let tree = matches!(shape, registry::RolloutShape::Tree { .. });
+        assert_eq!(tree, name.starts_with("mhgpo") || name == "mappo", "{name}");
+        assert_eq!(matches!(shape, registry::RolloutShape::Turns(_)), turn_wise.contains(&name), "{name}");
         assert_eq!(algo.critic().is_some(), name == "mappo", "{name}");
     }
     // AT-GRPO groups per turn; the baselines whole trajectories, single-grpo without the tool.
-    let turns = |n: &str| registry::build::<Ad>(n, &settings()).unwrap().turns().unwrap();
+    let turns = |n: &str| match registry::shape(n).unwrap() {
+        registry::RolloutShape::Turns(t) => t,
+        other => panic!("{n}: {other:?}"),
+    };
     assert_eq!(turns("atgrpo").grouping, hacpo::rl::atgrpo::Grouping::TurnWise);
     assert_eq!(turns("mas-grpo").grouping, hacpo::rl::atgrpo::Grouping::Trajectory);
     assert!(turns("single-grpo").single_agent && !turns("mas-grpo").single_agent);

@@ -98,19 +98,6 @@ impl Check {
     }
 }
 
-/// The registered algorithms that train `workload` (so that a new one is checked too).
-fn algorithms_of(workload: WorkloadKind) -> Vec<&'static str> {
-    let settings = hacpo::config::AlgoConfig::default().settings();
-    hacpo::rl::registry::names()
-        .into_iter()
-        .filter(|name| {
-            let algo =
-                hacpo::rl::registry::build::<burn::backend::Autodiff<hacpo::backend::Cpu>>(name, &settings).unwrap();
-            hacpo::workload::trains(workload, algo.as_ref())
-        })
-        .collect()
-}
-
 /// The HACPO exchange (tiny-qwen and tiny-llama on 12 fixed arithmetic problems): every
 /// algorithm raises the mean sampled accuracy of the two agents. Measured (release build,
 /// 2-core EPYC), first two steps → last two of eight: hacpo 0.48 → 0.77, naive 0.48 → 0.79,
@@ -134,7 +121,7 @@ fn the_exchange_workload_learns_with_every_algorithm() {
         margin: 0.07,
         lowest_start: 0.2,
     }
-    .run(&algorithms_of(WorkloadKind::Exchange));
+    .run(&WorkloadKind::Exchange.algorithms()); // every registered one, a new one too
 }
 
 /// The turn-wise team (a tiny planner as tool and plan roles) on 6 fixed Plan-Path grids
@@ -175,7 +162,7 @@ fn the_turns_workload_learns_with_every_algorithm() {
         margin: 0.1,
         lowest_start: 0.2,
     }
-    .run(&algorithms_of(WorkloadKind::Turns));
+    .run(&WorkloadKind::Turns.algorithms()); // every registered one, a new one too
 }
 
 /// The search team (a tiny searcher as Rewriter, Reranker and Answerer) on 16 fixed two-hop
@@ -217,5 +204,5 @@ fn the_search_workload_learns_with_every_algorithm() {
         margin: 0.12,
         lowest_start: 0.12,
     }
-    .run(&algorithms_of(WorkloadKind::Search));
+    .run(&WorkloadKind::Search.algorithms()); // every registered one, a new one too
 }

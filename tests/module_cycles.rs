@@ -9,9 +9,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-/// Cycles that remain, each as its sorted modules. `config` ↔ `workload`: every workload reads
-/// the whole training config.
-const KNOWN: &[&[&str]] = &[&["config", "workload"]];
+/// Cycles that remain, each as its sorted modules: none. Keep it so; a cycle that must stay for
+/// a while goes here with the reason.
+const KNOWN: &[&[&str]] = &[];
 
 fn rust_files(path: &Path, out: &mut Vec<PathBuf>) {
     if path.is_dir() {

@@ -219,7 +219,8 @@ fn per_role_policies_with_different_tokenizers_train_with_independent_sampling()
 fn round_robin_masks_the_chain_before_its_fork() {
     let s = setup();
     // RR forking always at the Answerer: the Rewriter and Reranker outputs are singletons.
-    let cfg = s.config("mhgpo-rr", false, "[algo.mhgpo]\nrr_probabilities = [0.0, 0.0, 1.0]\naggregate = \"max\"\n");
+    let cfg =
+        s.config("mhgpo-rr", false, "[workload.search]\nrr_probabilities = [0.0, 0.0, 1.0]\naggregate = \"max\"\n");
     let out_dir = s.data.path().join("rr");
     ok(run(&["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--steps", "1"]));
     let r = &metrics(&out_dir)[0];

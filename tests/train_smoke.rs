@@ -10,10 +10,11 @@ use hacpo::backend::Cpu;
 use hacpo::config::{PolicyConfig, TrainConfig};
 use hacpo::model::weights::export;
 use hacpo::rl::Capabilities;
-use hacpo::rl::hacpo::{self as algo, HacpoConfig, PoolSample, SampleTerms};
+use hacpo::rl::hacpo::{self as algo, HacpoConfig};
+use hacpo::rl::records::{PoolSample, SampleTerms};
 use hacpo::task::{Task, TaskPrompt};
 use hacpo::tokenizer::Message;
-use hacpo::trainer::Trainer;
+use hacpo::trainer::{Inputs, Trainer};
 
 /// A verifiable task on GSM8K questions whose reward reads the response alone (the Task trait
 /// is the plug-in point for any checkable reward).
@@ -74,6 +75,11 @@ impl Task for ResponseTask {
     fn reward(&self, _: &TaskPrompt, response: &str) -> f64 {
         (self.reward)(response)
     }
+}
+
+/// The trainer's inputs for `cfg`'s models as given (fixture paths), on the test device.
+fn given(cfg: &TrainConfig, task: impl Task + 'static, policies: usize) -> Inputs<Cpu> {
+    Inputs::as_given(cfg, Arc::new(task), vec![common::device(); policies])
 }
 
 fn config(run: &Path, agents: &[&Path], algo_name: &str) -> TrainConfig {
@@ -150,8 +156,7 @@ fn run_and_check(agents: &[&Path], expected_dumps: usize) {
         .map(|m| export(&m))
         .collect();
     let mut trainer =
-        Trainer::<Cpu>::start(cfg, Arc::new(ResponseTask::contains_digit(8)), vec![common::device(); agents.len()])
-            .unwrap();
+        Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::contains_digit(8), agents.len())).unwrap();
     let summary = trainer.run().unwrap();
     assert_eq!(summary.steps, 2);
 
@@ -257,7 +262,7 @@ fn hacpo_raises_a_learnable_reward_for_both_agents() {
     cfg.rollout.max_new_tokens = 4;
     cfg.rollout.batch_prompts = 4;
     let task = ResponseTask::starts_with_two(8);
-    let mut trainer = Trainer::<Cpu>::start(cfg, Arc::new(task), vec![common::device(); 2]).unwrap();
+    let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, task, 2)).unwrap();
     let mut scores: Vec<Vec<f64>> = vec![vec![]; 2];
     for _ in 0..8 {
         trainer.train_step().unwrap();
@@ -282,11 +287,7 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
     // The algorithms of single-stage workloads; MHGPO's tree algorithms train the search
     // pipeline (tests/search_train.rs), the turn-wise ones the planning teams
     // (tests/turns_train.rs).
-    let settings = hacpo::config::AlgoConfig::default().settings();
-    let single_stage = hacpo::rl::registry::names().into_iter().filter(|name| {
-        let algo = hacpo::rl::registry::build::<burn::backend::Autodiff<Cpu>>(name, &settings).unwrap();
-        algo.tree().is_none() && algo.turns().is_none()
-    });
+    let single_stage = hacpo::workload::WorkloadKind::Exchange.algorithms();
     for name in single_stage {
         let run = tempfile::tempdir().unwrap();
         let mut cfg = config(run.path(), &[qwen.path(), llama.path()], name);
@@ -294,8 +295,7 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
         cfg.run.dump_batches = false;
         cfg.algo.minibatch_prompts = 2;
         cfg.algo.kl_coef = 0.01;
-        let mut trainer =
-            Trainer::<Cpu>::start(cfg, Arc::new(ResponseTask::text_hash(4)), vec![common::device(); 2]).unwrap();
+        let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::text_hash(4), 2)).unwrap();
         assert_eq!(trainer.algorithm_name(), name);
         trainer.run().unwrap();
         for (agent, m) in &trainer.last_metrics {
@@ -324,8 +324,7 @@ fn dynamic_sampling_trains_only_on_groups_with_signal() {
     cfg.algo.filter_groups = true;
     cfg.algo.filter_max_draws = 6;
     cfg.rollout.max_new_tokens = 4;
-    let mut trainer =
-        Trainer::<Cpu>::start(cfg, Arc::new(ResponseTask::starts_with_two(16)), vec![common::device(); 2]).unwrap();
+    let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::starts_with_two(16), 2)).unwrap();
     trainer.run().unwrap();
     let lines: Vec<serde_json::Value> = std::fs::read_to_string(run.path().join("metrics.jsonl"))
         .unwrap()

@@ -244,7 +244,8 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
         })
         .collect();
     let task = std::sync::Arc::new(ByLength { prompts });
-    let mut trainer = hacpo::trainer::Trainer::<B>::start(cfg, task, vec![device; agents.len()]).unwrap();
+    let inputs = hacpo::trainer::Inputs::as_given(&cfg, task, vec![device; agents.len()]);
+    let mut trainer = hacpo::trainer::Trainer::<B>::start(cfg, inputs).unwrap();
     (0..2)
         .map(|_| {
             trainer.train_step().unwrap();

@@ -195,7 +195,8 @@ model = "{llama}"
     );
     let cfg = TrainConfig::from_toml(&toml, "trainer benchmark", &[])?;
     let task = Arc::new(MathTask::load(&cfg.task.splits(), cfg.task.grade_mode)?);
-    let mut trainer = Trainer::<B>::start(cfg, task, vec![device.clone(); 2])?;
+    let inputs = crate::trainer::Inputs::as_given(&cfg, task, vec![device.clone(); 2]);
+    let mut trainer = Trainer::<B>::start(cfg, inputs)?;
     let bar = crate::progress::Progress::new("bench step", opts.steps as u64 + 1);
     let mut out = TrainerBreakdown {
         agents: shapes,

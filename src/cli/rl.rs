@@ -20,12 +20,12 @@ pub enum RlCommand {
 }
 
 #[derive(Args, Debug)]
-#[command(after_help = "Input (JSON; all fields but samples optional, defaults from ALGORITHMS.md):\n  \
+#[command(after_help = "Input (JSON; all fields but samples optional, defaults from docs/algorithms.md):\n  \
     {\"learner\": 0, \"capabilities\": [0.6, 0.3], \"alpha\": 1.0, \"delta\": 0.2, \"delta_step\": 0.025,\n   \
     \"eps_low\": 0.0003, \"eps_high\": 0.0004, \"minibatch_index\": 0,\n   \
     \"samples\": [{\"agent\": 0, \"prompt\": \"p0\", \"reward\": 1.0, \"mean_logp_target\": -1.2, \"mean_logp_source\": -1.0}]}\n\
     Switches for ablations may appear too: capability_baseline, discrepancy_coef, exp_is, stepwise, naive.\n\n\
-    Example (the worked example of ALGORITHMS.md §2.12, all four mini-batch indices):\n  \
+    Example (the worked example of docs/algorithms.md §2.12, all four mini-batch indices):\n  \
     hacpo rl inspect --input tests/fixtures/rl/worked_example.json --minibatch-index 0,1,2,3\n\n\
     An MHGPO batch ({\"algorithm\": \"mhgpo\", \"questions\": [{\"id\", \"nodes\": [...]}]}, docs/mhgpo-batch.md)\n\
     prints each output's propagated reward, advantage and loss mask:\n  \

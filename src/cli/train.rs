@@ -8,17 +8,7 @@ use hacpo::run_dir::RunDir;
 use hacpo::{Error, Result};
 
 #[derive(Args, Debug)]
-#[command(after_help = "Examples:\n  \
-    hacpo train                                  # the embedded default: configs/tiny-duo.toml on the CPU\n  \
-    hacpo train --config configs/hacpo-math.toml\n  \
-    hacpo train --agents qwen3-1.7b-base,qwen3-4b-base --algo hacpo --task math --out runs/size-pair\n  \
-    hacpo train --config configs/hacpo-math.toml --set algo.hacpo.alpha=3 --set algo.hacpo.delta_step=0.01\n  \
-    hacpo train --resume runs/size-pair\n  \
-    hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n  \
-    hacpo train --lora 16                        # LoRA adapters (PEFT layout) instead of full fine-tuning\n  \
-    hacpo train --agents llama-8b --lora 16 --frozen-dtype bf16 --set algo.gradient_checkpointing=true\n\n\
-    Algorithms: hacpo, gspo, grpo, gspo2x, naive, drgrpo. Ablations: --set algo.hacpo.capability_baseline=false\n\
-    (also discrepancy_coef, exp_is, stepwise).")]
+#[command(after_help = after_help())]
 pub struct TrainArgs {
     /// A TOML config (see configs/); without --config and --agents, the embedded default
     /// (configs/tiny-duo.toml).
@@ -27,10 +17,10 @@ pub struct TrainArgs {
     /// Agents (zoo ids or paths), comma-separated; replaces the config's [[agents]].
     #[arg(long, value_delimiter = ',')]
     pub agents: Vec<String>,
-    /// An algorithm of the registry: hacpo, gspo, grpo, gspo2x, naive or drgrpo.
+    /// An algorithm of the registry (listed below).
     #[arg(long)]
     pub algo: Option<String>,
-    /// The task: math or arith.
+    /// The task: math, arith, qa or env.
     #[arg(long)]
     pub task: Option<String>,
     /// One device for all agents, or one per agent (cpu, cuda:0, …, wgpu).
@@ -90,6 +80,25 @@ impl TrainArgs {
             || self.seed.is_some()
             || !self.devices.is_empty()
     }
+}
+
+/// The examples, and the registry's algorithms by workload (read from the registry, so a new
+/// algorithm is listed without touching this file).
+fn after_help() -> String {
+    format!(
+        "Examples:\n  \
+    hacpo train                                  # the embedded default: configs/tiny-duo.toml on the CPU\n  \
+    hacpo train --config configs/hacpo-math.toml\n  \
+    hacpo train --agents qwen3-1.7b-base,qwen3-4b-base --algo hacpo --task math --out runs/size-pair\n  \
+    hacpo train --config configs/hacpo-math.toml --set algo.hacpo.alpha=3 --set algo.hacpo.delta_step=0.01\n  \
+    hacpo train --resume runs/size-pair\n  \
+    hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n  \
+    hacpo train --lora 16                        # LoRA adapters (PEFT layout) instead of full fine-tuning\n  \
+    hacpo train --agents llama-8b --lora 16 --frozen-dtype bf16 --set algo.gradient_checkpointing=true\n\n\
+    HACPO's ablations: --set algo.hacpo.capability_baseline=false (also discrepancy_coef, exp_is, stepwise).\n\n\
+    Algorithms (--algo), by the workload that trains them ([workload] kind):\n{}",
+        hacpo::workload::algorithms_by_workload()
+    )
 }
 
 /// The config the command line describes (file, then --set, then explicit flags).

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, LossAggregation, MhgpoConfig};
+use crate::rl::{AlgoSettings, CapabilityConfig, DrGrpoSettings, HacpoSettings, LossAggregation};
 use crate::train::optim::{AdamWConfig, LrSchedule};
 pub use task::{TaskConfig, TaskKind};
 
@@ -68,8 +68,8 @@ impl Default for RunConfig {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct AlgoConfig {
-    /// A name in the algorithm registry (`hacpo`, `gspo`, `grpo`, `gspo2x`, `naive`, `drgrpo`;
-    /// the search workload's `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr` and `mappo`).
+    /// A name in the algorithm registry (`hacpo --help` lists them, with the workload that
+    /// trains each).
     pub name: String,
     /// Samples per prompt per policy (G).
     pub group_size: usize,
@@ -104,7 +104,6 @@ pub struct AlgoConfig {
     pub hacpo: HacpoSettings,
     pub capability: CapabilityConfig,
     pub drgrpo: DrGrpoSettings,
-    pub mhgpo: MhgpoConfig,
     /// MAPPO's critic (`[algo.mappo]`: gamma, lam, vf_coef, cliprange_value, whiten).
     pub mappo: crate::rl::mappo::CriticSettings,
     /// The matmuls' dtype: "f32", "bf16" or "f16" (see `model::precision`).
@@ -142,7 +141,6 @@ impl Default for AlgoConfig {
             hacpo: HacpoSettings::default(),
             capability: CapabilityConfig::default(),
             drgrpo: DrGrpoSettings::default(),
-            mhgpo: MhgpoConfig::default(),
             mappo: Default::default(),
             compute_dtype: ComputeDtype::F32,
             f16_loss_scale: crate::train::loss_scale::INIT_SCALE,
@@ -166,7 +164,6 @@ impl AlgoConfig {
             hacpo: self.hacpo.clone(),
             capability: self.capability.clone(),
             drgrpo: self.drgrpo.clone(),
-            mhgpo: self.mhgpo.clone(),
             mappo: self.mappo,
         }
     }
@@ -275,25 +272,13 @@ pub struct TrainConfig {
     pub roles: Vec<RoleConfig>,
 }
 
-/// One role of a workload (`[[roles]]`): its name, the policies that play it, and how the
-/// task's prompt is put to it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RoleConfig {
-    pub name: String,
-    /// Policy names (or indices as strings) that play the role; empty: every policy.
-    #[serde(default)]
-    pub policies: Vec<String>,
-    /// The user message, with `{prompt}` standing for the task's (default: the task's as is).
-    #[serde(default)]
-    pub template: Option<String>,
-}
+pub use crate::workload::RoleConfig;
 
 /// A key an older hacpo wrote under `[algo]`, and its place now.
 struct Moved {
     /// Its old path under `[algo]`.
     old: &'static str,
-    /// Its key under `[algo]` now.
+    /// Its path now, from the top of the config.
     new: &'static str,
     /// Whether its value applied to the algorithm of that name (a migration keeps only those).
     applies: fn(&str) -> bool,
@@ -306,34 +291,63 @@ const fn moved(old: &'static str, new: &'static str, applies: fn(&str) -> bool) 
 /// Every moved key, in the order an old config's first one is reported.
 #[rustfmt::skip]
 const MOVED: &[Moved] = &[
-    moved("hacpo.kl_coef", "kl_coef", |_| true),
-    moved("hacpo.eps_low", "clip_low", |name| name != "grpo"),
-    moved("hacpo.eps_high", "clip_high", |name| name != "grpo"),
-    moved("hacpo.adv_epsilon", "adv_epsilon", |_| true),
-    moved("hacpo.normalize_by_std", "normalize_by_std", |_| true),
-    moved("hacpo.max_abs_log_ratio", "max_abs_log_ratio", |_| true),
+    moved("hacpo.kl_coef", "algo.kl_coef", |_| true),
+    moved("hacpo.eps_low", "algo.clip_low", |name| name != "grpo"),
+    moved("hacpo.eps_high", "algo.clip_high", |name| name != "grpo"),
+    moved("hacpo.adv_epsilon", "algo.adv_epsilon", |_| true),
+    moved("hacpo.normalize_by_std", "algo.normalize_by_std", |_| true),
+    moved("hacpo.max_abs_log_ratio", "algo.max_abs_log_ratio", |_| true),
     // `naive = true` became `name = "naive"`; `naive = false` said nothing.
-    moved("hacpo.naive", "name", |_| true),
-    moved("grpo_eps_low", "clip_low", |name| name == "grpo"),
-    moved("grpo_eps_high", "clip_high", |name| name == "grpo"),
-    moved("grpo_loss_agg", "loss_agg", |name| name == "grpo"),
+    moved("hacpo.naive", "algo.name", |_| true),
+    moved("grpo_eps_low", "algo.clip_low", |name| name == "grpo"),
+    moved("grpo_eps_high", "algo.clip_high", |name| name == "grpo"),
+    moved("grpo_loss_agg", "algo.loss_agg", |name| name == "grpo"),
+    // How the search tree branches and carries rewards is the workload's (one table per shape).
+    moved("mhgpo.aggregate", "workload.search.aggregate", |_| true),
+    moved("mhgpo.propagate_penalties", "workload.search.propagate_penalties", |_| true),
+    moved("mhgpo.rr_probabilities", "workload.search.rr_probabilities", |_| true),
 ];
 
 impl Moved {
-    /// Removes this key from the `[algo]` table, returning its value.
+    /// Removes this key from the `[algo]` table, returning its value (and the table it was in
+    /// when that is left empty).
     fn take(&self, algo: &mut toml::Table) -> Option<toml::Value> {
         match self.old.split_once('.') {
-            Some((table, key)) => algo.get_mut(table)?.as_table_mut()?.remove(key),
+            Some((table, key)) => {
+                let inner = algo.get_mut(table)?.as_table_mut()?;
+                let value = inner.remove(key);
+                if inner.is_empty() {
+                    algo.remove(table);
+                }
+                value
+            }
             None => algo.remove(self.old),
         }
     }
 
+    /// Puts `value` at this key's new place.
+    fn put(&self, root: &mut toml::Table, value: toml::Value) {
+        let mut parts: Vec<&str> = self.new.split('.').collect();
+        let key = parts.pop().expect("a path has a key");
+        let mut table = root;
+        for part in parts {
+            let entry = table.entry(part).or_insert_with(|| toml::Value::Table(Default::default()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(Default::default());
+            }
+            table = entry.as_table_mut().expect("made a table");
+        }
+        table.insert(key.to_string(), value);
+    }
+
     /// Where it lives now, as the error for a config that still uses it says.
     fn new_place(&self) -> String {
-        if self.new == "name" {
-            "algo.name = \"naive\" (naive sharing is an algorithm of its own)".into()
-        } else {
-            format!("algo.{} (settings shared by every algorithm live at algo.*)", self.new)
+        match self.new {
+            "algo.name" => "algo.name = \"naive\" (naive sharing is an algorithm of its own)".into(),
+            new if new.starts_with("workload.") => {
+                format!("{new} (how the search workload branches and credits its trees is its own setting)")
+            }
+            new => format!("{new} (settings shared by every algorithm live at algo.*)"),
         }
     }
 }
@@ -361,13 +375,13 @@ fn migrate_moved(root: &mut toml::Table) -> Vec<String> {
     let taken: Vec<(&Moved, toml::Value)> = MOVED.iter().filter_map(|m| Some((m, m.take(algo)?))).collect();
     for (m, value) in taken {
         let value = match m.new {
-            "name" if value.as_bool() == Some(true) => toml::Value::String("naive".into()),
-            "name" => continue,
+            "algo.name" if value.as_bool() == Some(true) => toml::Value::String("naive".into()),
+            "algo.name" => continue,
             _ => value,
         };
         if (m.applies)(&name) {
-            notes.push(format!("algo.{} read as algo.{}", m.old, m.new));
-            algo.insert(m.new.to_string(), value);
+            notes.push(format!("algo.{} read as {}", m.old, m.new));
+            m.put(root, value);
         } else {
             notes.push(format!("algo.{} dropped (it does not apply to {name})", m.old));
         }
@@ -571,7 +585,11 @@ impl TrainConfig {
         if self.task.kind == TaskKind::Qa && self.task.train == crate::search::task::TINY_KB {
             self.task.kb.validate()?;
         }
-        self.workload.validate(self)?;
+        if self.task.kind == TaskKind::Env {
+            crate::env::EnvKind::parse(&self.task.train)
+                .map_err(|e| Error::config("training config", format!("task.train: {e}")))?;
+        }
+        self.workload.validate(self.task.kind, &a.name, &self.role_map())?;
         let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
         for (i, p) in self.policies.iter().enumerate() {
             let device = crate::backend::DeviceSpec::parse_name(&p.device)
@@ -626,9 +644,15 @@ impl TrainConfig {
 
     /// The policy a role entry names (a name, or an index).
     pub fn policy_index(&self, name: &str) -> Option<usize> {
-        (0..self.policies.len())
-            .find(|&k| self.policy_name(k) == name)
-            .or_else(|| name.parse::<usize>().ok().filter(|&k| k < self.policies.len()))
+        self.role_map().index(name)
+    }
+
+    /// The policies' names and the `[[roles]]` entries, as the workloads resolve them.
+    pub fn role_map(&self) -> crate::workload::RoleMap {
+        crate::workload::RoleMap {
+            policies: (0..self.policies.len()).map(|k| self.policy_name(k)).collect(),
+            roles: self.roles.clone(),
+        }
     }
 
     /// The config a resumed run in `run_dir` trains with: the run's own (`saved`), with what
@@ -842,6 +866,17 @@ model = "b"
         std::fs::write(&path, "[algo.hacpo]\nnaive = true\neps_low = 0.001\n").unwrap();
         let (c, _) = TrainConfig::load_saved(&path, &[]).unwrap();
         assert_eq!((c.algo.name.as_str(), c.algo.clip_low), ("naive", Some(0.001)));
+        // MHGPO's tree settings moved to the search workload's table.
+        let tree = "[workload]\nkind = \"search\"\n[workload.search.penalties]\nreranker = -0.5\n\
+                    [algo]\nname = \"mhgpo-rr\"\n[algo.mhgpo]\naggregate = \"max\"\nrr_probabilities = [0.0, 0.0, 1.0]\n";
+        std::fs::write(&path, tree).unwrap();
+        let (c, notes) = TrainConfig::load_saved(&path, &[]).unwrap();
+        let search = &c.workload.search;
+        assert_eq!(
+            (search.aggregate, search.rr_probabilities, search.penalties.reranker),
+            (crate::rl::mhgpo::Aggregate::Max, [0.0, 0.0, 1.0], -0.5)
+        );
+        assert!(notes.iter().any(|n| n == "algo.mhgpo.aggregate read as workload.search.aggregate"), "{notes:?}");
     }
 
     #[test]

@@ -8,35 +8,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::arith::ArithConfig;
 use crate::env::task::{EnvTask, EnvTaskConfig};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::reward::GradeMode;
 use crate::search::kb::KbConfig;
 use crate::search::task::QaTask;
+pub use crate::task::TaskKind;
 use crate::task::{MathTask, Splits, Task};
-
-/// The task kinds `task.kind` accepts.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum TaskKind {
-    /// Math benchmark files graded by the answer grader.
-    Math,
-    /// Generated arithmetic word problems (`[task.arith]`).
-    Arith,
-    /// Questions answered from passages (`train`/`validation`: `hotpotqa`, `musique` or a
-    /// questions file with `corpus`), played by the search workload.
-    Qa,
-    /// Generated planning environments (`train`: `plan-path`, `sokoban` or `sudoku`; settings
-    /// under `[task.env]`), played over turns by the turn-wise workload.
-    Env,
-}
-
-impl TaskKind {
-    /// `--task` on the command line.
-    pub fn parse(s: &str) -> Result<Self> {
-        serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
-            .map_err(|_| Error::InvalidArgument(format!("unknown task {s:?}; use math, arith, qa or env")))
-    }
-}
 
 /// The `[task]` table of a training config.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,5 +1,5 @@
 //! Generated, checked planning environments for turn-wise multi-agent training (AT-GRPO,
-//! ALGORITHMS.md §5): Plan-Path, Sokoban and Sudoku, after PettingLLMs' planning suite but
+//! docs/algorithms.md §5): Plan-Path, Sokoban and Sudoku, after PettingLLMs' planning suite but
 //! generated here from a seed, each instance checked solvable (and a Sudoku unique), and
 //! success true only when the task is solved.
 //!

@@ -12,8 +12,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::capability::CapabilityConfig;
-use super::hacpo::{MinibatchOrder, PoolSample, SampleTerms};
+use super::hacpo::MinibatchOrder;
 use super::objective::LossAggregation;
+use super::records::{PoolSample, SampleTerms};
 use super::tensor::AggregationScope;
 use crate::error::Result;
 
@@ -40,11 +41,10 @@ pub struct AlgoSettings {
     pub hacpo: HacpoSettings,
     pub capability: CapabilityConfig,
     pub drgrpo: DrGrpoSettings,
-    pub mhgpo: MhgpoConfig,
     pub mappo: super::mappo::CriticSettings,
 }
 
-/// HACPO's mechanisms (`[algo.hacpo]`; ALGORITHMS.md §2.10 defaults).
+/// HACPO's mechanisms (`[algo.hacpo]`; docs/algorithms.md §2.10 defaults).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HacpoSettings {
@@ -95,26 +95,6 @@ impl Default for HacpoSettings {
 pub struct DrGrpoSettings {
     /// The constant each response's token sum is divided by; 0: `rollout.max_new_tokens`.
     pub norm_length: usize,
-}
-
-/// MHGPO's settings (`[algo.mhgpo]`, ALGORITHMS.md §3; the ⚠ items of the spec as options).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct MhgpoConfig {
-    /// How a node's successors' rewards combine: `mean` (default), `max` or `min` (§3.3).
-    pub aggregate: super::mhgpo::Aggregate,
-    /// Propagate the successors' format penalties upwards (the recursion of §3.3) or only
-    /// their task reward.
-    pub propagate_penalties: bool,
-    /// `mhgpo-rr`: the probability of forking at the Rewriter, Reranker and Answerer (§3.5).
-    pub rr_probabilities: [f64; 3],
-}
-
-impl Default for MhgpoConfig {
-    fn default() -> Self {
-        let super::mhgpo::Sampling::Rr { probabilities } = super::mhgpo::Sampling::RR_DEFAULT else { unreachable!() };
-        MhgpoConfig { aggregate: Default::default(), propagate_penalties: true, rr_probabilities: probabilities }
-    }
 }
 
 /// The batch shape a run asks for, which an algorithm may reshape or reject.
@@ -177,18 +157,6 @@ pub trait Algorithm<B: Backend>: Send + Sync {
     /// the group and halves the mini-batch here.
     fn shape(&self, requested: BatchShape) -> Result<BatchShape> {
         Ok(requested)
-    }
-
-    /// How a multi-stage workload branches each question's rollouts and carries rewards up the
-    /// tree (MHGPO); `None`: the algorithm trains single-stage workloads only.
-    fn tree(&self) -> Option<super::mhgpo::TreeRollout> {
-        None
-    }
-
-    /// How the turn-wise workload rolls episodes out for it (AT-GRPO's branching or whole
-    /// trajectories); `None`: the algorithm does not train turn-wise workloads.
-    fn turns(&self) -> Option<super::atgrpo::TurnRollout> {
-        None
     }
 
     /// The critic an actor-critic algorithm trains beside the policy (MAPPO's value head);

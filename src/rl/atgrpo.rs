@@ -1,4 +1,4 @@
-//! AT-GRPO's grouping and branch selection (ALGORITHMS.md §5), plain and testable without a
+//! AT-GRPO's grouping and branch selection (docs/algorithms.md §5), plain and testable without a
 //! model: the turn-wise workload asks here which group a decision belongs to, how a branch's
 //! reward mixes the team's and the role's own, and which branch the episode continues from.
 //!

@@ -1,4 +1,4 @@
-//! Agent capability estimates P̂ and capability ratios ω (ALGORITHMS.md §2.3).
+//! Agent capability estimates P̂ and capability ratios ω (docs/algorithms.md §2.3).
 //!
 //! Each step, every agent's accuracy on its own rollouts (the positive rate: the fraction of
 //! responses with reward > 0) is floored at 1e-8 and pushed into a sliding window of the last

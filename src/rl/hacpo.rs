@@ -1,4 +1,4 @@
-//! HACPO for n ≥ 2 agents (ALGORITHMS.md §2): capability-aware advantages, the discrepancy
+//! HACPO for n ≥ 2 agents (docs/algorithms.md §2): capability-aware advantages, the discrepancy
 //! coefficient, exponential importance sampling, stepwise clipping and mini-batch ordering.
 //!
 //! For a learner k, every response of the joint pool (its own and the other agents') gets an
@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::capability::Capabilities;
 use super::objective::{WithGrad, cross_sequence, gspo_sequence};
+use super::records::{PoolSample, SampleTerms};
 use super::stats::{group_members, mean, unbiased_std};
 use crate::error::{Error, Result};
 
@@ -28,7 +29,7 @@ pub enum MinibatchOrder {
     Interleaved,
 }
 
-/// HACPO settings; the defaults are ALGORITHMS.md §2.10's.
+/// HACPO settings; the defaults are docs/algorithms.md §2.10's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct HacpoConfig {
@@ -149,16 +150,6 @@ impl HacpoConfig {
     }
 }
 
-/// One response of the joint pool: who produced it, for which prompt, and its reward.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PoolSample {
-    /// Source agent.
-    pub agent: usize,
-    /// Prompt group.
-    pub group: usize,
-    pub reward: f64,
-}
-
 /// Advantages (before ω) of every pool response for `learner` (§2.4), in pool order.
 pub fn advantages(samples: &[PoolSample], learner: usize, caps: &Capabilities, cfg: &HacpoConfig) -> Result<Vec<f64>> {
     let n = caps.num_agents();
@@ -219,23 +210,6 @@ fn check_group_balance(samples: &[PoolSample], members: &[usize], num_agents: us
         )));
     }
     Ok(())
-}
-
-/// What HACPO does to one response in the learner's mini-batch.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct SampleTerms {
-    /// Advantage before ω.
-    pub advantage: f64,
-    /// ω(source, learner); 1 for own responses.
-    pub coef: f64,
-    /// Sequence ratio s.
-    pub ratio: f64,
-    /// s after the clip that applies to it (GSPO band or cross stepwise clamp).
-    pub clipped_ratio: f64,
-    pub objective: f64,
-    /// ∂objective / ∂mean_logp_target.
-    pub grad_weight: f64,
-    pub cross: bool,
 }
 
 /// Terms of one response with source `source` for `learner` at mini-batch update `m`.

@@ -1,6 +1,6 @@
 //! `hacpo rl inspect`: what HACPO does to one mini-batch of one learner.
 //!
-//! Input (JSON; every field but `samples` optional, defaults from ALGORITHMS.md):
+//! Input (JSON; every field but `samples` optional, defaults from docs/algorithms.md):
 //! `{"learner": 0, "capabilities": [0.6, 0.3], "minibatch_index": 0, "alpha": 1.0, …,
 //!   "samples": [{"agent": 0, "prompt": "p0", "reward": 1.0, "mean_logp_target": -1.2,
 //!                "mean_logp_source": -1.0}, …]}`
@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::capability::Capabilities;
-use super::hacpo::{self, HacpoConfig, PoolSample};
+use super::hacpo::{self, HacpoConfig};
+use super::records::PoolSample;
 use crate::error::{Error, Result};
 
 /// One inspected response.

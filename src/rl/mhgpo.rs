@@ -1,4 +1,4 @@
-//! MHGPO's arithmetic (ALGORITHMS.md §3): the rollout tree of a multi-agent pipeline, backward
+//! MHGPO's arithmetic (docs/algorithms.md §3): the rollout tree of a multi-agent pipeline, backward
 //! reward propagation, heterogeneous-group advantages, and the three group-sampling plans.
 //!
 //! A question's rollouts form a tree: each output of role k (0 = first agent) has one parent
@@ -168,11 +168,35 @@ impl Sampling {
     pub const RR_DEFAULT: Sampling = Sampling::Rr { probabilities: [0.7, 0.1, 0.2] };
 }
 
-/// What an MHGPO algorithm asks of a multi-stage workload: how to branch, how to propagate.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct TreeRollout {
-    pub sampling: Sampling,
-    pub settings: MhgpoSettings,
+/// Where a question's rollouts fork: [`Sampling`] without RR's probabilities, which are the
+/// workload's setting (`workload.search.rr_probabilities`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fork {
+    Is,
+    Fof,
+    Rr,
+}
+
+impl Fork {
+    /// The sampling plan, RR's fork drawn with `rr_probabilities`.
+    pub fn sampling(self, rr_probabilities: [f64; 3]) -> Sampling {
+        match self {
+            Fork::Is => Sampling::Is,
+            Fork::Fof => Sampling::Fof,
+            Fork::Rr => Sampling::Rr { probabilities: rr_probabilities },
+        }
+    }
+}
+
+/// How rewards reach the outputs upstream of the last role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credit {
+    /// MHGPO's recursion (§3.3): the successors' rewards aggregated plus the output's own
+    /// penalty, as the workload's `aggregate` and `propagate_penalties` say.
+    Propagated,
+    /// The team's outcome (the mean task score of the leaves below) plus the output's own
+    /// penalty, never a successor's (MMOA-RAG's rewards, which MAPPO trains on).
+    OwnPenalty,
 }
 
 /// A node of a plan: what the rollout executor generates, in an order where parents come

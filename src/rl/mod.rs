@@ -1,6 +1,7 @@
-//! The RL algorithm core: GRPO, GSPO, HACPO and MHGPO (ALGORITHMS.md §1–3).
+//! The RL algorithm core: GRPO, GSPO, HACPO and MHGPO (docs/algorithms.md §1–3).
 //!
-//! - [`stats`]: group statistics, GRPO advantages;
+//! - [`stats`]: group statistics, GRPO advantages; [`records`]: what advantages and metrics
+//!   read of a response, for every algorithm;
 //! - [`capability`]: the capability tracker P̂ and ratios ω;
 //! - [`objective`]: per-token and per-sequence objectives with analytic gradients, KL k3,
 //!   loss aggregation;
@@ -26,11 +27,13 @@ pub mod inspect;
 pub mod mappo;
 pub mod mhgpo;
 pub mod objective;
+pub mod records;
 pub mod registry;
 pub mod stats;
 pub mod tensor;
 
-pub use algorithm::{AlgoSettings, Algorithm, BatchShape, DrGrpoSettings, HacpoSettings, MhgpoConfig, Routing};
+pub use algorithm::{AlgoSettings, Algorithm, BatchShape, DrGrpoSettings, HacpoSettings, Routing};
 pub use capability::{Capabilities, CapabilityConfig, CapabilityTracker};
-pub use hacpo::{HacpoConfig, MinibatchOrder, PoolSample, SampleTerms};
+pub use hacpo::{HacpoConfig, MinibatchOrder};
 pub use objective::LossAggregation;
+pub use records::{PoolSample, SampleTerms};

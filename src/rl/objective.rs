@@ -1,5 +1,5 @@
 //! Per-token and per-sequence policy objectives with their analytic gradients
-//! (ALGORITHMS.md §1, §2.6–2.9). Plain f64 over scalars and slices: the reference the tensor
+//! (docs/algorithms.md §1, §2.6–2.9). Plain f64 over scalars and slices: the reference the tensor
 //! losses in [`super::tensor`] are checked against.
 //!
 //! Every function returns the objective (to be maximised) and its derivative with respect to

@@ -1,13 +1,29 @@
 //! The algorithm registry: every algorithm `algo.name` can select, looked up by name.
 //!
 //! Adding an algorithm is a file in `rl/algos/`, one line here and, if it has settings of its
-//! own, a table in [`AlgoSettings`](super::AlgoSettings) (see `docs/architecture.md`).
+//! own, a table in [`AlgoSettings`](super::AlgoSettings) (see `docs/architecture.md`). Each
+//! line also says which rollouts the algorithm learns from ([`RolloutShape`]): that, not the
+//! algorithm object, decides which workload can train it.
 
 use burn::tensor::backend::Backend;
 
 use super::algorithm::{AlgoSettings, Algorithm};
 use super::algos::{atgrpo::Atgrpo, drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mappo::Mappo, mhgpo::Mhgpo};
+use super::atgrpo::{Grouping, TurnRollout};
+use super::mhgpo::{Credit, Fork};
 use crate::error::{Error, Result};
+
+/// The rollouts an algorithm learns from. Static: known from the name alone, without a
+/// backend or settings; the workload that produces them owns the settings of their shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RolloutShape {
+    /// Each policy answers each prompt G times; the samples form one pool per step.
+    Pool,
+    /// A pipeline's outputs branched into a tree per question, rewards carried up it.
+    Tree { fork: Fork, credit: Credit },
+    /// A team's episodes over turns.
+    Turns(TurnRollout),
+}
 
 /// Builds an algorithm from the run's settings.
 type Build<B> = fn(&AlgoSettings) -> Result<Box<dyn Algorithm<B>>>;
@@ -15,30 +31,41 @@ type Build<B> = fn(&AlgoSettings) -> Result<Box<dyn Algorithm<B>>>;
 /// One registered algorithm.
 pub struct Entry<B: Backend> {
     pub name: &'static str,
+    pub shape: RolloutShape,
     pub build: Build<B>,
 }
 
-fn entry<B: Backend>(name: &'static str, build: Build<B>) -> Entry<B> {
-    Entry { name, build }
+fn entry<B: Backend>(name: &'static str, shape: RolloutShape, build: Build<B>) -> Entry<B> {
+    Entry { name, shape, build }
+}
+
+use RolloutShape::Pool;
+const fn tree(fork: Fork) -> RolloutShape {
+    RolloutShape::Tree { fork, credit: Credit::Propagated }
+}
+const fn turns(grouping: Grouping, single_agent: bool) -> RolloutShape {
+    RolloutShape::Turns(TurnRollout { grouping, single_agent })
 }
 
 /// Every algorithm, in the order errors list them: one line each.
 #[rustfmt::skip]
 pub fn entries<B: Backend>() -> Vec<Entry<B>> {
     vec![
-        entry("hacpo", |s| Ok(Box::new(Hacpo::new(s, false)?))), // every policy learns from every policy's samples (§2)
-        entry("gspo", |s| Ok(Box::new(Gspo::new(s, false)?))),   // each policy alone, sequence-level ratio (§1.2)
-        entry("grpo", |s| Ok(Box::new(Grpo::new(s)?))),          // each policy alone, token-level ratio (§1.1)
-        entry("gspo2x", |s| Ok(Box::new(Gspo::new(s, true)?))),  // GSPO with twice the samples and updates
-        entry("naive", |s| Ok(Box::new(Hacpo::new(s, true)?))),  // sharing with every HACPO mechanism off
-        entry("drgrpo", |s| Ok(Box::new(DrGrpo::new(s)?))),      // no std division, token sums / a constant length
-        entry("mhgpo-is", |s| Ok(Box::new(Mhgpo::new(s, "is")?))),   // search workload: fork G at every role (§3.5)
-        entry("mhgpo-fof", |s| Ok(Box::new(Mhgpo::new(s, "fof")?))), // search workload: fork G at the Rewriter
-        entry("mhgpo-rr", |s| Ok(Box::new(Mhgpo::new(s, "rr")?))),   // search workload: fork at a random role
-        entry("mappo", |s| Ok(Box::new(Mappo::new(s)?))),             // search workload: PPO with a value head, GAE
-        entry("atgrpo", |s| Ok(Box::new(Atgrpo::new(s, "atgrpo")?))),           // turn-wise workload: K branches per (task, agent, turn) (§5)
-        entry("mas-grpo", |s| Ok(Box::new(Atgrpo::new(s, "mas-grpo")?))),       // turn-wise workload: K whole trajectories per task
-        entry("single-grpo", |s| Ok(Box::new(Atgrpo::new(s, "single-grpo")?))), // turn-wise workload: the plan role alone
+        entry("hacpo", Pool, |s| Ok(Box::new(Hacpo::new(s, false)?))), // every policy learns from every policy's samples (§2)
+        entry("gspo", Pool, |s| Ok(Box::new(Gspo::new(s, false)?))),   // each policy alone, sequence-level ratio (§1.2)
+        entry("grpo", Pool, |s| Ok(Box::new(Grpo::new(s)?))),          // each policy alone, token-level ratio (§1.1)
+        entry("gspo2x", Pool, |s| Ok(Box::new(Gspo::new(s, true)?))),  // GSPO with twice the samples and updates
+        entry("naive", Pool, |s| Ok(Box::new(Hacpo::new(s, true)?))),  // sharing with every HACPO mechanism off
+        entry("drgrpo", Pool, |s| Ok(Box::new(DrGrpo::new(s)?))),      // no std division, token sums / a constant length
+        entry("mhgpo-is", tree(Fork::Is), |s| Ok(Box::new(Mhgpo::new(s, "mhgpo-is")?))),   // fork G at every role (§3.5)
+        entry("mhgpo-fof", tree(Fork::Fof), |s| Ok(Box::new(Mhgpo::new(s, "mhgpo-fof")?))), // fork G at the Rewriter
+        entry("mhgpo-rr", tree(Fork::Rr), |s| Ok(Box::new(Mhgpo::new(s, "mhgpo-rr")?))),   // fork at a random role
+        // PPO with a value head and GAE; G independent trajectories, each output rewarded with
+        // the team's F1 plus its own penalty (MMOA-RAG).
+        entry("mappo", RolloutShape::Tree { fork: Fork::Fof, credit: Credit::OwnPenalty }, |s| Ok(Box::new(Mappo::new(s)?))),
+        entry("atgrpo", turns(Grouping::TurnWise, false), |s| Ok(Box::new(Atgrpo::new(s, "atgrpo")?))),            // K branches per (task, agent, turn) (§5)
+        entry("mas-grpo", turns(Grouping::Trajectory, false), |s| Ok(Box::new(Atgrpo::new(s, "mas-grpo")?))),      // K whole trajectories per task
+        entry("single-grpo", turns(Grouping::Trajectory, true), |s| Ok(Box::new(Atgrpo::new(s, "single-grpo")?))), // the plan role alone
     ]
 }
 
@@ -53,6 +80,12 @@ pub fn check(name: &str) -> Result<()> {
         return Ok(());
     }
     Err(Error::InvalidArgument(format!("unknown algorithm {name:?}; known: {}", names().join(", "))))
+}
+
+/// The rollouts algorithm `name` learns from.
+pub fn shape(name: &str) -> Result<RolloutShape> {
+    check(name)?;
+    Ok(entries::<crate::backend::Cpu>().into_iter().find(|e| e.name == name).expect("checked above").shape)
 }
 
 /// The algorithm `name` with `settings`.

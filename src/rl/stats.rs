@@ -1,4 +1,4 @@
-//! Group statistics and GRPO advantages (ALGORITHMS.md §1.1).
+//! Group statistics and GRPO advantages (docs/algorithms.md §1.1).
 //!
 //! A *group* is the set of responses to one prompt. GRPO normalises each reward by its group's
 //! mean and unbiased standard deviation (divisor N−1, as `torch.std`), plus ε = 1e-6; a group of

@@ -12,8 +12,9 @@
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use super::hacpo::{HacpoConfig, SampleTerms};
+use super::hacpo::HacpoConfig;
 use super::objective::LossAggregation;
+use super::records::SampleTerms;
 
 /// Per-sequence constants of a HACPO mini-batch for one learner.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,5 +1,5 @@
 //! The three roles of the search pipeline (Rewriter → retriever → Reranker → Answerer), in
-//! the spirit of MMOA-RAG (ALGORITHMS.md §3.2): their prompts, how their outputs are read, and
+//! the spirit of MMOA-RAG (docs/algorithms.md §3.2): their prompts, how their outputs are read, and
 //! their format penalties. Pure text functions; the retriever sits between Rewriter and
 //! Reranker (`search::retriever`).
 

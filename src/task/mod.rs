@@ -8,9 +8,33 @@ use serde::{Deserialize, Serialize};
 
 use crate::data::arith::{self, ArithConfig, ArithProblem};
 use crate::data::{Benchmark, MathProblem, load_benchmark};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::reward::{GradeConfig, GradeMode, Grader};
 use crate::tokenizer::Message;
+
+/// The task kinds `task.kind` accepts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskKind {
+    /// Math benchmark files graded by the answer grader.
+    Math,
+    /// Generated arithmetic word problems (`[task.arith]`).
+    Arith,
+    /// Questions answered from passages (`train`/`validation`: `hotpotqa`, `musique` or a
+    /// questions file with `corpus`), played by the search workload.
+    Qa,
+    /// Generated planning environments (`train`: `plan-path`, `sokoban` or `sudoku`; settings
+    /// under `[task.env]`), played over turns by the turn-wise workload.
+    Env,
+}
+
+impl TaskKind {
+    /// `--task` on the command line.
+    pub fn parse(s: &str) -> Result<Self> {
+        serde_json::from_value(serde_json::Value::String(s.to_lowercase()))
+            .map_err(|_| Error::InvalidArgument(format!("unknown task {s:?}; use math, arith, qa or env")))
+    }
+}
 
 /// The instruction appended to every math question (Qwen2.5-Math's prompt).
 pub const MATH_PROMPT: &str = "Please reason step by step, and put your final answer within \\boxed{}.";

@@ -1,4 +1,4 @@
-//! The trainer: one staged step for every workload and algorithm (ALGORITHMS.md §2.2 for
+//! The trainer: one staged step for every workload and algorithm (docs/algorithms.md §2.2 for
 //! HACPO), checkpoints, resume and validation.
 //!
 //! ```text
@@ -36,11 +36,12 @@ use crate::policy::Policy;
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
 use crate::sample::Sample;
+use crate::stable_hash::mix_seed;
 use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
 use crate::train::metrics::{Metrics, MetricsSink};
 use crate::train::optim::AdamWConfig;
-use crate::workload::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed};
+use crate::workload::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
 use update::{CriticBatch, LearnerBatch, UpdateSettings, update_policy};
 
 /// A learner's routed samples with their advantages (and the critic's per-token ones).
@@ -88,6 +89,26 @@ fn kwargs(table: &toml::Table) -> Map<String, Value> {
     }
 }
 
+/// Gives every policy a critic's value head: fresh, or the one `state` saved.
+fn attach_value_heads<B: Backend>(
+    policies: &mut [Policy<B>],
+    state: Option<&TrainerState>,
+    algorithm: &str,
+) -> Result<()> {
+    for (k, p) in policies.iter_mut().enumerate() {
+        p.value_head = Some(match state {
+            None => crate::train::critic::ValueHead::new(p.model.config.hidden_size),
+            Some(s) => s.value_heads.get(k).cloned().flatten().ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "the checkpoint holds no value head for policy {}: it was not written by {algorithm}",
+                    p.name
+                ))
+            })?,
+        });
+    }
+    Ok(())
+}
+
 /// Runs a stage and records its wall time under `name`.
 fn timed<T>(timing: &mut Metrics, name: &str, stage: impl FnOnce() -> Result<T>) -> Result<T> {
     let started = Instant::now();
@@ -96,12 +117,40 @@ fn timed<T>(timing: &mut Metrics, name: &str, stage: impl FnOnce() -> Result<T>)
     out
 }
 
+/// What a session hands the trainer beside the config: the task, one device per policy, and
+/// each policy's model as the loader reads it (a directory, a `.gguf`, a zoo id: a tiny agent's
+/// id already resolved to its pre-trained copy, which the trainer knows nothing of).
+pub struct Inputs<B: Backend> {
+    pub task: Arc<dyn Task>,
+    pub devices: Vec<B::Device>,
+    pub models: Vec<String>,
+}
+
+impl<B: Backend> Inputs<B> {
+    /// The models as `config` names them: for configs whose models are paths or zoo ids.
+    pub fn as_given(config: &TrainConfig, task: Arc<dyn Task>, devices: Vec<B::Device>) -> Self {
+        Inputs { task, devices, models: config.policies.iter().map(|p| p.model.clone()).collect() }
+    }
+
+    fn check(&self, config: &TrainConfig) -> Result<()> {
+        let n = config.policies.len();
+        if self.devices.len() != n || self.models.len() != n {
+            return Err(Error::Internal(format!(
+                "{n} policies, {} devices and {} models handed to the trainer",
+                self.devices.len(),
+                self.models.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
 impl<B: Backend> Trainer<B> {
-    /// Starts a new run in `config.run.out_dir` with one device per policy.
-    pub fn start(config: TrainConfig, task: Arc<dyn Task>, devices: Vec<B::Device>) -> Result<Self> {
+    /// Starts a new run in `config.run.out_dir`.
+    pub fn start(config: TrainConfig, inputs: Inputs<B>) -> Result<Self> {
         config.validate()?;
-        crate::resolve::check_known(&config)?;
-        if task.train().is_empty() {
+        inputs.check(&config)?;
+        if inputs.task.train().is_empty() {
             return Err(Error::InvalidArgument("the task has no training prompts".into()));
         }
         let run = RunDir::new(&config.run.out_dir);
@@ -115,45 +164,35 @@ impl<B: Backend> Trainer<B> {
                 run.path().display()
             );
         }
-        Self::begin(config, run, lock, task, devices)
+        Self::begin(config, run, lock, inputs)
     }
 
     /// Step 0 of a run in a directory this process holds the lock of.
-    fn begin(
-        config: TrainConfig,
-        run: RunDir,
-        lock: RunLock,
-        task: Arc<dyn Task>,
-        devices: Vec<B::Device>,
-    ) -> Result<Self> {
+    fn begin(config: TrainConfig, run: RunDir, lock: RunLock, inputs: Inputs<B>) -> Result<Self> {
         run.write_config(&config)?;
         let policies = (0..config.policies.len())
-            .map(|k| Self::load_policy(&config, k, devices[k].clone(), None))
+            .map(|k| Self::load_policy(&config, k, &inputs, None))
             .collect::<Result<Vec<_>>>()?;
         let metrics = MetricsSink::open(run.path(), config.run.tensorboard, None)?;
-        Self::assemble(config, run, lock, policies, task, None, metrics)
+        Self::assemble(config, run, lock, policies, inputs.task, None, metrics)
     }
 
     /// Resumes the run in `run_dir` from its last complete checkpoint. `requested` (the
     /// config given on the command line, if any) must match the run's except for keys that
     /// may change (steps, output settings).
-    pub fn resume(
-        run_dir: &Path,
-        requested: Option<TrainConfig>,
-        task: Arc<dyn Task>,
-        devices: Vec<B::Device>,
-    ) -> Result<Self> {
+    pub fn resume(run_dir: &Path, requested: Option<TrainConfig>, inputs: Inputs<B>) -> Result<Self> {
         let run = RunDir::new(run_dir);
         let saved = run.read_config()?;
         let lock = run.lock()?;
         let config = TrainConfig::resumed(run_dir, saved, requested)?;
         config.validate()?;
+        inputs.check(&config)?;
         let (candidates, mut passed) = checkpoint::resume_candidates(&run.checkpoints())?;
         if candidates.is_empty() {
             // Killed before its first checkpoint: nothing to continue from, so the run starts
             // over with its own config (the steps it had recorded are redone).
             eprintln!("note: {} has no checkpoint yet; training it again from step 0", run_dir.display());
-            return Self::begin(config, run, lock, task, devices);
+            return Self::begin(config, run, lock, inputs);
         }
         // The newest checkpoint that loads: a damaged file in one (unreadable config, NaN
         // weights, a trainer state that is not its step's) falls back to the one before.
@@ -177,7 +216,7 @@ impl<B: Backend> Trainer<B> {
                 )));
             }
             let loaded = (0..config.policies.len())
-                .map(|k| Self::load_policy(&config, k, devices[k].clone(), Some(ckpt)))
+                .map(|k| Self::load_policy(&config, k, &inputs, Some(ckpt)))
                 .collect::<Result<Vec<_>>>()
                 .and_then(|policies| Self::check_restorable(&config, &state).map(|()| policies));
             let policies = match loaded {
@@ -197,7 +236,7 @@ impl<B: Backend> Trainer<B> {
             }
             let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
             tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
-            return Self::assemble(config, run, lock, policies, task, Some(state), metrics);
+            return Self::assemble(config, run, lock, policies, inputs.task, Some(state), metrics);
         }
         Err(first_error.expect("a candidate failed"))
     }
@@ -225,7 +264,8 @@ impl<B: Backend> Trainer<B> {
         metrics: MetricsSink,
     ) -> Result<Self> {
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
-        let workload = crate::workload::build::<B, _>(&config, task.clone(), algorithm.as_ref())?;
+        let workload =
+            crate::workload::build::<B>(&config.workload, &config.role_map(), task.clone(), &config.algo.name)?;
         if policies.len() < algorithm.min_policies() {
             return Err(Error::config(
                 "training config",
@@ -247,19 +287,7 @@ impl<B: Backend> Trainer<B> {
         let epoch_steps = (task.train().len() as u64).div_ceil(per_step).max(1);
         let total_steps = if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps };
         if algorithm.critic().is_some() {
-            let saved = state.as_ref().map(|s| s.value_heads.clone());
-            for (k, p) in policies.iter_mut().enumerate() {
-                p.value_head = Some(match &saved {
-                    None => crate::train::critic::ValueHead::new(p.model.config.hidden_size),
-                    Some(heads) => heads.get(k).cloned().flatten().ok_or_else(|| {
-                        Error::InvalidArgument(format!(
-                            "the checkpoint holds no value head for policy {}: it was not written by {}",
-                            p.name,
-                            algorithm.name()
-                        ))
-                    })?,
-                });
-            }
+            attach_value_heads(&mut policies, state.as_ref(), algorithm.name())?;
         }
         let (sampler, step) = match state {
             Some(s) => {
@@ -285,8 +313,8 @@ impl<B: Backend> Trainer<B> {
         })
     }
 
-    fn load_policy(config: &TrainConfig, k: usize, device: B::Device, checkpoint: Option<&Path>) -> Result<Policy<B>> {
-        let source = crate::resolve::model_source(&config.policies[k].model, config)?;
+    fn load_policy(config: &TrainConfig, k: usize, inputs: &Inputs<B>, checkpoint: Option<&Path>) -> Result<Policy<B>> {
+        let (source, device) = (inputs.models[k].clone(), inputs.devices[k].clone());
         let lora = config.policies[k].lora.clone();
         let mut pretrained = match (checkpoint, &lora) {
             (Some(c), None) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
@@ -421,7 +449,7 @@ impl<B: Backend> Trainer<B> {
         let step = self.step + 1;
         let mut timing = Metrics::new();
         let mut prompts = self.next_prompts();
-        let (mut samples, mut generation) =
+        let Rollout { mut samples, timings: mut generation, metrics: measured } =
             self.workload.rollout(&self.policies, &prompts, &self.rollout_settings(step))?;
         timed(&mut timing, "timing_s/reward", || self.workload.assign_rewards(&mut samples, &prompts))?;
         if self.config.algo.filter_groups {
@@ -452,6 +480,9 @@ impl<B: Backend> Trainer<B> {
             // The whole process's (every policy's) high-water mark so far.
             timing.insert("perf/peak_rss_gb".into(), peak as f64 / 1e9);
         }
+        // What the rollout measured is the first draw's (the prompts every step has); what the
+        // samples say covers every draw that was kept.
+        timing.extend(measured);
         timing.extend(self.workload.metrics(&samples, &prompts));
         let summary = format!(
             "gen {:.1}s | old-logp {:.1}s | retok {:.2}s | update {:.1}s",
@@ -484,7 +515,8 @@ impl<B: Backend> Trainer<B> {
             let more = self.next_prompts();
             let mut settings = self.rollout_settings(step);
             settings.run_seed = mix_seed(&[settings.run_seed, 0xD1A5, draws as u64]);
-            let (mut drawn, times) = self.workload.rollout(&self.policies, &more, &settings)?;
+            let Rollout { samples: mut drawn, timings: times, .. } =
+                self.workload.rollout(&self.policies, &more, &settings)?;
             self.workload.assign_rewards(&mut drawn, &more)?;
             // One step's numbering: prompts and parent links after those already drawn, and
             // group keys of their own (a prompt drawn twice in a step forms two groups).

@@ -1,5 +1,5 @@
 //! The routing stage: which samples each policy learns from, their advantages, and the token
-//! ids the learner scores them with (retokenisation, ALGORITHMS.md §2.6).
+//! ids the learner scores them with (retokenisation, docs/algorithms.md §2.6).
 //!
 //! Own samples reuse their exact ids. Another policy's sample is re-rendered: the learner's
 //! chat template over the same messages (prompt, keeping the last `cross_max_prompt_tokens`),

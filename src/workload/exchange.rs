@@ -1,8 +1,8 @@
-//! HACPO's workload (ALGORITHMS.md §2.2): every policy that plays the role answers every
+//! HACPO's workload (docs/algorithms.md §2.2): every policy that plays the role answers every
 //! prompt G times on its own thread and publishes its samples to the [`RolloutPool`], so each
 //! policy receives everyone's; rewards come from the task's verifier.
 //!
-//! EOS handling follows ALGORITHMS.md §2.6 ([`super::response`]).
+//! EOS handling follows docs/algorithms.md §2.6 ([`super::response`]).
 
 use std::sync::Arc;
 
@@ -10,12 +10,13 @@ use burn::tensor::backend::Backend;
 use rayon::prelude::*;
 
 use super::pool::RolloutPool;
-use super::{Role, RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed, sample_in_chunks};
-use crate::config::TrainConfig;
+use super::roles::{Role, RoleMap};
+use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload, sample_in_chunks};
 use crate::error::{Error, Result};
 use crate::generate::greedy_responses;
 use crate::policy::{Policy, per_policy};
 use crate::sample::{GroupKey, Sample};
+use crate::stable_hash::mix_seed;
 use crate::task::{Task, TaskPrompt};
 use crate::train::metrics::Metrics;
 
@@ -25,29 +26,11 @@ pub struct Exchange {
     pub role: Role,
 }
 
-/// The roles of a config: `[[roles]]`, or every policy in the one role `solver`.
-pub fn roles(cfg: &TrainConfig) -> Vec<Role> {
-    if cfg.roles.is_empty() {
-        return vec![Role { name: "solver".into(), policies: (0..cfg.policies.len()).collect(), template: None }];
-    }
-    cfg.roles
-        .iter()
-        .map(|r| Role {
-            name: r.name.clone(),
-            policies: if r.policies.is_empty() {
-                (0..cfg.policies.len()).collect()
-            } else {
-                r.policies.iter().filter_map(|p| cfg.policy_index(p)).collect()
-            },
-            template: r.template.clone(),
-        })
-        .collect()
-}
-
 impl Exchange {
-    /// The exchange of `cfg`: one role, played by every policy.
-    pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>) -> Result<Self> {
-        let mut roles = roles(cfg);
+    /// The exchange of `task`: one role, played by every policy.
+    pub fn new(roles: &RoleMap, task: Arc<dyn Task>) -> Result<Self> {
+        let names = &roles.policies;
+        let mut roles = roles.shared();
         if roles.len() != 1 {
             return Err(Error::config(
                 "training config",
@@ -58,13 +41,13 @@ impl Exchange {
             ));
         }
         let role = roles.remove(0);
-        if let Some(k) = (0..cfg.policies.len()).find(|k| !role.policies.contains(k)) {
+        if let Some(k) = (0..names.len()).find(|k| !role.policies.contains(k)) {
             return Err(Error::config(
                 "training config",
                 format!(
                     "roles[0].policies: every policy plays the exchange workload's one role, but {:?} does not; \
                      add it to the role or remove it from [[policies]]",
-                    cfg.policy_name(k)
+                    names[k]
                 ),
             ));
         }
@@ -116,12 +99,7 @@ impl<B: Backend> Workload<B> for Exchange {
             .collect()
     }
 
-    fn rollout(
-        &self,
-        policies: &[Policy<B>],
-        prompts: &[TaskPrompt],
-        settings: &RolloutSettings,
-    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)> {
+    fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
         let players: Vec<&Policy<B>> = self.role.policies.iter().map(|&k| &policies[k]).collect();
         let pool = RolloutPool::<Sample>::new(players.len());
         let results: Vec<Result<(Vec<Sample>, RolloutTimings)>> = std::thread::scope(|s| {
@@ -167,7 +145,7 @@ impl<B: Backend> Workload<B> for Exchange {
         if let Some(e) = first_error {
             return Err(e);
         }
-        Ok((samples.unwrap_or_default(), timings))
+        Ok(Rollout { samples: samples.unwrap_or_default(), timings, metrics: Metrics::new() })
     }
 
     fn assign_rewards(&self, samples: &mut [Sample], prompts: &[TaskPrompt]) -> Result<()> {
@@ -201,26 +179,17 @@ impl Exchange {
         let out = drawn
             .into_iter()
             .map(|d| Sample {
-                id: 0,
-                policy: policy.index,
                 role: self.role.name.clone(),
                 group: self.group_key(&prompts[d.prompt], d.prompt),
-                parent: None,
-                turn: 0,
-                prompt: d.prompt,
                 sample_index: d.sample_index,
-                messages: messages[d.prompt].clone(),
-                text: d.text,
-                prompt_ids: prompt_ids[d.prompt].clone(),
-                response_ids: d.response_ids,
-                token_logps: vec![],
-                values: vec![],
-                reward: None,
-                penalty: 0.0,
-                score: None,
-                train: true,
-                policy_version: policy.version,
-                finish_reason: d.finish_reason,
+                ..Sample::new(
+                    policy.index,
+                    policy.version,
+                    d.prompt,
+                    messages[d.prompt].clone(),
+                    prompt_ids[d.prompt].clone(),
+                    d.response,
+                )
             })
             .collect();
         Ok((out, timings))

@@ -17,6 +17,7 @@
 
 pub mod exchange;
 pub mod pool;
+pub mod roles;
 pub mod search;
 pub mod turns;
 
@@ -25,15 +26,14 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
-use crate::config::TaskKind;
-use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::SamplingParams;
 use crate::policy::Policy;
-use crate::sample::Sample;
-use crate::task::{Task, TaskPrompt};
-use crate::tokenizer::Message;
+use crate::rl::registry::{self, RolloutShape};
+use crate::sample::{Response, Sample};
+use crate::task::{Task, TaskKind, TaskPrompt};
 use crate::train::metrics::Metrics;
+pub use roles::{Role, RoleConfig, RoleMap};
 
 /// The workloads `workload.kind` selects.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,12 +42,117 @@ pub enum WorkloadKind {
     /// HACPO's: every policy answers every prompt, all samples in one pool.
     #[default]
     Exchange,
-    /// The multi-agent search pipeline, trained with `mhgpo-is`, `mhgpo-fof`, `mhgpo-rr` or
-    /// `mappo`.
+    /// The multi-agent search pipeline, rolled out as trees.
     Search,
-    /// A tool role and a plan role over turns on a planning environment, trained with
-    /// `atgrpo`, `mas-grpo` or `single-grpo`.
+    /// A tool role and a plan role over turns on a planning environment.
     Turns,
+}
+
+/// One row of the pairing table: what a workload plays and which algorithms it trains.
+struct Pairing {
+    workload: WorkloadKind,
+    /// What it does, as an error explains it.
+    does: &'static str,
+    /// The task kinds it plays.
+    tasks: &'static [TaskKind],
+    /// Whether it produces an algorithm's rollouts.
+    produces: fn(RolloutShape) -> bool,
+}
+
+/// The one pairing table of workloads, tasks and algorithms (through their registered
+/// [`RolloutShape`]). A new workload is a row here.
+const PAIRINGS: [Pairing; 3] = [
+    Pairing {
+        workload: WorkloadKind::Exchange,
+        does: "has every policy answer every prompt",
+        tasks: &[TaskKind::Math, TaskKind::Arith],
+        produces: |shape| matches!(shape, RolloutShape::Pool),
+    },
+    Pairing {
+        workload: WorkloadKind::Search,
+        does: "answers questions from passages",
+        tasks: &[TaskKind::Qa],
+        produces: |shape| matches!(shape, RolloutShape::Tree { .. }),
+    },
+    Pairing {
+        workload: WorkloadKind::Turns,
+        does: "plays planning environments over turns",
+        tasks: &[TaskKind::Env],
+        produces: |shape| matches!(shape, RolloutShape::Turns(_)),
+    },
+];
+
+impl WorkloadKind {
+    /// Its name in `workload.kind`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkloadKind::Exchange => "exchange",
+            WorkloadKind::Search => "search",
+            WorkloadKind::Turns => "turns",
+        }
+    }
+
+    fn pairing(self) -> &'static Pairing {
+        PAIRINGS.iter().find(|p| p.workload == self).expect("every workload has a row")
+    }
+
+    /// The registered algorithms it trains.
+    pub fn algorithms(self) -> Vec<&'static str> {
+        let produces = self.pairing().produces;
+        registry::names().into_iter().filter(|n| registry::shape(n).is_ok_and(produces)).collect()
+    }
+}
+
+/// Every registered algorithm, one line per workload that trains them (`hacpo train --help`).
+pub fn algorithms_by_workload() -> String {
+    let line = |p: &Pairing| format!("  {:<9} {}", p.workload.name(), p.workload.algorithms().join(", "));
+    PAIRINGS.iter().map(line).collect::<Vec<_>>().join("\n")
+}
+
+/// Whether workload `kind` trains algorithm `name`.
+pub fn trains(kind: WorkloadKind, name: &str) -> bool {
+    registry::shape(name).is_ok_and(kind.pairing().produces)
+}
+
+/// Checks, from the pairing table, that workload `kind` plays `task` and trains algorithm
+/// `algorithm`; the error says which key to change.
+pub fn check_pairing(kind: WorkloadKind, task: TaskKind, algorithm: &str) -> Result<()> {
+    let bad = |m: String| Err(Error::config("training config", m));
+    let row = kind.pairing();
+    let quoted = |t: TaskKind| {
+        format!("\"{}\"", serde_json::to_value(t).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default())
+    };
+    if !row.tasks.contains(&task) {
+        let plays: Vec<String> = row.tasks.iter().map(|&t| quoted(t)).collect();
+        let other = PAIRINGS
+            .iter()
+            .find(|p| p.tasks.contains(&task))
+            .map_or(String::new(), |p| format!(", or [workload] kind = \"{}\" (which {})", p.workload.name(), p.does));
+        return bad(format!(
+            "workload.kind = \"{}\" {}: it plays task.kind = {}, not {}; set task.kind = {}{other}",
+            kind.name(),
+            row.does,
+            plays.join(" or "),
+            quoted(task),
+            plays[0]
+        ));
+    }
+    let shape = registry::shape(algorithm).map_err(|e| Error::config("training config", format!("algo.name: {e}")))?;
+    if !(row.produces)(shape) {
+        let elsewhere = PAIRINGS.iter().find(|p| (p.produces)(shape)).map_or(String::new(), |p| {
+            format!(
+                "; {algorithm} trains the {} workload ([workload] kind = \"{}\")",
+                p.workload.name(),
+                p.workload.name()
+            )
+        });
+        return bad(format!(
+            "algo.name: the {} workload trains with {}, not {algorithm}{elsewhere}",
+            kind.name(),
+            kind.algorithms().join(", ")
+        ));
+    }
+    Ok(())
 }
 
 /// `[workload]`: which workload, and each workload's settings.
@@ -60,101 +165,32 @@ pub struct WorkloadConfig {
 }
 
 impl WorkloadConfig {
-    /// The pairing of workload and task, and the search workload's settings.
-    pub fn validate(&self, cfg: &TrainConfig) -> Result<()> {
-        let bad = |m: String| Err(Error::config("training config", m));
-        match (self.kind, cfg.task.kind) {
-            (WorkloadKind::Search, TaskKind::Qa) => self.search.validate(),
-            (WorkloadKind::Search, other) => bad(format!(
-                "workload.kind = \"search\" answers questions from passages: set task.kind = \"qa\" (it is {other:?})"
-            )),
-            (WorkloadKind::Exchange, TaskKind::Qa) => {
-                bad("task.kind = \"qa\" is played by the search pipeline: set [workload] kind = \"search\"".into())
+    /// The pairing with the task and the algorithm, the chosen workload's settings and who
+    /// plays its roles: everything `--dry-run` can say before a model loads.
+    pub fn validate(&self, task: TaskKind, algorithm: &str, roles: &RoleMap) -> Result<()> {
+        check_pairing(self.kind, task, algorithm)?;
+        match (self.kind, registry::shape(algorithm)?) {
+            (WorkloadKind::Search, _) => {
+                self.search.validate()?;
+                search::players(roles).map(drop)
             }
-            (WorkloadKind::Turns, TaskKind::Env) => {
-                crate::env::EnvKind::parse(&cfg.task.train)
-                    .map_err(|e| Error::config("training config", format!("task.train: {e}")))?;
-                self.turns.validate()
-            }
-            (WorkloadKind::Turns, other) => bad(format!(
-                "workload.kind = \"turns\" plays planning environments: set task.kind = \"env\" (it is {other:?})"
-            )),
-            (_, TaskKind::Env) => {
-                bad("task.kind = \"env\" is played over turns: set [workload] kind = \"turns\"".into())
+            (WorkloadKind::Turns, RolloutShape::Turns(t)) => {
+                self.turns.validate()?;
+                turns::players(roles, t.single_agent).map(drop)
             }
             _ => Ok(()),
-        }?;
-        // The algorithm must train this workload: checked here so `--dry-run` says so too.
-        let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
-        if let Some(m) = pairing_error(self.kind, algorithm.name(), algorithm.tree().is_some(), algorithm.turns()) {
-            return bad(m);
         }
-        if let (WorkloadKind::Turns, Some(t)) = (self.kind, algorithm.turns()) {
-            turns::players(cfg, t.single_agent)?;
-        }
-        Ok(())
     }
 }
 
-/// The roles of workload `kind` (none for the exchange, whose one role every policy plays;
-/// only the plan role for a single-agent turn-wise algorithm).
-pub fn role_names(kind: WorkloadKind, single_agent: bool) -> Vec<&'static str> {
-    match kind {
-        WorkloadKind::Exchange => vec![],
-        WorkloadKind::Search => crate::search::pipeline::Role::ALL.iter().map(|r| r.name()).collect(),
-        WorkloadKind::Turns if single_agent => vec![turns::ROLES[1]],
-        WorkloadKind::Turns => turns::ROLES.to_vec(),
-    }
-}
-
-/// Whether `algorithm` trains workload `kind`.
-pub fn trains<B: Backend>(kind: WorkloadKind, algorithm: &dyn crate::rl::algorithm::Algorithm<B>) -> bool {
-    pairing_error(kind, algorithm.name(), algorithm.tree().is_some(), algorithm.turns()).is_none()
-}
-
-/// Why algorithm `name` cannot train workload `kind`, if it cannot.
-fn pairing_error(
-    kind: WorkloadKind,
-    name: &str,
-    tree: bool,
-    turns: Option<crate::rl::atgrpo::TurnRollout>,
-) -> Option<String> {
-    match kind {
-        WorkloadKind::Exchange if tree => {
-            Some(format!("algo.name: {name} trains the search pipeline; set [workload] kind = \"search\""))
-        }
-        WorkloadKind::Exchange if turns.is_some() => {
-            Some(format!("algo.name: {name} trains the turn-wise workload; set [workload] kind = \"turns\""))
-        }
-        WorkloadKind::Search if !tree => Some(format!(
-            "algo.name: the search workload trains with mhgpo-is, mhgpo-fof, mhgpo-rr or mappo, not {name}"
-        )),
-        WorkloadKind::Turns if turns.is_none() => {
-            Some(format!("algo.name: the turn-wise workload trains with atgrpo, mas-grpo or single-grpo, not {name}"))
-        }
-        _ => None,
-    }
-}
-
-/// A role of a workload: its name, the policies that play it and how a prompt is put to it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Role {
-    pub name: String,
-    /// Indices of the policies that play it.
-    pub policies: Vec<usize>,
-    /// The user message with `{prompt}` for the task's; `None`: the task's messages as they are.
-    pub template: Option<String>,
-}
-
-impl Role {
-    /// The messages this role sees for a task prompt.
-    pub fn messages(&self, prompt: &TaskPrompt) -> Vec<Message> {
-        let Some(template) = &self.template else { return prompt.messages.clone() };
-        let mut messages = prompt.messages.clone();
-        if let Some(last) = messages.iter_mut().rev().find(|m| m.role == "user") {
-            last.content = template.replace("{prompt}", &last.content);
-        }
-        messages
+/// The roles workload `kind` plays with algorithm `algorithm` (none for the exchange, whose one
+/// role every policy plays; only the plan role for a single-agent turn-wise algorithm).
+pub fn role_names(kind: WorkloadKind, algorithm: &str) -> Vec<&'static str> {
+    match (kind, registry::shape(algorithm)) {
+        (WorkloadKind::Exchange, _) => vec![],
+        (WorkloadKind::Search, _) => crate::search::pipeline::Role::ALL.iter().map(|r| r.name()).collect(),
+        (WorkloadKind::Turns, Ok(RolloutShape::Turns(t))) if t.single_agent => vec![turns::ROLES[1]],
+        (WorkloadKind::Turns, _) => turns::ROLES.to_vec(),
     }
 }
 
@@ -180,6 +216,16 @@ pub struct RolloutTimings {
     pub generated_tokens: usize,
 }
 
+/// What a rollout produced: the step's samples (rewards and old log-probs not yet filled in),
+/// each policy's timings (indexed like the policies), and what the workload measured on the
+/// way that the samples do not carry (retrieval recall, episode outcomes).
+#[derive(Default)]
+pub struct Rollout {
+    pub samples: Vec<Sample>,
+    pub timings: Vec<RolloutTimings>,
+    pub metrics: Metrics,
+}
+
 /// How held-out evaluation generates (greedy).
 #[derive(Clone, Copy, Debug)]
 pub struct ValidationSettings {
@@ -196,20 +242,15 @@ pub trait Workload<B: Backend>: Send + Sync {
     /// The held-out metric that summarises a run (`val/accuracy`, `val/f1`).
     fn validation_key(&self) -> &'static str;
 
-    /// The step's samples (rewards and old log-probs not yet filled in) and each policy's
-    /// timings, indexed like `policies`.
-    fn rollout(
-        &self,
-        policies: &[Policy<B>],
-        prompts: &[TaskPrompt],
-        settings: &RolloutSettings,
-    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)>;
+    /// The step's samples, timings and rollout measurements ([`Rollout`]).
+    fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout>;
 
     /// Fills in every sample's reward (and, for trees, which samples are trained: MHGPO masks
     /// singletons). `samples` are in rollout order: a sample's `parent` indexes this slice.
     fn assign_rewards(&self, samples: &mut [Sample], prompts: &[TaskPrompt]) -> Result<()>;
 
-    /// Metrics of the step's samples that every policy's record carries (the team's F1).
+    /// Metrics of the step's samples, rewards assigned, that every policy's record carries
+    /// (the team's F1).
     fn metrics(&self, _samples: &[Sample], _prompts: &[TaskPrompt]) -> Metrics {
         Metrics::new()
     }
@@ -227,31 +268,37 @@ pub fn validation_label(key: &str) -> &str {
     }
 }
 
-/// The workload of `cfg`, its roles checked against the policies and the algorithm.
-pub fn build<B: Backend, A: Backend>(
-    cfg: &TrainConfig,
+/// The workload `config` selects for algorithm `algorithm`'s rollouts, its roles resolved from
+/// `roles`.
+pub fn build<B: Backend>(
+    config: &WorkloadConfig,
+    roles: &RoleMap,
     task: Arc<dyn Task>,
-    algorithm: &dyn crate::rl::algorithm::Algorithm<A>,
+    algorithm: &str,
 ) -> Result<Box<dyn Workload<B>>> {
-    let (tree, turns) = (algorithm.tree(), algorithm.turns());
-    if let Some(m) = pairing_error(cfg.workload.kind, algorithm.name(), tree.is_some(), turns) {
-        return Err(Error::config("training config", m));
-    }
-    Ok(match (cfg.workload.kind, tree, turns) {
-        (WorkloadKind::Search, Some(tree), _) => Box::new(search::Search::new(cfg, task, tree)?),
-        (WorkloadKind::Turns, _, Some(turns)) => Box::new(turns::Turns::new(cfg, task, turns)?),
-        _ => Box::new(exchange::Exchange::new(cfg, task)?),
+    let shape = registry::shape(algorithm)?;
+    Ok(match (config.kind, shape) {
+        (WorkloadKind::Exchange, RolloutShape::Pool) => Box::new(exchange::Exchange::new(roles, task)?),
+        (WorkloadKind::Search, RolloutShape::Tree { fork, credit }) => {
+            Box::new(search::Search::new(&config.search, roles, task, fork, credit)?)
+        }
+        (WorkloadKind::Turns, RolloutShape::Turns(rollout)) => {
+            Box::new(turns::Turns::new(&config.turns, roles, task, rollout)?)
+        }
+        (kind, _) => {
+            // The pairing check names what to change.
+            check_pairing(kind, kind.pairing().tasks[0], algorithm)?;
+            return Err(Error::Internal(format!("no {} workload for {algorithm}", kind.name())));
+        }
     })
 }
 
-/// One sampled completion of [`sample_in_chunks`], as a sample stores it.
+/// One sampled completion of [`sample_in_chunks`].
 pub struct Drawn {
     /// Index into the prompts.
     pub prompt: usize,
     pub sample_index: usize,
-    pub response_ids: Vec<u32>,
-    pub text: String,
-    pub finish_reason: crate::generate::FinishReason,
+    pub response: Response,
 }
 
 /// `num_samples` sampled completions of `policy` for each of `prompts`, `batch_prompts` prompts
@@ -279,20 +326,39 @@ pub fn sample_in_chunks<B: Backend>(
         timings.generate += started.elapsed().as_secs_f64();
         timings.generated_tokens += stats.generated_tokens;
         for done in completions {
-            let (response_ids, text) = response(policy, done.token_ids)?;
+            let (ids, text) = response(policy, done.token_ids)?;
             out.push(Drawn {
                 prompt: c * per_chunk + done.prompt_index,
                 sample_index: done.sample_index,
-                response_ids,
-                text,
-                finish_reason: done.finish_reason,
+                response: Response { ids, text, finish_reason: done.finish_reason },
             });
         }
     }
     Ok(out)
 }
 
-/// A generated completion as a sample stores it (ALGORITHMS.md §2.6): the terminal EOS removed
+/// `messages` in `policy`'s chat template; a prompt above `max_tokens` is refused (a role's
+/// prompt that does not fit is a setting to change, not something to cut silently), the error
+/// naming the role and ending with `hint`.
+pub fn encode_within<B: Backend>(
+    policy: &Policy<B>,
+    role: &str,
+    messages: &[crate::tokenizer::Message],
+    max_tokens: usize,
+    hint: &str,
+) -> Result<Vec<u32>> {
+    let ids = policy.encode_prompt(messages, usize::MAX)?;
+    if ids.len() > max_tokens {
+        return Err(Error::InvalidArgument(format!(
+            "a {role} prompt of policy {} has {} tokens, above rollout.max_prompt_tokens = {max_tokens}; raise it{hint}",
+            policy.name,
+            ids.len()
+        )));
+    }
+    Ok(ids)
+}
+
+/// A generated completion as a sample stores it (docs/algorithms.md §2.6): the terminal EOS removed
 /// before anything else, the text decoded without special tokens; a response that is only EOS
 /// keeps that single token and has empty text.
 pub fn response<B: Backend>(policy: &Policy<B>, mut ids: Vec<u32>) -> Result<(Vec<u32>, String)> {
@@ -306,29 +372,33 @@ pub fn response<B: Backend>(policy: &Policy<B>, mut ids: Vec<u32>) -> Result<(Ve
     Ok((ids, text))
 }
 
-/// SplitMix64: independent seeds from (run seed, step, policy, chunk).
-pub fn mix_seed(parts: &[u64]) -> u64 {
-    let mut x = 0x9E37_79B9_7F4A_7C15u64;
-    for &p in parts {
-        x ^= p.wrapping_add(0x9E37_79B9_7F4A_7C15).wrapping_add(x << 6).wrapping_add(x >> 2);
-        let mut z = x;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x = z ^ (z >> 31);
-    }
-    x
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_role_template_wraps_the_last_user_message() {
-        let p = TaskPrompt { id: "1".into(), messages: vec![Message::user("2+2?")], gold: "4".into() };
-        let plain = Role { name: "solver".into(), policies: vec![0], template: None };
-        assert_eq!(plain.messages(&p), p.messages);
-        let wrapped = Role { template: Some("Q: {prompt}\nA:".into()), ..plain };
-        assert_eq!(wrapped.messages(&p)[0].content, "Q: 2+2?\nA:");
+    fn every_algorithm_is_trained_by_exactly_one_workload() {
+        for name in registry::names() {
+            let by: Vec<&str> =
+                PAIRINGS.iter().filter(|p| trains(p.workload, name)).map(|p| p.workload.name()).collect();
+            assert_eq!(by.len(), 1, "{name} is trained by {by:?}");
+        }
+        assert_eq!(WorkloadKind::Search.algorithms(), ["mhgpo-is", "mhgpo-fof", "mhgpo-rr", "mappo"]);
+    }
+
+    #[test]
+    fn pairing_errors_name_the_key_to_change() {
+        let err = |k, t, a| check_pairing(k, t, a).unwrap_err().to_string();
+        let e = err(WorkloadKind::Search, TaskKind::Math, "mhgpo-is");
+        assert!(e.contains("set task.kind = \"qa\", or [workload] kind = \"exchange\""), "{e}");
+        assert!(err(WorkloadKind::Exchange, TaskKind::Qa, "hacpo").contains("kind = \"search\""));
+        assert!(err(WorkloadKind::Exchange, TaskKind::Env, "hacpo").contains("kind = \"turns\""));
+        let e = err(WorkloadKind::Search, TaskKind::Qa, "grpo");
+        assert!(
+            e.contains("mhgpo-is, mhgpo-fof, mhgpo-rr, mappo, not grpo") && e.contains("kind = \"exchange\""),
+            "{e}"
+        );
+        assert!(err(WorkloadKind::Exchange, TaskKind::Math, "atgrpo").contains("kind = \"turns\""));
+        assert!(check_pairing(WorkloadKind::Turns, TaskKind::Env, "single-grpo").is_ok());
     }
 }

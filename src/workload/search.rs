@@ -1,6 +1,8 @@
-//! The multi-agent search workload (`workload.kind = "search"`, ALGORITHMS.md §3): each
+//! The multi-agent search workload (`workload.kind = "search"`, docs/algorithms.md §3): each
 //! question's rollouts form an MHGPO tree over the pipeline Rewriter → BM25 retriever →
-//! Reranker → Answerer, branched as the algorithm's sampling says (IS, FoF or RR).
+//! Reranker → Answerer, branched as the algorithm's registered shape says (IS, FoF or RR),
+//! rewards credited as it says (MHGPO's propagation, or MAPPO's team outcome plus each
+//! output's own penalty).
 //!
 //! ```text
 //! plan trees (seeded per question) ─▶ Rewriter outputs of every tree ─▶ retrieval
@@ -21,12 +23,12 @@ use burn::tensor::backend::Backend;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed, sample_in_chunks};
-use crate::config::TrainConfig;
+use super::roles::RoleMap;
+use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload, encode_within, sample_in_chunks};
 use crate::error::{Error, Result};
 use crate::generate::greedy_responses;
 use crate::policy::Policy;
-use crate::rl::mhgpo::{self, Node, TreeRollout};
+use crate::rl::mhgpo::{self, Aggregate, Credit, Fork, MhgpoSettings, Node, Sampling};
 use crate::sample::{GroupKey, Sample};
 use crate::search::corpus::Question;
 use crate::search::metric::score;
@@ -35,20 +37,45 @@ use crate::search::retriever::candidates;
 use crate::search::roles::{Penalties, read_answerer, read_reranker, read_rewriter};
 use crate::search::task::QaTask;
 use crate::search::task::{Passages, answers, question_text};
+use crate::stable_hash::mix_seed;
 use crate::task::{Task, TaskPrompt};
 use crate::tokenizer::Message;
 use crate::train::metrics::Metrics;
 
 /// `[workload.search]`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SearchConfig {
     /// Format penalties (`[workload.search.penalties]`; MMOA-RAG's values by default).
     pub penalties: Penalties,
+    /// How an output's successors' rewards combine under MHGPO's credit: `mean` (default),
+    /// `max` or `min` (docs/algorithms.md §3.3).
+    pub aggregate: Aggregate,
+    /// Propagate the successors' format penalties upwards (the recursion of §3.3) or only
+    /// their task reward.
+    pub propagate_penalties: bool,
+    /// `mhgpo-rr`: the probability of forking at the Rewriter, Reranker and Answerer (§3.5).
+    pub rr_probabilities: [f64; 3],
+}
+
+impl Default for SearchConfig {
+    fn default() -> Self {
+        let Sampling::Rr { probabilities } = Sampling::RR_DEFAULT else { unreachable!() };
+        SearchConfig {
+            penalties: Penalties::default(),
+            aggregate: Aggregate::Mean,
+            propagate_penalties: true,
+            rr_probabilities: probabilities,
+        }
+    }
 }
 
 impl SearchConfig {
     pub fn validate(&self) -> Result<()> {
+        Fork::Rr
+            .sampling(self.rr_probabilities)
+            .validate(Role::ALL.len())
+            .map_err(|e| Error::config("training config", format!("workload.search.rr_probabilities: {e}")))?;
         let p = &self.penalties;
         let bad =
             |key: &str, m: &str| Err(Error::config("training config", format!("workload.search.penalties.{key}: {m}")));
@@ -74,64 +101,25 @@ pub struct Search {
     passages: Arc<Passages>,
     /// The policy that plays each role, in [`Role::ALL`] order.
     players: [usize; 3],
-    tree: TreeRollout,
+    sampling: Sampling,
+    /// Propagation settings of the rewards (only the mask is read of the advantages).
+    credit: MhgpoSettings,
     penalties: Penalties,
-    /// What the last step's retrieval did (the trainer asks for metrics after the rollout).
-    retrieval: std::sync::Mutex<RetrievalStats>,
 }
 
-/// The role a `[[roles]]` entry names.
-fn role_index(name: &str) -> Option<usize> {
-    Role::ALL.iter().position(|r| r.name() == name)
+/// The pipeline position of a sample's role.
+fn role_index(s: &Sample) -> Result<usize> {
+    Role::ALL
+        .iter()
+        .position(|r| r.name() == s.role)
+        .ok_or_else(|| Error::Internal(format!("a search sample in role {:?}", s.role)))
 }
 
-/// Who plays what: one policy for every role, or `[[roles]]` naming each role once with one
-/// policy; every policy plays something.
-fn players(cfg: &TrainConfig) -> Result<[usize; 3]> {
-    let bad = |m: String| Err(Error::config("training config", m));
-    let names = || Role::ALL.map(|r| r.name()).join(", ");
-    if cfg.roles.is_empty() {
-        if cfg.policies.len() != 1 {
-            return bad(format!(
-                "roles: with {} policies the search workload needs [[roles]] entries for {} naming the one policy that plays each",
-                cfg.policies.len(),
-                names()
-            ));
-        }
-        return Ok([0; 3]);
-    }
-    let mut players = [None; 3];
-    for (i, r) in cfg.roles.iter().enumerate() {
-        let Some(k) = role_index(&r.name) else {
-            return bad(format!("roles[{i}].name: the search workload's roles are {}, not {:?}", names(), r.name));
-        };
-        if players[k].is_some() {
-            return bad(format!("roles[{i}].name: {:?} is given twice", r.name));
-        }
-        if r.template.is_some() {
-            return bad(format!("roles[{i}].template: the search roles' prompts are built in; leave it out"));
-        }
-        let policy = match r.policies.as_slice() {
-            [] if cfg.policies.len() == 1 => 0,
-            [p] => cfg
-                .policy_index(p)
-                .ok_or_else(|| Error::config("training config", format!("roles[{i}].policies: no policy {p:?}")))?,
-            _ => return bad(format!("roles[{i}].policies: one policy plays the {} role; name exactly one", r.name)),
-        };
-        players[k] = Some(policy);
-    }
-    let Some(players) = players.iter().copied().collect::<Option<Vec<usize>>>() else {
-        let missing: Vec<&str> =
-            Role::ALL.iter().zip(&players).filter(|(_, p)| p.is_none()).map(|(r, _)| r.name()).collect();
-        return bad(format!("roles: no [[roles]] entry for {}", missing.join(", ")));
-    };
-    if let Some(k) = (0..cfg.policies.len()).find(|k| !players.contains(k)) {
-        return bad(format!(
-            "roles: policy {:?} plays no role; give it one or remove it from [[policies]]",
-            cfg.policy_name(k)
-        ));
-    }
-    Ok([players[0], players[1], players[2]])
+/// Who plays each role, in [`Role::ALL`] order.
+pub fn players(roles: &RoleMap) -> Result<[usize; 3]> {
+    let names = Role::ALL.map(|r| r.name());
+    let p = roles.players("search", &names, &[0, 1, 2])?;
+    Ok([0, 1, 2].map(|r| p[r].expect("every role is needed")))
 }
 
 /// One output of a tree while it is being rolled out.
@@ -151,18 +139,37 @@ struct TreeNode {
 }
 
 impl Search {
-    pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>, tree: TreeRollout) -> Result<Self> {
+    /// The pipeline over `task`'s passages, branched at `fork`, rewards credited as `credit`.
+    pub fn new(
+        config: &SearchConfig,
+        roles: &RoleMap,
+        task: Arc<dyn Task>,
+        fork: Fork,
+        credit: Credit,
+    ) -> Result<Self> {
+        config.validate()?;
         let any: &dyn std::any::Any = task.as_ref();
         let passages = any.downcast_ref::<QaTask>().map(QaTask::passages).ok_or_else(|| {
             Error::config("training config", "the search workload needs a task with passages: task.kind = \"qa\"")
         })?;
+        let credit = match credit {
+            Credit::Propagated => MhgpoSettings {
+                aggregate: config.aggregate,
+                propagate_penalties: config.propagate_penalties,
+                ..MhgpoSettings::default()
+            },
+            // The mean of one chain's leaf is its F1 (FoF), never a successor's penalty.
+            Credit::OwnPenalty => {
+                MhgpoSettings { aggregate: Aggregate::Mean, propagate_penalties: false, ..MhgpoSettings::default() }
+            }
+        };
         Ok(Search {
-            players: players(cfg)?,
+            players: players(roles)?,
             task,
             passages,
-            tree,
-            penalties: cfg.workload.search.penalties,
-            retrieval: Default::default(),
+            sampling: fork.sampling(config.rr_probabilities),
+            credit,
+            penalties: config.penalties,
         })
     }
 
@@ -207,15 +214,6 @@ impl Search {
             }
         })
     }
-}
-
-/// What a step's retrieval did: passages left out to fit the prompt limit, and the share of
-/// Rewriter outputs whose candidates (of Reranker outputs whose choice) hold a gold answer.
-#[derive(Clone, Copy, Debug, Default)]
-struct RetrievalStats {
-    dropped: usize,
-    recall: f64,
-    selected_recall: f64,
 }
 
 /// Homogenisation within groups: the mean over groups of two or more outputs of the mean
@@ -275,19 +273,12 @@ fn fit_passages<B: Backend>(
 /// `messages` in `policy`'s chat template; a prompt longer than `max_tokens` is an error
 /// rather than a cut (a cut would drop the instructions and the question, not the passages).
 fn encode<B: Backend>(policy: &Policy<B>, role: Role, messages: &[Message], max_tokens: usize) -> Result<Vec<u32>> {
-    let ids = policy.encode_prompt(messages, usize::MAX)?;
-    if ids.len() > max_tokens {
-        return Err(Error::InvalidArgument(format!(
-            "a {} prompt of policy {} has {} tokens, above rollout.max_prompt_tokens = {max_tokens}; raise it \
-             (the Reranker sees up to {} passages of up to {} characters) or use a corpus with shorter passages",
-            role.name(),
-            policy.name,
-            ids.len(),
-            crate::search::roles::RETRIEVAL_BUDGET,
-            pipeline::PASSAGE_CHARS
-        )));
-    }
-    Ok(ids)
+    let hint = format!(
+        " (the Reranker sees up to {} passages of up to {} characters) or use a corpus with shorter passages",
+        crate::search::roles::RETRIEVAL_BUDGET,
+        pipeline::PASSAGE_CHARS
+    );
+    encode_within(policy, role.name(), messages, max_tokens, &hint)
 }
 
 impl<B: Backend> Workload<B> for Search {
@@ -299,12 +290,7 @@ impl<B: Backend> Workload<B> for Search {
         "val/f1"
     }
 
-    fn rollout(
-        &self,
-        policies: &[Policy<B>],
-        prompts: &[TaskPrompt],
-        settings: &RolloutSettings,
-    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)> {
+    fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
         let mut nodes: Vec<TreeNode> = Vec::new();
         for p in 0..prompts.len() {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(mix_seed(&[
@@ -313,7 +299,7 @@ impl<B: Backend> Workload<B> for Search {
                 TREE_STREAM,
                 p as u64,
             ]));
-            let plan = mhgpo::plan(self.tree.sampling, Role::ALL.len(), settings.group_size, &mut rng)
+            let plan = mhgpo::plan(self.sampling, Role::ALL.len(), settings.group_size, &mut rng)
                 .map_err(|e| Error::config("training config", e))?;
             let base = nodes.len();
             nodes.extend(plan.into_iter().enumerate().map(|(local, n)| TreeNode {
@@ -349,33 +335,21 @@ impl<B: Backend> Workload<B> for Search {
             let outputs = sample_in_chunks(policy, &ids, settings, 1, seed, &mut timings[self.players[role]])?;
             for (((&i, messages), ids), out) in level.iter().zip(messages).zip(ids).zip(outputs) {
                 let prompt = &prompts[nodes[i].prompt];
-                let (penalty, score, passages) = self.read(&nodes, i, &out.text, prompt)?;
+                let (penalty, score, passages) = self.read(&nodes, i, &out.response.text, prompt)?;
                 let n = &mut nodes[i];
                 n.passages = passages;
                 n.sample = samples.len();
                 let (parent, p, local, trained) = (n.parent, n.prompt, n.local, n.trained);
                 let group = GroupKey::new(&[&prompt.id, &p.to_string(), &n.group]);
                 samples.push(Sample {
-                    id: 0,
-                    policy: policy.index,
                     role: r.name().to_string(),
                     group,
                     parent: parent.map(|q| nodes[q].sample),
-                    turn: role as u32,
-                    prompt: p,
                     sample_index: local,
-                    messages,
-                    text: out.text,
-                    prompt_ids: ids,
-                    response_ids: out.response_ids,
-                    token_logps: vec![],
-                    values: vec![],
-                    reward: None,
                     penalty,
                     score,
                     train: trained,
-                    policy_version: policy.version,
-                    finish_reason: out.finish_reason,
+                    ..Sample::new(policy.index, policy.version, p, messages, ids, out.response)
                 });
             }
         }
@@ -388,9 +362,11 @@ impl<B: Backend> Workload<B> for Search {
                 .count();
             hits as f64 / mine.len().max(1) as f64
         };
-        *self.retrieval.lock().expect("not poisoned") =
-            RetrievalStats { dropped, recall: share(Role::Rewriter), selected_recall: share(Role::Reranker) };
-        Ok((samples, timings))
+        let mut metrics = Metrics::new();
+        metrics.insert("search/dropped_passages".into(), dropped as f64);
+        metrics.insert("search/retrieval_recall".into(), share(Role::Rewriter));
+        metrics.insert("search/selected_recall".into(), share(Role::Reranker));
+        Ok(Rollout { samples, timings, metrics })
     }
 
     /// Propagates each tree's rewards upwards and masks what has no baseline (§3.3, §3.5).
@@ -406,18 +382,18 @@ impl<B: Backend> Workload<B> for Search {
                 .iter()
                 .map(|&i| {
                     let s = &samples[i];
-                    Node {
-                        role: s.turn as usize,
+                    Ok(Node {
+                        role: role_index(s)?,
                         parent: s.parent.map(|q| samples[q].sample_index),
                         penalty: s.penalty,
                         score: s.score,
                         group: s.group.0.clone(),
                         trained: s.train,
-                    }
+                    })
                 })
-                .collect();
-            let rewards = mhgpo::propagate(&nodes, &self.tree.settings).map_err(Error::Internal)?;
-            let (_, mask) = mhgpo::advantages(&nodes, &rewards, &self.tree.settings);
+                .collect::<Result<_>>()?;
+            let rewards = mhgpo::propagate(&nodes, &self.credit).map_err(Error::Internal)?;
+            let (_, mask) = mhgpo::advantages(&nodes, &rewards, &self.credit);
             for (k, &i) in members.iter().enumerate() {
                 samples[i].reward = Some(rewards[k]);
                 samples[i].train = mask[k];
@@ -431,7 +407,7 @@ impl<B: Backend> Workload<B> for Search {
     fn metrics(&self, samples: &[Sample], prompts: &[TaskPrompt]) -> Metrics {
         let mut m = Metrics::new();
         let mean = |xs: &[f64]| if xs.is_empty() { 0.0 } else { xs.iter().sum::<f64>() / xs.len() as f64 };
-        let answerer: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == Role::Answerer.index()).collect();
+        let answerer: Vec<&Sample> = samples.iter().filter(|s| s.role == Role::Answerer.name()).collect();
         let f1: Vec<f64> = answerer.iter().filter_map(|s| s.score).collect();
         let em: Vec<f64> = answerer
             .iter()
@@ -441,8 +417,8 @@ impl<B: Backend> Workload<B> for Search {
         m.insert("search/em".into(), mean(&em));
         // A tree's outputs, not questions × G: what the step sampled (reports count rollouts by it).
         m.insert("search/outputs".into(), samples.len() as f64);
-        for (k, role) in Role::ALL.iter().enumerate() {
-            let mine: Vec<&Sample> = samples.iter().filter(|s| s.turn as usize == k).collect();
+        for role in Role::ALL {
+            let mine: Vec<&Sample> = samples.iter().filter(|s| s.role == role.name()).collect();
             let rewards: Vec<f64> = mine.iter().map(|s| s.reward()).collect();
             let penalised: Vec<f64> = mine.iter().map(|s| (s.penalty < 0.0) as u8 as f64).collect();
             m.insert(format!("search/{}/reward", role.name()), mean(&rewards));
@@ -457,14 +433,10 @@ impl<B: Backend> Workload<B> for Search {
         }
         let queries: Vec<f64> = samples
             .iter()
-            .filter(|s| s.turn as usize == Role::Rewriter.index())
+            .filter(|s| s.role == Role::Rewriter.name())
             .map(|s| read_rewriter(&s.text, &self.penalties).0.len() as f64)
             .collect();
         m.insert("search/sub_queries".into(), mean(&queries));
-        let retrieval = *self.retrieval.lock().expect("not poisoned");
-        m.insert("search/dropped_passages".into(), retrieval.dropped as f64);
-        m.insert("search/retrieval_recall".into(), retrieval.recall);
-        m.insert("search/selected_recall".into(), retrieval.selected_recall);
         m
     }
 
@@ -521,8 +493,6 @@ impl<B: Backend> Workload<B> for Search {
 mod tests {
     use super::*;
 
-    use crate::config::{PolicyConfig, RoleConfig};
-
     #[test]
     fn group_similarity_is_the_mean_pairwise_jaccard_over_groups_of_two_or_more() {
         let (a, b, c) = (GroupKey("a".into()), GroupKey("b".into()), GroupKey("c".into()));
@@ -538,43 +508,13 @@ mod tests {
         assert_eq!(group_similarity(vec![(&c, &[7u32][..])]), 0.0);
     }
 
-    fn cfg(policies: &[&str], roles: &[(&str, &[&str])]) -> TrainConfig {
-        let policies =
-            policies.iter().map(|m| PolicyConfig { name: Some(m.to_string()), ..PolicyConfig::new(*m) }).collect();
-        let roles = roles
-            .iter()
-            .map(|(n, p)| RoleConfig {
-                name: n.to_string(),
-                policies: p.iter().map(|s| s.to_string()).collect(),
-                template: None,
-            })
-            .collect();
-        TrainConfig { policies, roles, ..Default::default() }
-    }
-
-    #[test]
-    fn roles_map_to_one_policy_each() {
-        assert_eq!(players(&cfg(&["a"], &[])).unwrap(), [0, 0, 0]);
-        let per_role = cfg(&["a", "b"], &[("rewriter", &["a"]), ("reranker", &["a"]), ("answerer", &["b"])]);
-        assert_eq!(players(&per_role).unwrap(), [0, 0, 1]);
-        let err = |c: TrainConfig| players(&c).unwrap_err().to_string();
-        assert!(err(cfg(&["a", "b"], &[])).contains("[[roles]]"));
-        assert!(err(cfg(&["a"], &[("solver", &[])])).contains("not \"solver\""));
-        assert!(err(cfg(&["a"], &[("rewriter", &[]), ("answerer", &[])])).contains("no [[roles]] entry for reranker"));
-        assert!(
-            err(cfg(&["a", "b"], &[("rewriter", &["c"]), ("reranker", &["a"]), ("answerer", &["b"])]))
-                .contains("no policy \"c\"")
-        );
-        let idle = cfg(&["a", "b"], &[("rewriter", &["a"]), ("reranker", &["a"]), ("answerer", &["a"])]);
-        assert!(err(idle).contains("\"b\" plays no role"));
-        assert!(err(cfg(&["a"], &[("rewriter", &[]), ("rewriter", &[])])).contains("twice"));
-    }
-
     #[test]
     fn penalties_must_be_non_positive() {
         let mut s = SearchConfig::default();
         assert!(s.validate().is_ok());
         s.penalties.reranker = 0.5;
         assert!(s.validate().unwrap_err().to_string().contains("reranker"));
+        let rr = SearchConfig { rr_probabilities: [0.0; 3], ..SearchConfig::default() };
+        assert!(rr.validate().unwrap_err().to_string().contains("workload.search.rr_probabilities"));
     }
 }

@@ -1,4 +1,4 @@
-//! The turn-wise multi-agent workload (`workload.kind = "turns"`, ALGORITHMS.md §5): a tool
+//! The turn-wise multi-agent workload (`workload.kind = "turns"`, docs/algorithms.md §5): a tool
 //! role and a plan role solve a generated planning task (`src/env/`) over up to T turns.
 //!
 //! ```text
@@ -22,21 +22,22 @@
 //! batched generation by the policy that plays it: one policy for both roles (shared) or one
 //! per role through `[[roles]]`.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
-use super::{RolloutSettings, RolloutTimings, ValidationSettings, Workload, mix_seed, sample_in_chunks};
-use crate::config::TrainConfig;
+use super::roles::RoleMap;
+use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload, encode_within, sample_in_chunks};
 use crate::env::task::instance;
 use crate::env::tool::{self, PythonLimits, ToolResult};
 use crate::env::{EnvKind, FORMAT_PENALTY, Instance, Outcome};
 use crate::error::{Error, Result};
-use crate::generate::{FinishReason, greedy_responses};
+use crate::generate::greedy_responses;
 use crate::policy::Policy;
 use crate::rl::atgrpo::{Decision, Grouping, TurnRollout, best_branch, group_key, mixed_reward};
-use crate::sample::Sample;
+use crate::sample::{Response, Sample};
+use crate::stable_hash::mix_seed;
 use crate::task::{Task, TaskPrompt};
 use crate::tokenizer::Message;
 use crate::train::metrics::Metrics;
@@ -161,58 +162,15 @@ pub struct Turns {
     rollout: TurnRollout,
     /// The policy that plays each role, in [`ROLES`] order.
     players: [usize; 2],
-    /// What the last step's episodes did (the trainer asks for metrics after the rollout).
-    stats: Mutex<EpisodeStats>,
 }
 
-/// Who plays what: one policy for every role, or `[[roles]]` naming each role once with one
-/// policy; every policy plays something. Single-agent: only the plan role.
-pub fn players(cfg: &TrainConfig, single_agent: bool) -> Result<[usize; 2]> {
-    let bad = |m: String| Err(Error::config("training config", m));
+/// Who plays each role, in [`ROLES`] order; single-agent: only the plan role plays (the tool
+/// slot then names the plan's policy, which never plays it).
+pub fn players(roles: &RoleMap, single_agent: bool) -> Result<[usize; 2]> {
     let needed: &[usize] = if single_agent { &[PLAN] } else { &[TOOL, PLAN] };
-    if cfg.roles.is_empty() {
-        if cfg.policies.len() != 1 {
-            return bad(format!(
-                "roles: with {} policies the turn-wise workload needs [[roles]] entries for {} naming the one policy that plays each",
-                cfg.policies.len(),
-                needed.iter().map(|&r| ROLES[r]).collect::<Vec<_>>().join(" and ")
-            ));
-        }
-        return Ok([0, 0]);
-    }
-    let mut players = [None; 2];
-    for (i, r) in cfg.roles.iter().enumerate() {
-        let Some(k) = ROLES.iter().position(|n| *n == r.name) else {
-            return bad(format!("roles[{i}].name: the turn-wise workload's roles are tool and plan, not {:?}", r.name));
-        };
-        if players[k].is_some() {
-            return bad(format!("roles[{i}].name: {:?} is given twice", r.name));
-        }
-        if r.template.is_some() {
-            return bad(format!("roles[{i}].template: the turn-wise roles' prompts are built in; leave it out"));
-        }
-        let policy = match r.policies.as_slice() {
-            [] if cfg.policies.len() == 1 => 0,
-            [p] => cfg
-                .policy_index(p)
-                .ok_or_else(|| Error::config("training config", format!("roles[{i}].policies: no policy {p:?}")))?,
-            _ => return bad(format!("roles[{i}].policies: one policy plays the {} role; name exactly one", r.name)),
-        };
-        players[k] = Some(policy);
-    }
-    if let Some(&missing) = needed.iter().find(|&&r| players[r].is_none()) {
-        return bad(format!("roles: no [[roles]] entry for {}", ROLES[missing]));
-    }
-    let played: Vec<usize> = needed.iter().filter_map(|&r| players[r]).collect();
-    if let Some(k) = (0..cfg.policies.len()).find(|k| !played.contains(k)) {
-        return bad(format!(
-            "roles: policy {:?} plays no role{}; give it one or remove it from [[policies]]",
-            cfg.policy_name(k),
-            if single_agent { " (single-agent: only plan plays)" } else { "" }
-        ));
-    }
-    let plan = players[PLAN].expect("checked");
-    Ok([players[TOOL].unwrap_or(plan), plan])
+    let p = roles.players("turn-wise", &ROLES, needed)?;
+    let plan = p[PLAN].expect("the plan role is needed");
+    Ok([p[TOOL].unwrap_or(plan), plan])
 }
 
 /// The roles' prompts (also what the tiny planner is pre-trained on, `tiny::planner`).
@@ -339,13 +297,25 @@ impl EpisodeStats {
     fn rate(n: usize, d: usize) -> f64 {
         if d == 0 { 0.0 } else { n as f64 / d as f64 }
     }
+
+    /// Success rate, turns, invalid and unreadable answers, tool errors.
+    fn metrics(&self) -> Metrics {
+        let mut m = Metrics::new();
+        m.insert("turns/success_rate".into(), Self::rate(self.solved, self.episodes));
+        m.insert("turns/mean_turns".into(), Self::rate(self.turns, self.episodes));
+        m.insert("turns/invalid_action_rate".into(), Self::rate(self.invalid, self.applied));
+        m.insert("turns/unreadable_rate".into(), Self::rate(self.unreadable, self.plans));
+        m.insert("turns/tool_error_rate".into(), Self::rate(self.tool_errors, self.tool_runs));
+        m
+    }
 }
 
 /// Generates the outputs of one role for a batch of prompts: `branches` texts per prompt.
 type Generate<'a> = dyn FnMut(usize, usize, &[Vec<Message>], usize) -> Result<Vec<Vec<String>>> + 'a;
 
 impl Turns {
-    pub fn new(cfg: &TrainConfig, task: Arc<dyn Task>, rollout: TurnRollout) -> Result<Self> {
+    /// The team on `task`'s environments, rolled out as `rollout` says.
+    pub fn new(config: &TurnsConfig, roles: &RoleMap, task: Arc<dyn Task>, rollout: TurnRollout) -> Result<Self> {
         let kind = task
             .train()
             .first()
@@ -354,14 +324,13 @@ impl Turns {
             .transpose()?
             .map(|i| i.kind())
             .ok_or_else(|| Error::config("training config", "task.env: no instances to play"))?;
-        cfg.workload.turns.validate()?;
+        config.validate()?;
         Ok(Turns {
-            players: players(cfg, rollout.single_agent)?,
+            players: players(roles, rollout.single_agent)?,
             task,
-            prompts: Prompts::new(kind, &cfg.workload.turns),
-            config: cfg.workload.turns.clone(),
+            prompts: Prompts::new(kind, config),
+            config: config.clone(),
             rollout,
-            stats: Default::default(),
         })
     }
 
@@ -517,24 +486,13 @@ fn check_counts(texts: &[Vec<String>], prompts: usize, branches: usize) -> Resul
 
 /// `messages` in `policy`'s chat template; a prompt longer than `max_tokens` is an error.
 fn encode<B: Backend>(policy: &Policy<B>, role: usize, messages: &[Message], max_tokens: usize) -> Result<Vec<u32>> {
-    let ids = policy.encode_prompt(messages, usize::MAX)?;
-    if ids.len() > max_tokens {
-        return Err(Error::InvalidArgument(format!(
-            "a {} prompt of policy {} has {} tokens, above rollout.max_prompt_tokens = {max_tokens}; raise it",
-            ROLES[role],
-            policy.name,
-            ids.len()
-        )));
-    }
-    Ok(ids)
+    encode_within(policy, ROLES[role], messages, max_tokens, "")
 }
 
-/// A generated output as a sample stores it.
-struct Drawn {
+/// A generated output, with the prompt ids and the policy (and weights version) it came from.
+struct Generated {
     prompt_ids: Vec<u32>,
-    response_ids: Vec<u32>,
-    text: String,
-    finish_reason: FinishReason,
+    response: Response,
     policy: usize,
     version: u64,
 }
@@ -548,12 +506,7 @@ impl<B: Backend> Workload<B> for Turns {
         "val/success"
     }
 
-    fn rollout(
-        &self,
-        policies: &[Policy<B>],
-        prompts: &[TaskPrompt],
-        settings: &RolloutSettings,
-    ) -> Result<(Vec<Sample>, Vec<RolloutTimings>)> {
+    fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
         let k = settings.group_size;
         let (per_task, branches) = match self.rollout.grouping {
             Grouping::TurnWise => (1, k),
@@ -570,7 +523,7 @@ impl<B: Backend> Workload<B> for Turns {
             }));
         }
         let mut timings = vec![RolloutTimings::default(); policies.len()];
-        let mut drawn: Vec<Drawn> = Vec::new();
+        let mut drawn: Vec<Generated> = Vec::new();
         let mut generate =
             |role: usize, turn: usize, messages: &[Vec<Message>], branches: usize| -> Result<Vec<Vec<String>>> {
                 let policy = &policies[self.players[role]];
@@ -589,12 +542,10 @@ impl<B: Backend> Workload<B> for Turns {
                 outs.sort_by_key(|o| (o.prompt, o.sample_index));
                 let mut texts = vec![Vec::with_capacity(branches); ids.len()];
                 for out in outs {
-                    texts[out.prompt].push(out.text.clone());
-                    drawn.push(Drawn {
+                    texts[out.prompt].push(out.response.text.clone());
+                    drawn.push(Generated {
                         prompt_ids: ids[out.prompt].clone(),
-                        response_ids: out.response_ids,
-                        text: out.text,
-                        finish_reason: out.finish_reason,
+                        response: out.response,
                         policy: policy.index,
                         version: policy.version,
                     });
@@ -618,31 +569,18 @@ impl<B: Backend> Workload<B> for Turns {
             let sample_index = counters[p];
             counters[p] += 1;
             samples.push(Sample {
-                id: 0,
-                policy: d.policy,
                 role: ROLES[o.role].to_string(),
                 group,
-                parent: None,
                 turn: o.turn as u32,
-                prompt: p,
                 sample_index,
-                messages: o.messages,
-                text: d.text,
-                prompt_ids: d.prompt_ids,
-                response_ids: d.response_ids,
-                token_logps: vec![],
-                values: vec![],
                 // Immediate rewards: the rollout already knows them (AT-GRPO §5.2).
                 reward: Some(o.reward),
                 penalty: o.penalty,
                 score: (o.role == PLAN).then_some(f64::from(u8::from(o.solved))),
-                train: true,
-                policy_version: d.version,
-                finish_reason: d.finish_reason,
+                ..Sample::new(d.policy, d.version, p, o.messages, d.prompt_ids, d.response)
             });
         }
-        *self.stats.lock().unwrap_or_else(|e| e.into_inner()) = stats;
-        Ok((samples, timings))
+        Ok(Rollout { samples, timings, metrics: stats.metrics() })
     }
 
     /// Rewards are immediate and set by the rollout; this checks that none is missing.
@@ -653,17 +591,11 @@ impl<B: Backend> Workload<B> for Turns {
         }
     }
 
-    /// Success rate, turns, invalid and unreadable answers, tool errors, each role's reward
-    /// and the sizes of the groups actually formed.
+    /// Each role's reward and the sizes of the groups actually formed (the episodes' outcomes
+    /// come with the rollout).
     fn metrics(&self, samples: &[Sample], _prompts: &[TaskPrompt]) -> Metrics {
-        let s = *self.stats.lock().unwrap_or_else(|e| e.into_inner());
         let mean = |xs: &[f64]| if xs.is_empty() { 0.0 } else { xs.iter().sum::<f64>() / xs.len() as f64 };
         let mut m = Metrics::new();
-        m.insert("turns/success_rate".into(), EpisodeStats::rate(s.solved, s.episodes));
-        m.insert("turns/mean_turns".into(), EpisodeStats::rate(s.turns, s.episodes));
-        m.insert("turns/invalid_action_rate".into(), EpisodeStats::rate(s.invalid, s.applied));
-        m.insert("turns/unreadable_rate".into(), EpisodeStats::rate(s.unreadable, s.plans));
-        m.insert("turns/tool_error_rate".into(), EpisodeStats::rate(s.tool_errors, s.tool_runs));
         m.insert("turns/outputs".into(), samples.len() as f64);
         let mut groups: std::collections::HashMap<&crate::sample::GroupKey, usize> = Default::default();
         for x in samples {

@@ -10,8 +10,8 @@ use super::grpo::TokenClip;
 use super::gspo::group_advantages;
 use crate::error::Result;
 use crate::rl::algorithm::{AlgoSettings, Algorithm, BatchShape, MicroBatch, Routing};
-use crate::rl::hacpo::PoolSample;
 use crate::rl::objective::LossAggregation;
+use crate::rl::records::PoolSample;
 
 pub struct DrGrpo {
     clip: TokenClip,

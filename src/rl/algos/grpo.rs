@@ -1,4 +1,4 @@
-//! GRPO (ALGORITHMS.md §1.1): each policy alone, a clipped ratio per token, group-normalised
+//! GRPO (docs/algorithms.md §1.1): each policy alone, a clipped ratio per token, group-normalised
 //! advantages, verl's loss aggregation (token-mean by default), DAPO's 0.2/0.28 clip band.
 
 use burn::tensor::Tensor;
@@ -7,8 +7,8 @@ use burn::tensor::backend::Backend;
 use super::gspo::group_advantages;
 use crate::error::Result;
 use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing};
-use crate::rl::hacpo::PoolSample;
 use crate::rl::objective::LossAggregation;
+use crate::rl::records::PoolSample;
 use crate::rl::tensor::{aggregate_scoped, grpo_surrogate};
 
 /// The token-level clipped surrogate with its settings; Dr. GRPO reuses it.

@@ -1,4 +1,4 @@
-//! GSPO (ALGORITHMS.md §1.2): each policy alone, one clipped sequence ratio per response; and
+//! GSPO (docs/algorithms.md §1.2): each policy alone, one clipped sequence ratio per response; and
 //! GSPO×2, the paper's resource-equivalent baseline, which samples twice the group and makes
 //! twice the updates (the one place where that doubling happens).
 
@@ -10,7 +10,8 @@ use super::sequence;
 use crate::error::{Error, Result};
 use crate::rl::algorithm::{AlgoSettings, Algorithm, BatchShape, MicroBatch, Routing, SequenceRecord};
 use crate::rl::capability::Capabilities;
-use crate::rl::hacpo::{HacpoConfig, PoolSample, SampleTerms};
+use crate::rl::hacpo::HacpoConfig;
+use crate::rl::records::{PoolSample, SampleTerms};
 use crate::rl::stats;
 
 /// GSPO, or GSPO×2 when built with `doubled`.
@@ -72,7 +73,7 @@ impl<B: Backend> Algorithm<B> for Gspo {
 
     fn metrics(&self, _learner: usize, terms: &[SampleTerms]) -> Vec<(&'static str, f64)> {
         let own: Vec<&SampleTerms> = terms.iter().collect();
-        vec![("hacpo/self_clip_frac", sequence::clip_fraction(&own))]
+        vec![("gspo/clip_frac", sequence::clip_fraction(&own))]
     }
 
     fn audit(&self) -> Option<Value> {

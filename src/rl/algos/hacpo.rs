@@ -1,4 +1,4 @@
-//! HACPO (ALGORITHMS.md §2) and naive sharing (every HACPO mechanism off, others' responses
+//! HACPO (docs/algorithms.md §2) and naive sharing (every HACPO mechanism off, others' responses
 //! treated as the learner's own): every policy learns from the whole pool of a group.
 
 use burn::tensor::Tensor;
@@ -9,7 +9,8 @@ use super::sequence;
 use crate::error::{Error, Result};
 use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing, SequenceRecord};
 use crate::rl::capability::{Capabilities, CapabilityConfig, CapabilityTracker};
-use crate::rl::hacpo::{self as core, HacpoConfig, PoolSample, SampleTerms};
+use crate::rl::hacpo::{self as core, HacpoConfig};
+use crate::rl::records::{PoolSample, SampleTerms};
 
 /// HACPO, or naive sharing when built with `naive`.
 pub struct Hacpo {

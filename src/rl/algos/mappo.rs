@@ -1,5 +1,5 @@
 //! MAPPO, the actor-critic baseline MHGPO is compared with, as MMOA-RAG runs it (TRL 0.9 PPO,
-//! ALGORITHMS.md §3.2): each agent's output is rewarded with the team's answer F1 plus its own
+//! docs/algorithms.md §3.2): each agent's output is rewarded with the team's answer F1 plus its own
 //! format penalty at its last token, a value head on the policy's trunk estimates each token's
 //! value, GAE gives per-token advantages (whitened over the learner's batch), and the loss is
 //! PPO's clipped surrogate plus `vf_coef` × the clipped value loss.
@@ -16,10 +16,9 @@ use burn::tensor::backend::Backend;
 
 use crate::error::{Error, Result};
 use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing};
-use crate::rl::hacpo::PoolSample;
 use crate::rl::mappo::CriticSettings;
-use crate::rl::mhgpo::{Aggregate, MhgpoSettings, Sampling, TreeRollout};
 use crate::rl::objective::LossAggregation;
+use crate::rl::records::PoolSample;
 use crate::rl::tensor::{aggregate_scoped, clipped_surrogate};
 
 pub struct Mappo {
@@ -27,7 +26,6 @@ pub struct Mappo {
     eps_high: f64,
     aggregation: LossAggregation,
     critic: CriticSettings,
-    tree: TreeRollout,
 }
 
 impl Mappo {
@@ -39,16 +37,6 @@ impl Mappo {
             eps_high: s.clip_high.unwrap_or(0.2),
             aggregation: s.loss_agg.unwrap_or(LossAggregation::TokenMean),
             critic: s.mappo,
-            tree: TreeRollout {
-                sampling: Sampling::Fof,
-                // Each output's reward is its trajectory's F1 plus its own penalty (MMOA-RAG),
-                // not the penalties of the outputs after it.
-                settings: MhgpoSettings {
-                    aggregate: Aggregate::Mean,
-                    propagate_penalties: false,
-                    epsilon: s.adv_epsilon.max(f64::MIN_POSITIVE),
-                },
-            },
         })
     }
 }
@@ -60,10 +48,6 @@ impl<B: Backend> Algorithm<B> for Mappo {
 
     fn routing(&self) -> Routing {
         Routing::Own
-    }
-
-    fn tree(&self) -> Option<TreeRollout> {
-        Some(self.tree)
     }
 
     fn critic(&self) -> Option<CriticSettings> {

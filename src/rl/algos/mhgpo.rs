@@ -1,6 +1,6 @@
-//! MHGPO (ALGORITHMS.md §3): critic-free training of a multi-agent pipeline. The workload
-//! branches each question's rollouts as the sampling says (IS, FoF or RR), carries rewards up
-//! the tree and masks singletons ([`crate::rl::mhgpo`]); what reaches the algorithm is every
+//! MHGPO (docs/algorithms.md §3): critic-free training of a multi-agent pipeline. The workload
+//! branches each question's rollouts as the registry's shape says (IS, FoF or RR), carries
+//! rewards up the tree and masks singletons ([`crate::rl::mhgpo`]); what reaches the algorithm is every
 //! trained output with its propagated reward and its (question, role, fork) group. The loss is
 //! GRPO's token-level clipped surrogate (§3.4), each output with its own role's prompt; a shared
 //! policy gets all roles' outputs in one batch.
@@ -12,45 +12,29 @@ use super::grpo::TokenClip;
 use super::gspo::group_advantages;
 use crate::error::{Error, Result};
 use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing};
-use crate::rl::hacpo::PoolSample;
-use crate::rl::mhgpo::{MhgpoSettings, Sampling, TreeRollout};
 use crate::rl::objective::LossAggregation;
+use crate::rl::records::PoolSample;
 
-/// The three MHGPO variants differ only in how the rollouts branch.
+/// The three MHGPO variants differ only in how the rollouts branch (the registry's shapes),
+/// not in their loss.
 pub struct Mhgpo {
     name: &'static str,
     clip: TokenClip,
-    tree: TreeRollout,
 }
 
 impl Mhgpo {
-    /// `sampling` is `is`, `fof` or `rr` (RR's probabilities from `algo.mhgpo`).
-    pub fn new(s: &AlgoSettings, sampling: &str) -> Result<Self> {
-        let (name, sampling) = match sampling {
-            "is" => ("mhgpo-is", Sampling::Is),
-            "fof" => ("mhgpo-fof", Sampling::Fof),
-            "rr" => ("mhgpo-rr", Sampling::Rr { probabilities: s.mhgpo.rr_probabilities }),
-            other => return Err(Error::Internal(format!("no MHGPO sampling {other:?}"))),
-        };
-        sampling
-            .validate(3)
-            .map_err(|e| Error::config("training config", format!("algo.mhgpo.rr_probabilities: {e}")))?;
-        let settings = MhgpoSettings {
-            aggregate: s.mhgpo.aggregate,
-            propagate_penalties: s.mhgpo.propagate_penalties,
-            // ε must be positive for the tree arithmetic; 0 would divide a uniform group by 0.
-            epsilon: s.adv_epsilon.max(f64::MIN_POSITIVE),
-        };
+    /// `name` is `mhgpo-is`, `mhgpo-fof` or `mhgpo-rr`.
+    pub fn new(s: &AlgoSettings, name: &'static str) -> Result<Self> {
         Ok(Mhgpo {
             name,
             clip: TokenClip {
                 eps_low: s.clip_low.unwrap_or(0.2),
                 eps_high: s.clip_high.unwrap_or(0.28),
                 aggregation: s.loss_agg.unwrap_or(LossAggregation::TokenMean),
-                adv_epsilon: settings.epsilon,
+                // ε must be positive: 0 would divide a uniform group by 0.
+                adv_epsilon: s.adv_epsilon.max(f64::MIN_POSITIVE),
                 normalize_by_std: true,
             },
-            tree: TreeRollout { sampling, settings },
         })
     }
 }
@@ -62,10 +46,6 @@ impl<B: Backend> Algorithm<B> for Mhgpo {
 
     fn routing(&self) -> Routing {
         Routing::Own
-    }
-
-    fn tree(&self) -> Option<TreeRollout> {
-        Some(self.tree)
     }
 
     /// `(R − mean) / (std + ε)` within each (question, role, fork) group. The workload has
@@ -91,7 +71,8 @@ impl<B: Backend> Algorithm<B> for Mhgpo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::rl::mhgpo::{Node, advantages, propagate};
+    use crate::rl::mhgpo::{Fork, MhgpoSettings, Node, advantages, propagate};
+    use crate::rl::registry::{RolloutShape, shape};
 
     fn settings() -> AlgoSettings {
         crate::config::AlgoConfig::default().settings()
@@ -99,19 +80,18 @@ mod tests {
 
     #[test]
     fn the_three_variants_branch_as_named() {
-        let tree = |s: &str| <Mhgpo as Algorithm<crate::backend::Cpu>>::tree(&Mhgpo::new(&settings(), s).unwrap());
-        assert_eq!(tree("is").unwrap().sampling, Sampling::Is);
-        assert_eq!(tree("fof").unwrap().sampling, Sampling::Fof);
-        assert_eq!(tree("rr").unwrap().sampling, Sampling::RR_DEFAULT);
-        let mut bad = settings();
-        bad.mhgpo.rr_probabilities = [0.0, 0.0, 0.0];
-        assert!(Mhgpo::new(&bad, "rr").is_err());
+        let fork = |name| match shape(name).unwrap() {
+            RolloutShape::Tree { fork, .. } => fork,
+            other => panic!("{name}: {other:?}"),
+        };
+        assert_eq!([fork("mhgpo-is"), fork("mhgpo-fof"), fork("mhgpo-rr")], [Fork::Is, Fork::Fof, Fork::Rr]);
     }
 
     /// The trainer's advantages over the trained outputs equal the tree arithmetic's.
     #[test]
     fn advantages_match_the_tree_arithmetic() {
-        let algo = Mhgpo::new(&settings(), "fof").unwrap();
+        let algo = Mhgpo::new(&settings(), "mhgpo-fof").unwrap();
+        let tree = MhgpoSettings { epsilon: algo.clip.adv_epsilon, ..MhgpoSettings::default() };
         let node = |role, parent, score: Option<f64>, penalty| Node {
             role,
             parent,
@@ -127,8 +107,8 @@ mod tests {
             node(0, None, None, -0.5),
             node(1, Some(2), Some(1.0), -1.0),
         ];
-        let rewards = propagate(&nodes, &algo.tree.settings).unwrap();
-        let (expected, mask) = advantages(&nodes, &rewards, &algo.tree.settings);
+        let rewards = propagate(&nodes, &tree).unwrap();
+        let (expected, mask) = advantages(&nodes, &rewards, &tree);
         assert!(mask.iter().all(|&m| m));
         let pool: Vec<PoolSample> =
             nodes.iter().zip(&rewards).map(|(n, &r)| PoolSample { agent: 0, group: n.role, reward: r }).collect();

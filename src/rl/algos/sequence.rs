@@ -1,13 +1,14 @@
 //! The sequence-level policy loss shared by HACPO, naive sharing, GSPO and GSPO×2: one mean
 //! log-prob per response, GSPO's clipped sequence ratio on own responses and HACPO's cross
-//! term on others' (ALGORITHMS.md §1.2, §2.9), through [`crate::rl::tensor::hacpo_objectives`].
+//! term on others' (docs/algorithms.md §1.2, §2.9), through [`crate::rl::tensor::hacpo_objectives`].
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::rl::algorithm::{AlgoSettings, MicroBatch, SequenceRecord};
 use crate::rl::capability::Capabilities;
-use crate::rl::hacpo::{HacpoConfig, SampleTerms, sample_terms};
+use crate::rl::hacpo::{HacpoConfig, sample_terms};
+use crate::rl::records::SampleTerms;
 use crate::rl::tensor::{SequenceBatch, hacpo_objectives, sequence_mean};
 
 /// The scalar core's full HACPO parameters from the run's settings.

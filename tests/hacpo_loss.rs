@@ -503,7 +503,7 @@ fn registry_lists_algorithms_and_reshapes_batches() {
         let tree = matches!(shape, registry::RolloutShape::Tree { .. });
         assert_eq!(tree, name.starts_with("mhgpo") || name == "mappo", "{name}");
         assert_eq!(matches!(shape, registry::RolloutShape::Turns(_)), turn_wise.contains(&name), "{name}");
-        assert_eq!(algo.critic().is_some(), name == "mappo", "{name}");
+        assert_eq!(algo.value_model().is_some(), name == "mappo", "{name}");
     }
     // AT-GRPO groups per turn; the baselines whole trajectories, single-grpo without the tool.
     let turns = |n: &str| match registry::shape(n).unwrap() {
@@ -556,7 +556,7 @@ fn drgrpo_advantages_and_loss_match_a_hand_computation() {
         old_logp: ad_matrix(&old, len),
         mean_logp_source: old.iter().map(|r| stats::mean(r)).collect(),
         advantages: adv.clone(),
-        token_advantages: None,
+        value: None,
         sources: vec![0; n],
         learner: 0,
         minibatch_index: 0,

@@ -130,7 +130,7 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
                 views: views(&p, &samples, &routed.indices, 512, 64).unwrap(),
                 samples: &samples,
                 ref_logps: &refs,
-                critic: None,
+                tokens: None,
             };
             let settings = UpdateSettings {
                 step: 1,
@@ -140,6 +140,7 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
                 gradient_checkpointing: checkpointing,
                 inv_temperature: 1.0,
                 kl_coef: 0.05,
+                value_lr: None,
                 grad_clip: 1e9,
                 schedule: LrSchedule::default(),
                 norm_length: 32,

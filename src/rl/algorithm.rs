@@ -2,8 +2,9 @@
 //! split into advantage estimators and policy losses, here one object per algorithm).
 //!
 //! The trainer never asks *which* algorithm runs: it asks the [`Algorithm`] which samples a
-//! policy learns from ([`Routing`]), for the advantages of a learner's samples, how to cut
-//! them into mini-batches, and for the policy loss of a micro-batch. Algorithms are built by
+//! policy learns from ([`Routing`]), for the advantages of a learner's samples (per response,
+//! or per token from a value model's estimates), how to cut them into mini-batches, and for
+//! the loss terms of a micro-batch, which it sums and back-propagates. Algorithms are built by
 //! name from [`super::registry`]; their settings are [`AlgoSettings`].
 
 use burn::tensor::Tensor;
@@ -107,6 +108,54 @@ pub struct BatchShape {
     pub norm_length: usize,
 }
 
+/// A value head an actor-critic algorithm trains beside each policy (`train::critic`: one
+/// linear map from the policy's last hidden state, on the policy's own trunk).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ValueModel {
+    /// The head's AdamW rate (no weight decay, constant).
+    pub lr: f64,
+}
+
+/// What a token-level advantage estimator reads of one routed response: its reward and the
+/// value head's estimate at each of its tokens at step start.
+#[derive(Clone, Copy, Debug)]
+pub struct ValuedResponse<'a> {
+    pub reward: f64,
+    pub values: &'a [f32],
+}
+
+/// Per-token advantages and value targets of a learner's routed responses, in routed order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenAdvantages {
+    pub advantages: Vec<Vec<f32>>,
+    pub returns: Vec<Vec<f32>>,
+}
+
+impl TokenAdvantages {
+    /// Each response's mean advantage (what per-response metrics and audits read).
+    pub fn means(&self) -> Vec<f64> {
+        self.advantages.iter().map(|a| a.iter().map(|&x| x as f64).sum::<f64>() / a.len().max(1) as f64).collect()
+    }
+}
+
+/// The value side of a micro-batch, `[n, L]` each: the per-token advantages, the head's
+/// predictions (with gradient), the rollout's values and the returns.
+pub struct ValueBatch<B: Backend> {
+    pub advantages: Tensor<B, 2>,
+    pub predicted: Tensor<B, 2>,
+    pub old: Tensor<B, 2>,
+    pub returns: Tensor<B, 2>,
+}
+
+/// One weighted term of an algorithm's loss. The trainer back-propagates the weighted sum of
+/// the terms (and its own KL term), reads each term back once per mini-batch and logs its
+/// mean over the step's mini-batches under `metric`.
+pub struct LossTerm<B: Backend> {
+    pub metric: &'static str,
+    pub weight: f64,
+    pub value: Tensor<B, 1>,
+}
+
 /// One micro-batch of a learner's update, on the learner's device. Rows are sequences.
 pub struct MicroBatch<B: Backend> {
     /// The learner's log-prob of each response token (with gradient), padded `[n, L]`.
@@ -119,8 +168,8 @@ pub struct MicroBatch<B: Backend> {
     /// The producing policy's mean old log-prob per response (own and cross).
     pub mean_logp_source: Vec<f64>,
     pub advantages: Vec<f64>,
-    /// Per-token advantages `[n, L]` of an actor-critic algorithm (GAE), else `None`.
-    pub token_advantages: Option<Tensor<B, 2>>,
+    /// An actor-critic algorithm's per-token advantages and value predictions, else `None`.
+    pub value: Option<ValueBatch<B>>,
     /// The policy that produced each row.
     pub sources: Vec<usize>,
     pub learner: usize,
@@ -159,12 +208,20 @@ pub trait Algorithm<B: Backend>: Send + Sync {
         Ok(requested)
     }
 
-    /// The critic an actor-critic algorithm trains beside the policy (MAPPO's value head);
-    /// `None` for critic-free algorithms. With one, the trainer estimates every own token's
-    /// value at step start and hands the loss per-token advantages (GAE) instead of
-    /// [`Algorithm::advantages`]' per-response ones, and adds the value loss.
-    fn critic(&self) -> Option<super::mappo::CriticSettings> {
+    /// The value head an actor-critic algorithm trains beside each policy; `None` for
+    /// critic-free algorithms. With one, the trainer keeps a head per policy (checkpointed
+    /// with the run), estimates every own token's value at step start, asks
+    /// [`Algorithm::token_advantages`] for the per-token advantages and returns, hands the
+    /// loss the head's predictions ([`MicroBatch::value`]) and steps the head with the
+    /// gradient of the loss terms.
+    fn value_model(&self) -> Option<ValueModel> {
         None
+    }
+
+    /// Per-token advantages and returns of a learner's routed responses (an actor-critic
+    /// algorithm's estimator, GAE for MAPPO); asked only of an algorithm with a value model.
+    fn token_advantages(&self, _responses: &[ValuedResponse<'_>]) -> Result<TokenAdvantages> {
+        Err(crate::error::Error::Internal(format!("{} has no token-level advantage estimator", self.name())))
     }
 
     /// Sees every sample of the step (with rewards) before any advantage: HACPO updates its
@@ -190,6 +247,12 @@ pub trait Algorithm<B: Backend>: Send + Sync {
 
     /// The policy loss of a micro-batch: its share of the mini-batch loss (to minimise).
     fn policy_loss(&self, batch: &MicroBatch<B>) -> Tensor<B, 1>;
+
+    /// Every term of a micro-batch's loss; the policy loss first (the trainer adds its KL term
+    /// right after it). An actor-critic algorithm adds its value loss here.
+    fn loss_terms(&self, batch: &MicroBatch<B>) -> Vec<LossTerm<B>> {
+        vec![LossTerm { metric: "actor/pg_loss", weight: 1.0, value: self.policy_loss(batch) }]
+    }
 
     /// Per-response terms of a finished mini-batch for metrics and audits (sequence-level
     /// algorithms; empty for token-level ones).

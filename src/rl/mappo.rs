@@ -8,8 +8,8 @@
 //! A_t = δ_t + γλ·A_{t+1}             returns_t = A_t + V_t (before whitening)
 //! ```
 //!
-//! Pure arithmetic on plain vectors; the tensor side (value loss, value head) lives in the
-//! trainer's update and `train::critic`.
+//! Pure arithmetic on plain vectors; the loss terms are `rl::algos::mappo`'s, the value head a
+//! model part of `train::critic`.
 
 use serde::{Deserialize, Serialize};
 

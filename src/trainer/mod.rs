@@ -33,6 +33,7 @@ use crate::generate::{FinishReason, SamplingParams};
 use crate::model::lora;
 use crate::model::precision::{rollout_copy, set_compute, store_frozen};
 use crate::policy::Policy;
+use crate::rl::algorithm::ValuedResponse;
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
 use crate::sample::Sample;
@@ -42,13 +43,13 @@ use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState
 use crate::train::metrics::{Metrics, MetricsSink};
 use crate::train::optim::AdamWConfig;
 use crate::workload::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
-use update::{CriticBatch, LearnerBatch, UpdateSettings, update_policy};
+use update::{LearnerBatch, UpdateSettings, update_policy};
 
-/// A learner's routed samples with their advantages (and the critic's per-token ones).
+/// A learner's routed samples with their advantages (and, with a value model, per token).
 struct Advantaged {
     routed: routing::Routed,
     advantages: Vec<f64>,
-    critic: Option<CriticBatch>,
+    tokens: Option<crate::rl::algorithm::TokenAdvantages>,
 }
 
 /// What a finished run reports.
@@ -89,7 +90,7 @@ fn kwargs(table: &toml::Table) -> Map<String, Value> {
     }
 }
 
-/// Gives every policy a critic's value head: fresh, or the one `state` saved.
+/// Gives every policy the algorithm's value head: fresh, or the one `state` saved.
 fn attach_value_heads<B: Backend>(
     policies: &mut [Policy<B>],
     state: Option<&TrainerState>,
@@ -245,7 +246,7 @@ impl<B: Backend> Trainer<B> {
     fn check_restorable(config: &TrainConfig, state: &TrainerState) -> Result<()> {
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
         algorithm.restore(state.algorithm.clone())?;
-        if algorithm.critic().is_some() && state.value_heads.iter().flatten().count() != config.policies.len() {
+        if algorithm.value_model().is_some() && state.value_heads.iter().flatten().count() != config.policies.len() {
             return Err(Error::InvalidArgument(format!(
                 "the trainer state holds no value head for some policy: it was not written by {}",
                 algorithm.name()
@@ -286,7 +287,7 @@ impl<B: Backend> Trainer<B> {
         let per_step = config.algo.prompts_per_step as u64;
         let epoch_steps = (task.train().len() as u64).div_ceil(per_step).max(1);
         let total_steps = if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps };
-        if algorithm.critic().is_some() {
+        if algorithm.value_model().is_some() {
             attach_value_heads(&mut policies, state.as_ref(), algorithm.name())?;
         }
         let (sampler, step) = match state {
@@ -585,27 +586,26 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// The algorithm sees the whole step, then each policy's routed samples get advantages:
-    /// per response from the algorithm, or per token from the critic (GAE over the values the
-    /// scoring stage read, the response's advantage then being its tokens' mean).
+    /// per response, and with a value model per token from the values the scoring stage read
+    /// (the response's advantage then being its tokens' mean).
     fn advantages(&mut self, samples: &[Sample]) -> Result<Vec<Advantaged>> {
         let everything: Vec<PoolSample> =
             samples.iter().map(|s| PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
         self.algorithm.observe(&everything, self.policies.len());
         let routing = self.algorithm.routing();
-        let critic = self.algorithm.critic();
+        let valued = self.algorithm.value_model().is_some();
         (0..self.policies.len())
             .map(|k| {
                 let routed = routing::route(samples, k, routing);
                 let mut advantages = self.algorithm.advantages(&routed.pool, k)?;
-                let critic = match critic {
-                    None => None,
-                    Some(settings) => {
-                        let (batch, means) = critic_batch(samples, &routed.indices, settings)?;
-                        advantages = means;
-                        Some(batch)
-                    }
+                let tokens = match valued {
+                    false => None,
+                    true => Some(self.algorithm.token_advantages(&valued_responses(samples, &routed.indices)?)?),
                 };
-                Ok(Advantaged { routed, advantages, critic })
+                if let Some(t) = &tokens {
+                    advantages = t.means();
+                }
+                Ok(Advantaged { routed, advantages, tokens })
             })
             .collect()
     }
@@ -620,7 +620,7 @@ impl<B: Backend> Trainer<B> {
         let r = &self.config.rollout;
         let mut batches = Vec::with_capacity(self.policies.len());
         let mut seconds = Vec::with_capacity(self.policies.len());
-        for (policy, Advantaged { routed, advantages, critic }) in self.policies.iter().zip(advantages) {
+        for (policy, Advantaged { routed, advantages, tokens }) in self.policies.iter().zip(advantages) {
             let t = Instant::now();
             let views =
                 routing::views(policy, samples, &routed.indices, r.cross_max_prompt_tokens, r.max_response_tokens)?;
@@ -632,7 +632,7 @@ impl<B: Backend> Trainer<B> {
                 views,
                 samples,
                 ref_logps,
-                critic,
+                tokens,
             });
         }
         Ok((batches, seconds))
@@ -649,6 +649,7 @@ impl<B: Backend> Trainer<B> {
             gradient_checkpointing: a.gradient_checkpointing,
             inv_temperature: 1.0 / self.config.rollout.temperature.max(1e-6),
             kl_coef: a.kl_coef,
+            value_lr: self.algorithm.value_model().map(|v| v.lr),
             grad_clip: a.grad_clip,
             schedule: a.schedule.clone(),
             norm_length: self.shape.norm_length,
@@ -787,26 +788,17 @@ impl<B: Backend> Trainer<B> {
     }
 }
 
-/// The critic's per-token advantages and returns of a learner's routed samples (GAE over
-/// the values the scoring stage read), and each response's mean advantage.
-fn critic_batch(
-    samples: &[Sample],
-    indices: &[usize],
-    settings: crate::rl::mappo::CriticSettings,
-) -> Result<(CriticBatch, Vec<f64>)> {
+/// What a token-level estimator reads of a learner's routed samples: reward and values.
+fn valued_responses<'a>(samples: &'a [Sample], indices: &[usize]) -> Result<Vec<ValuedResponse<'a>>> {
     if let Some(&i) = indices.iter().find(|&&i| samples[i].values.len() != samples[i].response_ids.len()) {
         return Err(Error::Internal(format!(
-            "sample {i} of policy {} has {} values for {} tokens: a critic learns from its own samples only",
+            "sample {i} of policy {} has {} values for {} tokens: a value model learns from its own samples only",
             samples[i].policy,
             samples[i].values.len(),
             samples[i].response_ids.len()
         )));
     }
-    let rewards: Vec<f64> = indices.iter().map(|&i| samples[i].reward()).collect();
-    let values: Vec<&[f32]> = indices.iter().map(|&i| samples[i].values.as_slice()).collect();
-    let (tokens, returns) = crate::rl::mappo::token_advantages(&rewards, &values, &settings);
-    let means = tokens.iter().map(|a| a.iter().map(|&x| x as f64).sum::<f64>() / a.len().max(1) as f64).collect();
-    Ok((CriticBatch { advantages: tokens, returns, settings }, means))
+    Ok(indices.iter().map(|&i| ValuedResponse { reward: samples[i].reward(), values: &samples[i].values }).collect())
 }
 
 /// Tests of crash recovery: `HACPO_TEST_KILL_AFTER_CHECKPOINT=N` ends the process abruptly (no

@@ -1,5 +1,6 @@
-//! The update stage of one policy: mini-batches, the algorithm's policy loss plus the KL term,
-//! backward with gradient accumulation over micro-batches, global-norm clipping, AdamW.
+//! The update stage of one policy: mini-batches, the algorithm's loss terms plus the KL term,
+//! backward with gradient accumulation over micro-batches, global-norm clipping, AdamW (and,
+//! for an algorithm with a value model, the value head's own step).
 //!
 //! Everything stays on the device until an optimizer step is due: per-sequence means are
 //! device ops on the padded log-probs, and the loss, KL and mean log-probs of a mini-batch's
@@ -17,10 +18,8 @@ use super::routing::View;
 use crate::error::{Error, Result};
 use crate::generate::score::{response_hidden, token_logprobs_autodiff};
 use crate::policy::Policy;
-use crate::rl::algorithm::{Algorithm, MicroBatch, SequenceRecord};
-use crate::rl::tensor::{
-    AggregationScope, aggregate_scoped, clipped_value_loss, kl_k3_tokens, pad_host, pad_tokens, sequence_mean,
-};
+use crate::rl::algorithm::{Algorithm, MicroBatch, SequenceRecord, TokenAdvantages, ValueBatch};
+use crate::rl::tensor::{AggregationScope, aggregate_scoped, kl_k3_tokens, pad_host, pad_tokens, sequence_mean};
 use crate::rl::{LossAggregation, PoolSample, SampleTerms};
 use crate::sample::Sample;
 use crate::train::critic::HeadLeaves;
@@ -42,15 +41,8 @@ pub struct LearnerBatch<'a> {
     /// … and the step's samples themselves (old log-probs, reference log-probs of own ones).
     pub samples: &'a [Sample],
     pub ref_logps: &'a [Option<Vec<f32>>],
-    /// An actor-critic's per-token advantages and returns (in routed order) and settings.
-    pub critic: Option<CriticBatch>,
-}
-
-/// What the critic adds to a learner's batch (`rl::mappo`).
-pub struct CriticBatch {
-    pub advantages: Vec<Vec<f32>>,
-    pub returns: Vec<Vec<f32>>,
-    pub settings: crate::rl::mappo::CriticSettings,
+    /// An algorithm with a value model: its per-token advantages and returns (routed order).
+    pub tokens: Option<TokenAdvantages>,
 }
 
 /// The settings of an update.
@@ -66,6 +58,8 @@ pub struct UpdateSettings {
     pub gradient_checkpointing: bool,
     pub inv_temperature: f32,
     pub kl_coef: f64,
+    /// The value head's rate, for an algorithm with a value model.
+    pub value_lr: Option<f64>,
     pub grad_clip: f64,
     pub schedule: LrSchedule,
     /// The constant length of `seq-mean-token-sum-norm`.
@@ -109,12 +103,13 @@ pub fn update_policy<B: Backend>(
         let records = sequence_records(batch, m, mb, &step.mean_logp_target);
         let terms = algo.sequence_terms(learner, &records);
         if let Some(dir) = &settings.dump_dir {
-            write_dump(dir, settings.step, learner, m, algo, batch, mb, &records, &terms, step.pg)?;
+            let pg = step.terms.first().map_or(0.0, |&(_, v)| v);
+            write_dump(dir, settings.step, learner, m, algo, batch, mb, &records, &terms, pg)?;
         }
         all_terms.extend(terms);
         sums.add(&step, lr);
         let norm = step.grads_norm;
-        if apply(policy, step, lr, batch, settings)? {
+        if apply(policy, step, lr, settings)? {
             sums.norm += norm;
             sums.applied += 1;
         }
@@ -131,9 +126,9 @@ pub fn update_policy<B: Backend>(
 /// The mini-batches' losses and norms, summed over a learner's step.
 #[derive(Default)]
 struct Sums {
-    pg: f64,
+    /// The algorithm's loss terms, by metric.
+    terms: Vec<(&'static str, f64)>,
     kl: f64,
-    vf: f64,
     /// Gradient norms of the applied updates.
     norm: f64,
     applied: usize,
@@ -142,9 +137,13 @@ struct Sums {
 
 impl Sums {
     fn add<B: Backend>(&mut self, step: &MinibatchStep<B>, lr: f64) {
-        self.pg += step.pg;
+        for &(metric, value) in &step.terms {
+            match self.terms.iter_mut().find(|(m, _)| *m == metric) {
+                Some((_, sum)) => *sum += value,
+                None => self.terms.push((metric, value)),
+            }
+        }
         self.kl += step.kl;
-        self.vf += step.vf;
         self.lr_last = lr;
     }
 
@@ -153,7 +152,9 @@ impl Sums {
         let n = batch.advantages.len().max(1) as f64;
         let mut m = Metrics::new();
         m.insert("critic/advantages/mean".into(), batch.advantages.iter().sum::<f64>() / n);
-        m.insert("actor/pg_loss".into(), self.pg / count);
+        for &(metric, sum) in &self.terms {
+            m.insert(metric.into(), sum / count);
+        }
         m.insert("actor/kl_loss".into(), self.kl / count);
         m.insert("actor/grad_norm".into(), self.norm / self.applied.max(1) as f64);
         if let Some(scaler) = &policy.optimizer.scaler {
@@ -161,9 +162,6 @@ impl Sums {
             m.insert("actor/skipped_updates".into(), (minibatches - self.applied) as f64);
         }
         m.insert("actor/lr".into(), self.lr_last);
-        if batch.critic.is_some() {
-            m.insert("critic/vf_loss".into(), self.vf / count);
-        }
         m
     }
 }
@@ -175,7 +173,6 @@ fn apply<B: Backend>(
     policy: &mut Policy<B>,
     step: MinibatchStep<B>,
     lr: f64,
-    batch: &LearnerBatch<'_>,
     settings: &UpdateSettings,
 ) -> Result<bool> {
     if let Some(scaler) = policy.optimizer.scaler.as_mut() {
@@ -193,9 +190,9 @@ fn apply<B: Backend>(
         }
     }
     policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
-    if let (Some(head), Some(grad), Some(c)) = (policy.value_head.as_mut(), step.head_grad, &batch.critic) {
+    if let (Some(head), Some(grad), Some(lr)) = (policy.value_head.as_mut(), step.head_grad, settings.value_lr) {
         let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
-        head.step(&clip_host(grad, settings.grad_clip), c.settings.critic_lr, &config);
+        head.step(&clip_host(grad, settings.grad_clip), lr, &config);
     }
     Ok(true)
 }
@@ -218,13 +215,13 @@ fn sequence_records(batch: &LearnerBatch<'_>, m: usize, mb: &[usize], targets: &
 struct MinibatchStep<B: Backend> {
     grads: GradStore<B>,
     grads_norm: f64,
-    pg: f64,
+    /// The algorithm's loss terms (summed over the micro-batches), by metric.
+    terms: Vec<(&'static str, f64)>,
     kl: f64,
     mean_logp_target: Vec<f64>,
     tokens: usize,
-    /// The value head's gradient (weight then bias) and the value loss, with a critic.
+    /// The value head's gradient (weight then bias), with a value model.
     head_grad: Option<Vec<f64>>,
-    vf: f64,
 }
 
 /// `grad` scaled to an L2 norm of at most `max_norm` (0: no clipping).
@@ -234,29 +231,51 @@ fn clip_host(grad: Vec<f64>, max_norm: f64) -> Vec<f64> {
 }
 
 /// The detached losses of a mini-batch's micro-batches, read back together.
-#[derive(Default)]
 struct Detached<B: Backend> {
-    pg: Vec<Tensor<AD<B>, 1>>,
+    /// Each loss term's metric, weight and value per micro-batch, in the algorithm's order.
+    terms: Vec<(&'static str, f64, Vec<Tensor<AD<B>, 1>>)>,
     kl: Vec<Tensor<AD<B>, 1>>,
-    vf: Vec<Tensor<AD<B>, 1>>,
     /// Each sequence's mean log-prob under the learner.
     means: Vec<Tensor<AD<B>, 1>>,
 }
 
+/// A mini-batch's losses on the host: each term's (metric, weight, sum over micro-batches),
+/// the KL term's sum, and every sequence's mean log-prob.
+type ReadBack = (Vec<(&'static str, f64, f64)>, f64, Vec<f64>);
+
 impl<B: Backend> Detached<B> {
-    /// One read-back for the whole mini-batch: the summed policy, KL and value losses, and
-    /// every sequence's mean log-prob.
-    fn read(self) -> (f64, f64, f64, Vec<f64>) {
-        let (n_pg, n_kl, n_vf) = (self.pg.len(), self.kl.len(), self.vf.len());
-        let mut parts = self.pg;
+    fn new() -> Self {
+        Detached { terms: Vec::new(), kl: Vec::new(), means: Vec::new() }
+    }
+
+    fn push_term(&mut self, metric: &'static str, weight: f64, value: Tensor<AD<B>, 1>) {
+        match self.terms.iter_mut().find(|(m, _, _)| *m == metric) {
+            Some((_, _, values)) => values.push(value),
+            None => self.terms.push((metric, weight, vec![value])),
+        }
+    }
+
+    /// One read-back for the whole mini-batch.
+    fn read(self) -> ReadBack {
+        let counts: Vec<usize> = self.terms.iter().map(|(_, _, v)| v.len()).collect();
+        let n_kl = self.kl.len();
+        let mut labels = Vec::new();
+        let mut parts = Vec::new();
+        for (metric, weight, values) in self.terms {
+            labels.push((metric, weight));
+            parts.extend(values);
+        }
         parts.extend(self.kl);
-        parts.extend(self.vf);
         parts.extend(self.means);
         let host: Vec<f64> = Tensor::cat(parts, 0).into_data().convert::<f64>().into_vec::<f64>().expect("f64 data");
-        let pg = host[..n_pg].iter().sum();
-        let kl = host[n_pg..n_pg + n_kl].iter().sum();
-        let vf = host[n_pg + n_kl..n_pg + n_kl + n_vf].iter().sum();
-        (pg, kl, vf, host[n_pg + n_kl + n_vf..].to_vec())
+        let mut at = 0;
+        let mut terms = Vec::new();
+        for ((metric, weight), n) in labels.into_iter().zip(counts) {
+            terms.push((metric, weight, host[at..at + n].iter().sum()));
+            at += n;
+        }
+        let kl = host[at..at + n_kl].iter().sum();
+        (terms, kl, host[at + n_kl..].to_vec())
     }
 }
 
@@ -292,7 +311,7 @@ fn minibatch_step<B: Backend>(
     let loss_scale = policy.optimizer.scaler.map_or(1.0, |s| s.scale);
     let scopes = scopes(batch, policy.index, mb, settings.norm_length);
     let mut grads = GradStore::<B>::default();
-    let mut detached = Detached::<B>::default();
+    let mut detached = Detached::<B>::new();
     let mut head_grad: Option<Vec<f64>> = None;
     let mut tokens = 0;
     for micro in mb.chunks(settings.micro_batch_sequences.max(1)) {
@@ -312,9 +331,13 @@ fn minibatch_step<B: Backend>(
             });
         }
     }
-    let (pg, kl, vf, mean_logp_target) = detached.read();
-    let vf_coef = batch.critic.as_ref().map_or(0.0, |c| c.settings.vf_coef);
-    let loss = pg + settings.kl_coef * kl + vf_coef * vf;
+    let (terms, kl, mean_logp_target) = detached.read();
+    // The policy term, the KL term, then the others: the order the loss was built in.
+    let weighted = |(_, w, v): &(&str, f64, f64)| if *w == 1.0 { *v } else { w * v };
+    let loss = terms
+        .iter()
+        .skip(1)
+        .fold(terms.first().map_or(0.0, weighted) + settings.kl_coef * kl, |acc, t| acc + weighted(t));
     if !loss.is_finite() {
         return Err(Error::NonFinite { agent: policy.name.clone(), step: settings.step, what: "loss", value: loss });
     }
@@ -331,7 +354,8 @@ fn minibatch_step<B: Backend>(
             value: norm,
         });
     }
-    Ok(MinibatchStep { grads, grads_norm: norm, pg, kl, mean_logp_target, tokens, head_grad, vf })
+    let terms = terms.into_iter().map(|(metric, _, sum)| (metric, sum)).collect();
+    Ok(MinibatchStep { grads, grads_norm: norm, terms, kl, mean_logp_target, tokens, head_grad })
 }
 
 /// One micro-batch's forward pass and loss.
@@ -358,9 +382,9 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         &self.batch.samples[self.batch.indices[j]]
     }
 
-    /// The loss to back-propagate (the algorithm's policy loss, plus the KL and value terms),
-    /// with its detached parts added to `detached`; the value head's tracked leaves, the
-    /// recomputation trunk and the number of response tokens.
+    /// The loss to back-propagate (the algorithm's terms and the KL term), with its detached
+    /// parts added to `detached`; the value head's tracked leaves, the recomputation trunk and
+    /// the number of response tokens.
     #[allow(clippy::type_complexity)]
     fn loss(
         &self,
@@ -378,9 +402,9 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             let (hidden, targets, lens) = response_hidden(&self.policy.model, &requests)?;
             (hidden, targets, lens, None)
         };
-        // The critic reads the same hidden states; its loss trains the trunk too.
-        let critic = match (&self.batch.critic, &self.policy.value_head) {
-            (Some(c), Some(head)) => Some((c, head.values_tracked(hidden.clone()))),
+        // A value head reads the same hidden states; its loss trains the trunk too.
+        let values = match (&self.batch.tokens, &self.policy.value_head) {
+            (Some(_), Some(head)) => Some(head.values_tracked(hidden.clone())),
             _ => None,
         };
         let flat = token_logprobs_autodiff(
@@ -390,44 +414,54 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             self.settings.inv_temperature,
         );
         let (logp, mask) = pad_tokens(flat, &lens);
-        let micro_batch = self.micro_batch(logp.clone(), mask.clone(), critic.as_ref().map(|(c, _)| *c));
-        let pg = self.algo.policy_loss(&micro_batch);
-        let mut loss = pg.clone();
+        let (values, leaves) = values.map(|(v, leaves)| (pad_tokens(v, &lens).0, leaves)).unzip();
+        let micro_batch = self.micro_batch(logp.clone(), mask.clone(), values);
+        let mut terms = self.algo.loss_terms(&micro_batch).into_iter();
+        let first = terms.next().ok_or_else(|| Error::Internal(format!("{} gave no loss term", self.algo.name())))?;
+        let mut loss =
+            if first.weight == 1.0 { first.value.clone() } else { first.value.clone().mul_scalar(first.weight) };
+        detached.push_term(first.metric, first.weight, first.value.detach());
+        // The KL term right after the policy term, as the loss has always been summed.
         if let Some(kl) = self.kl_term(&logp, &mask) {
             loss = loss + kl.clone().mul_scalar(self.settings.kl_coef);
             detached.kl.push(kl.detach());
         }
-        let mut leaves = None;
-        if let Some((c, (values, head))) = critic {
-            let vf = self.value_term(c, values, &lens, &mask);
-            loss = loss + vf.clone().mul_scalar(c.settings.vf_coef);
-            detached.vf.push(vf.detach());
-            leaves = Some(head);
+        for t in terms {
+            loss = loss + t.value.clone().mul_scalar(t.weight);
+            detached.push_term(t.metric, t.weight, t.value.detach());
         }
         detached.means.push(sequence_mean(logp.detach(), mask.detach()));
-        detached.pg.push(pg.detach());
         Ok((loss, leaves, trunk, targets.len()))
     }
 
-    /// What the algorithm's loss reads of this micro-batch.
+    /// What the algorithm's loss reads of this micro-batch; `predicted`: the value head's
+    /// padded predictions, with a value model.
     fn micro_batch(
         &self,
         logp: Tensor<AD<B>, 2>,
         mask: Tensor<AD<B>, 2>,
-        critic: Option<&CriticBatch>,
+        predicted: Option<Tensor<AD<B>, 2>>,
     ) -> MicroBatch<AD<B>> {
         let (width, device) = (mask.dims()[1], logp.device());
         let micro = self.micro;
+        let rows = |rows: Vec<Option<&[f32]>>| pad_host(&rows, width, &device);
         let old: Vec<Option<&[f32]>> =
             micro.iter().map(|&j| self.own(j).then(|| self.sample(j).token_logps.as_slice())).collect();
+        let old_logp = rows(old);
+        let value = match (predicted, &self.batch.tokens) {
+            (Some(predicted), Some(t)) => Some(ValueBatch {
+                advantages: rows(micro.iter().map(|&j| Some(t.advantages[j].as_slice())).collect()),
+                predicted,
+                old: rows(micro.iter().map(|&j| Some(self.sample(j).values.as_slice())).collect()),
+                returns: rows(micro.iter().map(|&j| Some(t.returns[j].as_slice())).collect()),
+            }),
+            _ => None,
+        };
         MicroBatch {
-            old_logp: pad_host(&old, width, &device),
+            old_logp,
             mean_logp_source: micro.iter().map(|&j| self.sample(j).mean_logp()).collect(),
             advantages: micro.iter().map(|&j| self.batch.advantages[j]).collect(),
-            token_advantages: critic.map(|c| {
-                let rows: Vec<Option<&[f32]>> = micro.iter().map(|&j| Some(c.advantages[j].as_slice())).collect();
-                pad_host(&rows, width, &device)
-            }),
+            value,
             sources: micro.iter().map(|&j| self.batch.pool[j].agent).collect(),
             learner: self.policy.index,
             minibatch_index: self.m,
@@ -461,31 +495,6 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             LossAggregation::SeqMeanTokenMean,
             self.scopes.1,
         ))
-    }
-
-    /// The critic's clipped value loss over every token of the micro-batch.
-    fn value_term(
-        &self,
-        c: &CriticBatch,
-        values: Tensor<AD<B>, 1>,
-        lens: &[usize],
-        mask: &Tensor<AD<B>, 2>,
-    ) -> Tensor<AD<B>, 1> {
-        let (values, _) = pad_tokens(values, lens);
-        let (width, device) = (mask.dims()[1], values.device());
-        let old: Vec<Option<&[f32]>> = self.micro.iter().map(|&j| Some(self.sample(j).values.as_slice())).collect();
-        let returns: Vec<Option<&[f32]>> = self.micro.iter().map(|&j| Some(c.returns[j].as_slice())).collect();
-        aggregate_scoped(
-            clipped_value_loss(
-                values,
-                pad_host(&old, width, &device),
-                pad_host(&returns, width, &device),
-                c.settings.cliprange_value,
-            ),
-            mask.clone(),
-            LossAggregation::TokenMean,
-            self.scopes.0,
-        )
     }
 }
 

@@ -15,11 +15,13 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::error::{Error, Result};
-use crate::rl::algorithm::{AlgoSettings, Algorithm, MicroBatch, Routing};
+use crate::rl::algorithm::{
+    AlgoSettings, Algorithm, LossTerm, MicroBatch, Routing, TokenAdvantages, ValueModel, ValuedResponse,
+};
 use crate::rl::mappo::CriticSettings;
 use crate::rl::objective::LossAggregation;
 use crate::rl::records::PoolSample;
-use crate::rl::tensor::{aggregate_scoped, clipped_surrogate};
+use crate::rl::tensor::{aggregate_scoped, clipped_surrogate, clipped_value_loss};
 
 pub struct Mappo {
     eps_low: f64,
@@ -41,6 +43,9 @@ impl Mappo {
     }
 }
 
+/// The trainer hands an algorithm with a value model its value side in every micro-batch.
+const VALUE_SIDE: &str = "the trainer gives an algorithm with a value model its per-token advantages and values";
+
 impl<B: Backend> Algorithm<B> for Mappo {
     fn name(&self) -> &'static str {
         "mappo"
@@ -50,20 +55,43 @@ impl<B: Backend> Algorithm<B> for Mappo {
         Routing::Own
     }
 
-    fn critic(&self) -> Option<CriticSettings> {
-        Some(self.critic)
+    fn value_model(&self) -> Option<ValueModel> {
+        Some(ValueModel { lr: self.critic.critic_lr })
     }
 
-    /// No group baseline: the trainer replaces these with the critic's per-token advantages.
+    /// GAE over the values the scoring stage read, whitened over the learner's batch
+    /// (`rl::mappo::token_advantages`).
+    fn token_advantages(&self, responses: &[ValuedResponse<'_>]) -> Result<TokenAdvantages> {
+        let rewards: Vec<f64> = responses.iter().map(|r| r.reward).collect();
+        let values: Vec<&[f32]> = responses.iter().map(|r| r.values).collect();
+        let (advantages, returns) = crate::rl::mappo::token_advantages(&rewards, &values, &self.critic);
+        Ok(TokenAdvantages { advantages, returns })
+    }
+
+    /// No group baseline: the per-token advantages replace these.
     fn advantages(&self, samples: &[PoolSample], _learner: usize) -> Result<Vec<f64>> {
         Ok(vec![0.0; samples.len()])
     }
 
     fn policy_loss(&self, batch: &MicroBatch<B>) -> Tensor<B, 1> {
-        let advantages =
-            batch.token_advantages.clone().expect("the trainer gives an actor-critic per-token advantages");
+        let advantages = batch.value.as_ref().expect(VALUE_SIDE).advantages.clone();
         let surrogate =
             clipped_surrogate(batch.logp.clone(), batch.old_logp.clone(), advantages, self.eps_low, self.eps_high);
         aggregate_scoped(surrogate, batch.mask.clone(), self.aggregation, batch.scope).neg()
+    }
+
+    /// PPO's clipped surrogate plus `vf_coef` × the clipped value loss over every token.
+    fn loss_terms(&self, batch: &MicroBatch<B>) -> Vec<LossTerm<B>> {
+        let v = batch.value.as_ref().expect(VALUE_SIDE);
+        let vf = aggregate_scoped(
+            clipped_value_loss(v.predicted.clone(), v.old.clone(), v.returns.clone(), self.critic.cliprange_value),
+            batch.mask.clone(),
+            LossAggregation::TokenMean,
+            batch.scope,
+        );
+        vec![
+            LossTerm { metric: "actor/pg_loss", weight: 1.0, value: self.policy_loss(batch) },
+            LossTerm { metric: "critic/vf_loss", weight: self.critic.vf_coef, value: vf },
+        ]
     }
 }

@@ -230,10 +230,13 @@ fn clip_host(grad: Vec<f64>, max_norm: f64) -> Vec<f64> {
     if max_norm > 0.0 && norm > max_norm { grad.into_iter().map(|g| g * max_norm / norm).collect() } else { grad }
 }
 
+/// A loss term's metric and weight, and its detached value in each micro-batch.
+type TermValues<B> = (&'static str, f64, Vec<Tensor<AD<B>, 1>>);
+
 /// The detached losses of a mini-batch's micro-batches, read back together.
 struct Detached<B: Backend> {
-    /// Each loss term's metric, weight and value per micro-batch, in the algorithm's order.
-    terms: Vec<(&'static str, f64, Vec<Tensor<AD<B>, 1>>)>,
+    /// Each loss term, in the algorithm's order.
+    terms: Vec<TermValues<B>>,
     kl: Vec<Tensor<AD<B>, 1>>,
     /// Each sequence's mean log-prob under the learner.
     means: Vec<Tensor<AD<B>, 1>>,

@@ -120,8 +120,9 @@ impl<B: Backend> Policy<B> {
     }
 }
 
-/// Runs `work` on each item (one per policy) in its own scoped thread; results in order. A
-/// panicking thread becomes an internal error naming the stage.
+/// Runs `work` on each item (one per policy, in policy order) in its own scoped thread, on
+/// that policy's device stream ([`crate::backend::on_lane`]); results in order. A panicking
+/// thread becomes an internal error naming the stage.
 pub fn per_policy<T: Send, R: Send>(
     items: impl IntoIterator<Item = T>,
     stage: &str,
@@ -129,7 +130,11 @@ pub fn per_policy<T: Send, R: Send>(
 ) -> Vec<Result<R>> {
     let work = &work;
     std::thread::scope(|s| {
-        let handles: Vec<_> = items.into_iter().map(|item| s.spawn(move || work(item))).collect();
+        let handles: Vec<_> = items
+            .into_iter()
+            .enumerate()
+            .map(|(k, item)| s.spawn(move || crate::backend::on_lane(k, || work(item))))
+            .collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal(format!("a policy's {stage} thread panicked")))))

@@ -32,6 +32,25 @@ fn load(name: &str) -> CausalLm<Wgpu> {
     load_model_dir(&fixture(&format!("models/{name}")), &device()).unwrap()
 }
 
+/// Each policy's per-step work runs on the same device stream every step (cubecl keeps a memory
+/// pool per stream; a new stream per step's thread ran an H100 out of memory by step 17 of the
+/// embedded default): `per_policy` puts item k on lane k, and the lane outlives the thread.
+#[test]
+fn per_policy_work_runs_on_one_stream_per_policy_step_after_step() {
+    let current = || cubecl_common::stream_id::StreamId::current().value;
+    for _step in 0..3 {
+        let lanes = hacpo::policy::per_policy(0..3u64, "test", |k| {
+            // Work on the device, as a rollout does, then the stream it ran on.
+            let x = Tensor::<Wgpu, 1>::from_data(TensorData::from([1.0f32, 2.0]), &device());
+            Ok((k, x.sum().into_scalar(), current()))
+        });
+        for lane in lanes {
+            let (k, sum, stream) = lane.unwrap();
+            assert_eq!((sum, stream), (3.0, 64 + k), "policy {k}");
+        }
+    }
+}
+
 #[test]
 fn forward_matches_transformers_on_wgpu() {
     for name in FIXTURES {

@@ -109,19 +109,21 @@ impl<B: Backend> Workload<B> for Exchange {
                 .map(|(slot, policy)| {
                     let mut endpoint = pool.endpoint(slot);
                     s.spawn(move || {
-                        let _span =
-                            tracing::info_span!("rollout", policy = %policy.name, step = settings.step).entered();
-                        match self.sample(policy, prompts, settings) {
-                            Ok((mine, timings)) => {
-                                endpoint.publish(mine);
-                                endpoint.finish();
-                                endpoint.collect().map(|all| (all, timings))
+                        crate::backend::on_lane(policy.index, || {
+                            let _span =
+                                tracing::info_span!("rollout", policy = %policy.name, step = settings.step).entered();
+                            match self.sample(policy, prompts, settings) {
+                                Ok((mine, timings)) => {
+                                    endpoint.publish(mine);
+                                    endpoint.finish();
+                                    endpoint.collect().map(|all| (all, timings))
+                                }
+                                Err(e) => {
+                                    endpoint.fail(&policy.name, e.to_string());
+                                    Err(e)
+                                }
                             }
-                            Err(e) => {
-                                endpoint.fail(&policy.name, e.to_string());
-                                Err(e)
-                            }
-                        }
+                        })
                     })
                 })
                 .collect();

@@ -136,7 +136,6 @@ fn train_on<B: Backend>(
     let started = std::time::Instant::now();
     // The task first: a missing data file is said before the tiny agents pre-train.
     let task = cfg.task.build()?;
-    crate::resolve::check_known(&cfg)?;
     crate::resolve::prepare::<B>(&cfg, &devices[0])?;
     let models = cfg.policies.iter().map(|p| crate::resolve::model_source(&p.model, &cfg)).collect::<Result<_>>()?;
     let inputs = Inputs { task, devices, models };

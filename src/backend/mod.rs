@@ -17,15 +17,17 @@ use crate::error::{Error, Result};
 /// Runs `work` on device stream `lane` of the GPU backends (a no-op on the CPU).
 ///
 /// burn's GPU backends (cubecl) give every thread its own stream, and every stream its own
-/// memory pool, whose pages are reused only by that stream's next allocations. The trainer
-/// runs each policy's rollout, scoring and update in threads started for the step; on their
-/// own streams, each step's threads would leave full pools behind until the 128 stream slots
-/// were all holding a step's peak (the embedded default ran out of an H100's 80 GB at step 17
-/// of 40). One lane per policy keeps one pool per policy, reused every step.
+/// memory pool, whose pages are reused only by that stream's next allocations. Work that runs
+/// per policy in threads started for the step (the exchange's rollouts, scoring, concurrent
+/// updates, validation: `policy::per_policy`) would, on the threads' own streams, leave full
+/// pools behind until the 128 stream slots all held a step's peak (the embedded default ran
+/// out of an H100's 80 GB at step 17 of 40). One lane per policy keeps one pool per policy,
+/// reused every step; work on the main thread keeps the main thread's stream.
 pub fn on_lane<R>(lane: usize, work: impl FnOnce() -> R) -> R {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
     {
-        // Above the ids the threads that touch the device outside a lane get (0, 1, …).
+        // Lanes 64, 65, …: apart from the main thread's stream (the first id handed out). A
+        // worker thread draws an id of its own too, but never allocates on it.
         cubecl_common::stream_id::StreamId { value: 64 + lane as u64 }.executes(work)
     }
     #[cfg(not(any(feature = "cuda", feature = "wgpu")))]

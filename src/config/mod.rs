@@ -303,9 +303,9 @@ const MOVED: &[Moved] = &[
     moved("grpo_eps_high", "algo.clip_high", |name| name == "grpo"),
     moved("grpo_loss_agg", "algo.loss_agg", |name| name == "grpo"),
     // How the search tree branches and carries rewards is the workload's (one table per shape).
-    moved("mhgpo.aggregate", "workload.search.aggregate", |_| true),
-    moved("mhgpo.propagate_penalties", "workload.search.propagate_penalties", |_| true),
-    moved("mhgpo.rr_probabilities", "workload.search.rr_probabilities", |_| true),
+    moved("mhgpo.aggregate", "workload.search.aggregate", |name| name.starts_with("mhgpo")),
+    moved("mhgpo.propagate_penalties", "workload.search.propagate_penalties", |name| name.starts_with("mhgpo")),
+    moved("mhgpo.rr_probabilities", "workload.search.rr_probabilities", |name| name.starts_with("mhgpo")),
 ];
 
 impl Moved {
@@ -316,7 +316,7 @@ impl Moved {
             Some((table, key)) => {
                 let inner = algo.get_mut(table)?.as_table_mut()?;
                 let value = inner.remove(key);
-                if inner.is_empty() {
+                if value.is_some() && inner.is_empty() {
                     algo.remove(table);
                 }
                 value
@@ -382,7 +382,9 @@ fn migrate_moved(root: &mut toml::Table) -> Vec<String> {
         if (m.applies)(&name) {
             notes.push(format!("algo.{} read as {}", m.old, m.new));
             m.put(root, value);
-        } else {
+        } else if !m.old.starts_with("mhgpo.") {
+            // (Every older config held [algo.mhgpo], tree settings that nothing but an MHGPO
+            // run read: dropping them from another run's config loses nothing worth a note.)
             notes.push(format!("algo.{} dropped (it does not apply to {name})", m.old));
         }
     }
@@ -395,6 +397,11 @@ fn check_moved(root: &toml::Table, source: &str) -> Result<()> {
     let mut algo = algo.clone();
     match MOVED.iter().find(|m| m.take(&mut algo).is_some()) {
         Some(m) => Err(Error::config(source, format!("algo.{} has moved: write it as {}", m.old, m.new_place()))),
+        None if algo.contains_key("mhgpo") => Err(Error::config(
+            source,
+            "[algo.mhgpo] has moved: MHGPO's tree settings are [workload.search] keys (aggregate, \
+             propagate_penalties, rr_probabilities)",
+        )),
         None => Ok(()),
     }
 }
@@ -589,7 +596,8 @@ impl TrainConfig {
             crate::env::EnvKind::parse(&self.task.train)
                 .map_err(|e| Error::config("training config", format!("task.train: {e}")))?;
         }
-        self.workload.validate(self.task.kind, &a.name, &self.role_map())?;
+        // The algorithm's own settings (HACPO's α, δ; MAPPO's critic): checked by building it.
+        crate::rl::registry::build::<crate::backend::Cpu>(&a.name, &a.settings())?;
         let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
         for (i, p) in self.policies.iter().enumerate() {
             let device = crate::backend::DeviceSpec::parse_name(&p.device)
@@ -630,6 +638,7 @@ impl TrainConfig {
                 }
             }
         }
+        self.workload.validate(self.task.kind, &a.name, &self.role_map())?;
         Ok(())
     }
 
@@ -851,6 +860,8 @@ model = "b"
         assert!(e.contains("algo.clip_high"), "{e}");
         let e = TrainConfig::from_toml(TOML, "t", &["algo.hacpo.naive=true".into()]).unwrap_err().to_string();
         assert!(e.contains("algo.name = \"naive\""), "{e}");
+        let e = TrainConfig::from_toml("[algo.mhgpo]\n", "old.toml", &[]).unwrap_err().to_string();
+        assert!(e.contains("[algo.mhgpo] has moved") && e.contains("[workload.search]"), "{e}");
     }
 
     #[test]
@@ -877,6 +888,10 @@ model = "b"
             (crate::rl::mhgpo::Aggregate::Max, [0.0, 0.0, 1.0], -0.5)
         );
         assert!(notes.iter().any(|n| n == "algo.mhgpo.aggregate read as workload.search.aggregate"), "{notes:?}");
+        // Every older config held [algo.mhgpo]; in another algorithm's run it is dropped quietly.
+        std::fs::write(&path, "[algo]\nname = \"hacpo\"\n[algo.mhgpo]\naggregate = \"mean\"\n").unwrap();
+        let (c, notes) = TrainConfig::load_saved(&path, &[]).unwrap();
+        assert!(notes.is_empty() && c.workload == crate::workload::WorkloadConfig::default(), "{notes:?}");
     }
 
     #[test]

@@ -481,8 +481,9 @@ impl<B: Backend> Trainer<B> {
             // The whole process's (every policy's) high-water mark so far.
             timing.insert("perf/peak_rss_gb".into(), peak as f64 / 1e9);
         }
-        // What the rollout measured is the first draw's (the prompts every step has); what the
-        // samples say covers every draw that was kept.
+        // What the rollout measured is the first draw's: all of its prompts, flat ones too (an
+        // unbiased look at the policy, where the kept prompts lean to mixed outcomes); what the
+        // samples say covers the prompts kept from every draw.
         timing.extend(measured);
         timing.extend(self.workload.metrics(&samples, &prompts));
         let summary = format!(

@@ -166,7 +166,7 @@ impl Sums {
     }
 }
 
-/// Applies a mini-batch's gradients (and the value head's) at rate `lr`, unless f16's loss
+/// Applies a mini-batch's gradients at rate `lr` (the value head's at its own), unless f16's loss
 /// scaler skips the step because the scaled gradients overflowed (and halves the scale).
 /// Returns whether it applied them.
 fn apply<B: Backend>(
@@ -348,7 +348,7 @@ fn minibatch_step<B: Backend>(
         grads.unscale(loss_scale);
     }
     let norm = grads.clip_global_norm(settings.grad_clip);
-    // With f16's loss scaler an overflow is the scale's to handle (`update_policy`).
+    // With f16's loss scaler an overflow is the scale's to handle (`apply`).
     if !norm.is_finite() && policy.optimizer.scaler.is_none() {
         return Err(Error::NonFinite {
             agent: policy.name.clone(),

@@ -1,7 +1,8 @@
 //! Who plays what: the `[[roles]]` entries of a config against its policies, resolved once for
 //! every workload. A workload with one shared role (the exchange) takes [`RoleMap::shared`];
 //! a workload with fixed roles played by one policy each (search, turns) takes
-//! [`RoleMap::players`]. Both check that every policy plays something.
+//! [`RoleMap::players`], which also checks that every policy plays one of them (the exchange
+//! checks its one role itself).
 
 use serde::{Deserialize, Serialize};
 

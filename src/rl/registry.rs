@@ -82,10 +82,15 @@ pub fn check(name: &str) -> Result<()> {
     Err(Error::InvalidArgument(format!("unknown algorithm {name:?}; known: {}", names().join(", "))))
 }
 
+/// Every algorithm's name and the rollouts it learns from, in registry order.
+pub fn shapes() -> Vec<(&'static str, RolloutShape)> {
+    entries::<crate::backend::Cpu>().into_iter().map(|e| (e.name, e.shape)).collect()
+}
+
 /// The rollouts algorithm `name` learns from.
 pub fn shape(name: &str) -> Result<RolloutShape> {
     check(name)?;
-    Ok(entries::<crate::backend::Cpu>().into_iter().find(|e| e.name == name).expect("checked above").shape)
+    Ok(shapes().into_iter().find(|(n, _)| *n == name).expect("checked above").1)
 }
 
 /// The algorithm `name` with `settings`.

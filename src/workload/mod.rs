@@ -99,7 +99,7 @@ impl WorkloadKind {
     /// The registered algorithms it trains.
     pub fn algorithms(self) -> Vec<&'static str> {
         let produces = self.pairing().produces;
-        registry::names().into_iter().filter(|n| registry::shape(n).is_ok_and(produces)).collect()
+        registry::shapes().into_iter().filter(|&(_, shape)| produces(shape)).map(|(name, _)| name).collect()
     }
 }
 
@@ -121,6 +121,12 @@ pub fn algorithms_by_workload() -> String {
 /// Checks, from the pairing table, that workload `kind` plays `task` and trains algorithm
 /// `algorithm`; the error says which key to change.
 pub fn check_pairing(kind: WorkloadKind, task: TaskKind, algorithm: &str) -> Result<()> {
+    check_task(kind, task)?;
+    check_algorithm(kind, algorithm)
+}
+
+/// That workload `kind` plays task kind `task`.
+fn check_task(kind: WorkloadKind, task: TaskKind) -> Result<()> {
     let bad = |m: String| Err(Error::config("training config", m));
     let row = kind.pairing();
     let quoted = |t: TaskKind| {
@@ -141,6 +147,13 @@ pub fn check_pairing(kind: WorkloadKind, task: TaskKind, algorithm: &str) -> Res
             plays[0]
         ));
     }
+    Ok(())
+}
+
+/// That workload `kind` produces the rollouts algorithm `algorithm` learns from.
+fn check_algorithm(kind: WorkloadKind, algorithm: &str) -> Result<()> {
+    let bad = |m: String| Err(Error::config("training config", m));
+    let row = kind.pairing();
     let shape = registry::shape(algorithm).map_err(|e| Error::config("training config", format!("algo.name: {e}")))?;
     if !(row.produces)(shape) {
         let elsewhere = PAIRINGS.iter().find(|p| (p.produces)(shape)).map_or(String::new(), |p| {
@@ -291,7 +304,7 @@ pub fn build<B: Backend>(
         }
         (kind, _) => {
             // The pairing check names what to change.
-            check_pairing(kind, kind.pairing().tasks[0], algorithm)?;
+            check_algorithm(kind, algorithm)?;
             return Err(Error::Internal(format!("no {} workload for {algorithm}", kind.name())));
         }
     })

@@ -45,17 +45,23 @@ pub struct Footprint {
     pub activations: u64,
     /// The KV cache and sampling logits of one rollout batch.
     pub rollout: u64,
+    /// An actor-critic algorithm's value model of its own: its trained weights and their
+    /// moments (held for the run; with LoRA its adapters, the base being shared) …
+    pub critic: u64,
+    /// … and its gradients and activations during an update.
+    pub critic_update: u64,
 }
 
 impl Footprint {
     /// Held for the whole run.
     pub fn persistent(&self) -> u64 {
-        self.weights.saturating_add(self.reference).saturating_add(self.optimizer)
+        self.weights.saturating_add(self.reference).saturating_add(self.optimizer).saturating_add(self.critic)
     }
 
     /// The peak: the persistent state plus the larger phase (see the module docs).
     pub fn peak(&self) -> u64 {
-        self.persistent().saturating_add(self.gradients.saturating_add(self.activations).max(self.rollout))
+        let update = self.gradients.saturating_add(self.activations).saturating_add(self.critic_update);
+        self.persistent().saturating_add(update.max(self.rollout))
     }
 }
 
@@ -76,6 +82,8 @@ pub struct Workload {
     pub checkpointing: bool,
     /// The matmuls' dtype (`algo.compute_dtype`).
     pub compute: ComputeDtype,
+    /// The algorithm trains a value model of its own beside the policy (MAPPO's default critic).
+    pub value_model: bool,
 }
 
 impl Workload {
@@ -97,6 +105,7 @@ impl Workload {
             reference: cfg.algo.kl_coef > 0.0,
             checkpointing: cfg.algo.gradient_checkpointing,
             compute: cfg.algo.compute_dtype,
+            value_model: algorithm.value_model().is_some_and(|v| v.own_trunk),
         })
     }
 }
@@ -174,6 +183,10 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         optimizer: clamp(2 * trained),
         activations: clamp(activations),
         rollout: clamp(kv_cache + sampling + prefill + compute_copy),
+        // The value model reads the same sequences without a checkpointed trunk and without
+        // the log-prob op's logits (`trainer::update`).
+        critic: clamp(if w.value_model { 3 * trained } else { 0 }),
+        critic_update: clamp(if w.value_model { trained + seqs * t * layers * per_token_layer * F32W } else { 0 }),
     }
 }
 
@@ -421,13 +434,18 @@ impl MemoryPlan {
 /// `weights 32.1 GB, reference …` for one footprint.
 fn breakdown(f: &Footprint) -> String {
     format!(
-        "weights {}, reference {}, gradients {}, AdamW moments {}, activations {}, rollout {}; peak {}",
+        "weights {}, reference {}, gradients {}, AdamW moments {}, activations {}, rollout {}{}; peak {}",
         gb(f.weights),
         gb(f.reference),
         gb(f.gradients),
         gb(f.optimizer),
         gb(f.activations),
         gb(f.rollout),
+        if f.critic > 0 {
+            format!(", value model {} (+{} in an update)", gb(f.critic), gb(f.critic_update))
+        } else {
+            String::new()
+        },
         gb(f.peak())
     )
 }
@@ -532,6 +550,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
             reference: false,
             checkpointing: false,
             compute,
+            value_model: false,
         },
         None,
         FrozenDtype::F32,
@@ -557,6 +576,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
                 reference: false,
                 checkpointing: false,
                 compute,
+                value_model: false,
             },
             None,
             FrozenDtype::F32,
@@ -711,6 +731,7 @@ mod tests {
             reference,
             checkpointing: false,
             compute: ComputeDtype::F32,
+            value_model: false,
         }
     }
 
@@ -761,6 +782,20 @@ mod tests {
         let recomputed =
             footprint(&shape, &Workload { checkpointing: true, ..w }, None, FrozenDtype::F32).activations as f64;
         assert!(recomputed < one / 4.0, "{one} {recomputed}");
+    }
+
+    /// A value model of its own (MAPPO with `shared_trunk = false`) holds a second copy of the
+    /// trained weights with their moments, and its gradients and activations in an update.
+    #[test]
+    fn a_value_model_of_its_own_adds_its_weights_moments_and_update() {
+        let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
+        let plain = footprint(&shape, &workload(1024, false), None, FrozenDtype::F32);
+        let valued =
+            footprint(&shape, &Workload { value_model: true, ..workload(1024, false) }, None, FrozenDtype::F32);
+        assert_eq!((plain.critic, plain.critic_update), (0, 0));
+        assert_eq!(valued.critic, 3 * plain.gradients);
+        assert_eq!(valued.persistent(), plain.persistent() + 3 * plain.gradients);
+        assert!(valued.critic_update > plain.gradients && valued.peak() > plain.peak() + valued.critic);
     }
 
     #[test]

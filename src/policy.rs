@@ -33,8 +33,8 @@ pub struct Policy<B: Backend> {
     /// Extra chat-template variables.
     pub chat_kwargs: Map<String, Value>,
     pub optimizer: AdamW<B>,
-    /// The value head on this policy's trunk (actor-critic algorithms only).
-    pub value_head: Option<crate::train::critic::ValueHead>,
+    /// The critic (actor-critic algorithms only).
+    pub critic: Option<crate::train::critic::Critic<B>>,
     /// Completed updates (samples carry the version they were drawn with).
     pub version: u64,
 }
@@ -64,7 +64,7 @@ impl<B: Backend> Policy<B> {
             eos_token_ids: pretrained.eos_token_ids,
             chat_kwargs,
             optimizer: AdamW::new(optimizer),
-            value_head: None,
+            critic: None,
             version: 0,
         }
     }

@@ -250,19 +250,43 @@ fn mappo_trains_a_value_head_and_resumes_it_exactly() {
         close(reward("reranker"), get(r, "search/f1") - rate("reranker"));
         close(reward("rewriter"), get(r, "search/f1") - 0.5 * rate("rewriter"));
         assert!(get(r, "critic/vf_loss").is_finite());
+        assert!(get(r, "critic/vf_explained_var").is_finite());
     }
     // The value head starts at zero and learns: the value loss changes between steps.
     assert!(m.windows(2).any(|w| get(&w[0], "critic/vf_loss") != get(&w[1], "critic/vf_loss")), "{m:?}");
-    let state: Value = serde_json::from_str(
-        &std::fs::read_to_string(reference.join("checkpoints/step-000003/trainer_state.json")).unwrap(),
-    )
-    .unwrap();
-    let head = &state["value_heads"][0];
+    let state = |run: &Path| -> Value {
+        let path = run.join("checkpoints/step-000003/trainer_state.json");
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+    };
+    let head = &state(&reference)["value_heads"][0];
     assert!(head["weight"].as_array().unwrap().iter().any(|w| w.as_f64() != Some(0.0)), "{head}");
+    // By default the head reads the policy's trunk (TRL 0.9): no value model of its own.
+    assert!(!reference.join("checkpoints/step-000003/agent-0-critic").exists());
+    assert!(m.iter().all(|r| r["data"].get("critic/grad_norm").is_none()), "{m:?}");
 
     // Killed after step 2, resumed: the value head and its moments come back bit for bit.
     let killed = s.data.path().join("mappo-killed");
     assert_eq!(killed_and_resumed(&["--config", cfg, "--set", "task.val_every=0"], &killed), m);
+
+    // A value model of its own, saved beside the policy and trained by its own optimizer (its
+    // first step has no gradient: the head starts at zero). A different run, resumed exactly
+    // too: the value model, the head and their moments come back bit for bit.
+    let own = ["--config", cfg, "--set", "task.val_every=0", "--set", "algo.mappo.shared_trunk=false"];
+    let separate = s.data.path().join("mappo-own");
+    let mut args = vec!["train", "--out", separate.to_str().unwrap()];
+    args.extend(own);
+    ok(run(&args));
+    let mo = metrics(&separate);
+    assert_eq!(state(&separate)["value_trunks"], true);
+    let ckpt = separate.join("checkpoints/step-000003");
+    assert!(ckpt.join("agent-0-critic/model.safetensors").is_file());
+    assert!(ckpt.join("agent-0-critic.optim.safetensors").is_file());
+    assert!(mo.iter().any(|r| get(r, "critic/grad_norm") > 0.0), "{mo:?}");
+    assert_ne!(get(&mo[1], "critic/vf_loss"), get(&m[1], "critic/vf_loss"));
+    assert_eq!(killed_and_resumed(&own, &s.data.path().join("mappo-own-killed")), mo);
+    // A checkpoint of one kind does not resume as the other.
+    let err = run(&["train", "--resume", separate.to_str().unwrap(), "--set", "algo.mappo.shared_trunk=true"]);
+    assert!(!err.status.success());
 }
 
 #[test]

@@ -318,6 +318,17 @@ pub fn score_and_read<B: Backend>(
     Ok((split_rows(flat, &lens)?, split_rows(readings, &lens)?))
 }
 
+/// A per-token reading `read` of `model`'s hidden states over the responses (a value model's
+/// values), without the log-probs.
+pub fn read_responses<B: Backend>(
+    model: &crate::model::CausalLm<B>,
+    requests: &[(Vec<u32>, Vec<u32>)],
+    read: &dyn Fn(Tensor<B, 2>) -> Tensor<B, 1>,
+) -> crate::error::Result<Rows> {
+    let (hidden, _, lens) = response_hidden(model, requests)?;
+    split_rows(read(hidden), &lens)
+}
+
 /// One row of per-token numbers per response.
 pub type Rows = Vec<Vec<f32>>;
 

@@ -344,6 +344,20 @@ impl WeightSource for RandomWeights {
     }
 }
 
+/// A three-layer Qwen3-shaped model (vocabulary 96, hidden 32) with random weights drawn
+/// from `seed`, for tests of gradients and training mechanics.
+#[cfg(test)]
+pub fn small_random_model<B: Backend>(tied: bool, seed: u64) -> CausalLm<B> {
+    let v = serde_json::json!({
+        "model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
+        "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+        "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
+        "tie_word_embeddings": tied
+    });
+    let config = ModelConfig::from_json(&v, "test").expect("a valid test config");
+    build(&config, &mut RandomWeights::new(&config, seed, 0.3), &Default::default()).expect("random weights")
+}
+
 /// Converts raw little-endian bytes of a floating-point dtype to f32.
 pub fn bytes_to_f32(bytes: &[u8], dtype: safetensors::Dtype) -> std::result::Result<Vec<f32>, String> {
     use safetensors::Dtype;

@@ -108,12 +108,16 @@ pub struct BatchShape {
     pub norm_length: usize,
 }
 
-/// A value head an actor-critic algorithm trains beside each policy (`train::critic`: one
-/// linear map from the policy's last hidden state, on the policy's own trunk).
+/// The critic an actor-critic algorithm trains beside each policy (`train::critic`: a value
+/// head, one linear map from a last hidden state, on a value model of its own or on the
+/// policy's trunk).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ValueModel {
-    /// The head's AdamW rate (no weight decay, constant).
+    /// The critic's AdamW rate (no weight decay, constant).
     pub lr: f64,
+    /// The head reads a value model of its own, initialised from the policy, rather than the
+    /// policy's trunk.
+    pub own_trunk: bool,
 }
 
 /// What a token-level advantage estimator reads of one routed response: its reward and the

@@ -31,11 +31,23 @@ pub struct CriticSettings {
     /// zero: at a policy's learning rate (1e-6 for an 8B model) it would stay near zero for a
     /// whole run and leave MAPPO without a baseline.
     pub critic_lr: f64,
+    /// The value head reads the policy's own trunk (TRL 0.9, as MMOA-RAG runs it; the
+    /// default) rather than a value model of its own initialised from the policy (verl,
+    /// OpenRLHF). On the tiny search team the value model of its own learnt less (README).
+    pub shared_trunk: bool,
 }
 
 impl Default for CriticSettings {
     fn default() -> Self {
-        CriticSettings { gamma: 1.0, lam: 0.95, vf_coef: 0.1, cliprange_value: 0.2, whiten: true, critic_lr: 1e-3 }
+        CriticSettings {
+            gamma: 1.0,
+            lam: 0.95,
+            vf_coef: 0.1,
+            cliprange_value: 0.2,
+            whiten: true,
+            critic_lr: 1e-3,
+            shared_trunk: true,
+        }
     }
 }
 

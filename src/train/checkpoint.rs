@@ -40,6 +40,9 @@ pub struct TrainerState {
     /// Each policy's value head (actor-critic algorithms), with its optimizer state.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub value_heads: Vec<Option<super::critic::ValueHead>>,
+    /// Whether each policy's critic has a value model of its own (`agent-K-critic/`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub value_trunks: bool,
 }
 
 /// One policy's part of a checkpoint.
@@ -51,6 +54,8 @@ pub struct AgentCheckpoint<'a, B: Backend> {
     pub tokenizer: &'a Tokenizer,
     pub eos_token_ids: &'a [u32],
     pub optimizer: &'a AdamW<B>,
+    /// The critic's value model and its optimizer (actor-critic algorithms with one).
+    pub critic: Option<(CausalLm<B>, &'a AdamW<B>)>,
 }
 
 fn step_dir_name(step: u64) -> String {
@@ -65,6 +70,16 @@ pub fn agent_dir(checkpoint: &Path, k: usize) -> PathBuf {
 /// The optimizer file of agent `k` inside a checkpoint.
 pub fn optimizer_path(checkpoint: &Path, k: usize) -> PathBuf {
     checkpoint.join(format!("agent-{k}.optim.safetensors"))
+}
+
+/// The value model of agent `k`'s critic inside a checkpoint (same layout as the agent's).
+pub fn critic_dir(checkpoint: &Path, k: usize) -> PathBuf {
+    checkpoint.join(format!("agent-{k}-critic"))
+}
+
+/// The optimizer file of agent `k`'s value model inside a checkpoint.
+pub fn critic_optimizer_path(checkpoint: &Path, k: usize) -> PathBuf {
+    checkpoint.join(format!("agent-{k}-critic.optim.safetensors"))
 }
 
 /// Writes a complete checkpoint for `state.step` under `root` (a run's `checkpoints/`) and
@@ -82,15 +97,12 @@ pub fn save<B: Backend>(
     let written = (|| {
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
         for (k, a) in agents.iter().enumerate() {
-            let dir = agent_dir(&tmp, k);
-            match &a.lora {
-                Some((config, base)) => {
-                    lora::save_adapter(&a.model, config, base, &dir)?;
-                    a.tokenizer.save(&dir)?;
-                }
-                None => save_pretrained(&a.model, a.tokenizer, a.eos_token_ids, &dir, SaveDtype::F32)?,
-            }
+            save_model(a, &a.model, &agent_dir(&tmp, k))?;
             a.optimizer.save(&optimizer_path(&tmp, k))?;
+            if let Some((model, optimizer)) = &a.critic {
+                save_model(a, model, &critic_dir(&tmp, k))?;
+                optimizer.save(&critic_optimizer_path(&tmp, k))?;
+            }
         }
         write_atomic(&tmp.join("trainer_state.json"), serde_json::to_string_pretty(state).expect("json").as_bytes())
     })();
@@ -110,6 +122,17 @@ pub fn save<B: Backend>(
     write_atomic(&root.join("latest"), name.as_bytes())?;
     prune(root, keep_last)?;
     Ok(dir)
+}
+
+/// `model` (the agent's or its critic's) in Hugging Face layout, or with LoRA its adapter.
+fn save_model<B: Backend>(a: &AgentCheckpoint<'_, B>, model: &CausalLm<B>, dir: &Path) -> Result<()> {
+    match &a.lora {
+        Some((config, base)) => {
+            lora::save_adapter(model, config, base, dir)?;
+            a.tokenizer.save(dir)
+        }
+        None => save_pretrained(model, a.tokenizer, a.eos_token_ids, dir, SaveDtype::F32),
+    }
 }
 
 /// The checkpoint directories under `root` (complete or not) and their steps, newest first.
@@ -164,40 +187,54 @@ pub fn damage(dir: &Path) -> Option<String> {
         Err(_) => return Some("trainer_state.json is missing or unreadable".into()),
     };
     for k in 0..state.policies.len() {
-        let agent = agent_dir(dir, k);
-        // A LoRA policy's part is its adapter (PEFT layout) and tokenizer.
-        let adapter = lora::is_adapter_dir(&agent);
-        let needed = if adapter { [lora::CONFIG_FILE, "tokenizer.json"] } else { ["config.json", "tokenizer.json"] };
-        for f in needed {
-            if !agent.join(f).is_file() {
-                return Some(format!("agent-{k}/{f} is missing"));
-            }
+        if let Some(why) = part_damage(dir, &agent_dir(dir, k), &optimizer_path(dir, k)) {
+            return Some(why);
         }
-        let weights: Vec<PathBuf> = if adapter {
-            vec![agent.join(lora::WEIGHTS_FILE)]
-        } else {
-            match std::fs::read_to_string(agent.join("model.safetensors.index.json")) {
-                Ok(index) => {
-                    let v: serde_json::Value = match serde_json::from_str(&index) {
-                        Ok(v) => v,
-                        Err(_) => return Some(format!("agent-{k}/model.safetensors.index.json is unreadable")),
-                    };
-                    let mut files: Vec<String> = v["weight_map"]
-                        .as_object()
-                        .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
-                        .unwrap_or_default();
-                    files.sort();
-                    files.dedup();
-                    files.into_iter().map(|f| agent.join(f)).collect()
-                }
-                Err(_) => vec![agent.join("model.safetensors")],
+        let critic = state.value_trunks.then(|| part_damage(dir, &critic_dir(dir, k), &critic_optimizer_path(dir, k)));
+        if let Some(why) = critic.flatten() {
+            return Some(why);
+        }
+    }
+    None
+}
+
+/// Why one model of a checkpoint (a policy or its value model, in `part`, with its optimizer
+/// state at `optimizer`) is incomplete, if it is.
+fn part_damage(dir: &Path, part: &Path, optimizer: &Path) -> Option<String> {
+    let name = |f: &Path| f.strip_prefix(dir).unwrap_or(f).display().to_string();
+    // A LoRA policy's part is its adapter (PEFT layout) and tokenizer.
+    let adapter = lora::is_adapter_dir(part);
+    let needed = if adapter { [lora::CONFIG_FILE, "tokenizer.json"] } else { ["config.json", "tokenizer.json"] };
+    for f in needed {
+        if !part.join(f).is_file() {
+            return Some(format!("{} is missing", name(&part.join(f))));
+        }
+    }
+    let weights: Vec<PathBuf> = if adapter {
+        vec![part.join(lora::WEIGHTS_FILE)]
+    } else {
+        match std::fs::read_to_string(part.join("model.safetensors.index.json")) {
+            Ok(index) => {
+                let v: serde_json::Value = match serde_json::from_str(&index) {
+                    Ok(v) => v,
+                    Err(_) => {
+                        return Some(format!("{} is unreadable", name(&part.join("model.safetensors.index.json"))));
+                    }
+                };
+                let mut files: Vec<String> = v["weight_map"]
+                    .as_object()
+                    .map(|m| m.values().filter_map(|f| f.as_str().map(String::from)).collect())
+                    .unwrap_or_default();
+                files.sort();
+                files.dedup();
+                files.into_iter().map(|f| part.join(f)).collect()
             }
-        };
-        for f in weights.iter().chain(std::iter::once(&optimizer_path(dir, k))) {
-            if let Err(why) = check_safetensors(f) {
-                let name = f.strip_prefix(dir).unwrap_or(f).display().to_string();
-                return Some(format!("{name} {why}"));
-            }
+            Err(_) => vec![part.join("model.safetensors")],
+        }
+    };
+    for f in weights.iter().map(PathBuf::as_path).chain(std::iter::once(optimizer)) {
+        if let Err(why) = check_safetensors(f) {
+            return Some(format!("{} {why}", name(f)));
         }
     }
     None
@@ -301,6 +338,7 @@ mod tests {
             algorithm: serde_json::Value::Null,
             policies: vec!["a".into()],
             value_heads: vec![],
+            value_trunks: false,
         };
         std::fs::write(dir.join("trainer_state.json"), serde_json::to_string(&state).unwrap()).unwrap();
         for f in ["config.json", "tokenizer.json"] {

@@ -1,17 +1,68 @@
-//! The value head of an actor-critic algorithm (MAPPO as MMOA-RAG runs it with TRL's
-//! `AutoModelForCausalLMWithValueHead`): one linear map from the policy's last hidden state to
-//! a value, on the policy's own trunk. The trunk learns from the value loss through the
-//! policy's optimizer; the head's `hidden + 1` numbers and their AdamW moments are kept on the
-//! host and checkpointed in `trainer_state.json`.
+//! The critic of an actor-critic algorithm: a value head, one linear map from a last hidden
+//! state to a value, read either
+//! - from a value model of its own ([`Critic::trunk`]), a copy of the policy's model made at
+//!   the start of the run and trained only by the value loss, with its own AdamW, as verl and
+//!   OpenRLHF run PPO's critic; or
+//! - from the policy's own trunk (TRL 0.9's `AutoModelForCausalLMWithValueHead`, which
+//!   MMOA-RAG uses), whose weights then learn from the value loss through the policy's optimizer.
+//!
+//! The head's `hidden + 1` numbers and their AdamW moments are kept on the host and
+//! checkpointed in `trainer_state.json`; a value model's weights and moments beside the
+//! policy's in the checkpoint (`agent-K-critic/`).
 //!
 //! The head starts at zero (TRL draws it at random): deterministic, and a fresh head's values
 //! do not add noise to the first advantages.
 
+use burn::module::{AutodiffModule, Param};
 use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
-use super::optim::AdamWConfig;
+use super::optim::{AdamW, AdamWConfig};
+use crate::model::CausalLm;
+use crate::model::weights::{ParamVisitor, walk_params};
+
+/// A policy's critic: its value head and, unless the head reads the policy's trunk, the value
+/// model the head sits on.
+pub struct Critic<B: Backend> {
+    pub head: ValueHead,
+    pub trunk: Option<ValueTrunk<B>>,
+}
+
+/// A value model of its own: the trunk its head reads, and the trunk's optimizer.
+pub struct ValueTrunk<B: Backend> {
+    pub model: CausalLm<burn::backend::Autodiff<B>>,
+    pub optimizer: AdamW<B>,
+}
+
+impl<B: Backend> ValueTrunk<B> {
+    /// A trunk that starts as `policy` but shares no autodiff leaf with it: a plain clone would
+    /// share the policy's leaves until the first update, and the value loss's gradient would
+    /// reach the policy's weights through them.
+    pub fn copy_of(policy: &CausalLm<burn::backend::Autodiff<B>>, optimizer: AdamWConfig) -> Self {
+        struct Fresh;
+        impl<AB: AutodiffBackend> ParamVisitor<AB> for Fresh {
+            fn vector(&mut self, _: &str, p: Param<Tensor<AB, 1>>) -> Param<Tensor<AB, 1>> {
+                p.map(fresh)
+            }
+            fn matrix(&mut self, _: &str, p: Param<Tensor<AB, 2>>, _: bool) -> Param<Tensor<AB, 2>> {
+                p.map(fresh)
+            }
+        }
+        // A frozen weight (a LoRA base) stays frozen.
+        fn fresh<AB: AutodiffBackend, const D: usize>(t: Tensor<AB, D>) -> Tensor<AB, D> {
+            let trainable = t.is_require_grad();
+            let t = Tensor::from_inner(t.inner());
+            if trainable { t.require_grad() } else { t }
+        }
+        ValueTrunk { model: walk_params(policy.clone(), &mut Fresh), optimizer: AdamW::new(optimizer) }
+    }
+
+    /// The value model without autodiff (scoring, checkpoints; shares the weights).
+    pub fn inference_model(&self) -> CausalLm<B> {
+        self.model.valid()
+    }
+}
 
 /// A value head with its optimizer state.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -100,6 +151,43 @@ impl<B: AutodiffBackend> HeadLeaves<B> {
 mod tests {
     use super::*;
     use crate::backend::{Cpu, CpuAutodiff};
+
+    /// A value model copied from the policy shares no autodiff leaf with it: in one backward
+    /// pass through both (as an update runs them), the policy's gradients are those of its
+    /// own loss alone, and the copy gets gradients of its own. A plain clone would not pass.
+    #[test]
+    fn a_value_model_copy_takes_no_gradient_from_the_policy() {
+        use crate::generate::score::response_hidden;
+        use crate::train::optim::GradStore;
+        let policy: CausalLm<CpuAutodiff> = crate::model::weights::small_random_model(false, 3);
+        let requests = vec![(vec![1, 2, 3], vec![4, 5]), (vec![6, 7], vec![8, 9, 10])];
+        let mut head = ValueHead::new(32);
+        head.weight.iter_mut().enumerate().for_each(|(i, w)| *w = (i as f32 - 15.5) / 20.0);
+        let policy_loss = |m: &CausalLm<CpuAutodiff>| response_hidden(m, &requests).unwrap().0.powi_scalar(2).sum();
+        let value_loss =
+            |m: &CausalLm<CpuAutodiff>| head.values_tracked(response_hidden(m, &requests).unwrap().0).0.sum();
+        let grads_of = |loss: Tensor<CpuAutodiff, 1>, models: &[&CausalLm<CpuAutodiff>]| {
+            let g = loss.backward();
+            models
+                .iter()
+                .map(|m| {
+                    let mut store = GradStore::default();
+                    store.accumulate(*m, &g);
+                    store.host("model.layers.0.self_attn.q_proj.weight").unwrap()
+                })
+                .collect::<Vec<_>>()
+        };
+        let alone = grads_of(policy_loss(&policy), &[&policy]).remove(0);
+        let copy = ValueTrunk::<crate::backend::Cpu>::copy_of(&policy, AdamWConfig::default());
+        let both = grads_of(policy_loss(&policy) + value_loss(&copy.model), &[&policy, &copy.model]);
+        let max_diff = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        assert!(max_diff(&both[0], &alone) < 1e-6, "the value loss reached the policy");
+        assert!(both[1].iter().any(|g| g.abs() > 1e-6), "the copy got no gradient");
+        // The check can fail: through a plain clone, the value loss does reach the policy.
+        let clone = policy.clone();
+        let shared = grads_of(policy_loss(&policy) + value_loss(&clone), &[&policy]).remove(0);
+        assert!(max_diff(&shared, &alone) > 1e-4);
+    }
 
     /// On a fixed batch of hidden states and returns, AdamW steps on the squared value error
     /// make the loss fall (the acceptance test of the critic).

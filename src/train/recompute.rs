@@ -111,18 +111,10 @@ impl<B: Backend> Trunk<B> {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::model::ModelConfig;
-    use crate::model::weights::{RandomWeights, build};
+    use crate::model::weights::small_random_model;
 
     fn model(tied: bool) -> CausalLm<AD<Cpu>> {
-        let v = serde_json::json!({
-            "model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
-            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
-            "tie_word_embeddings": tied
-        });
-        let config = ModelConfig::from_json(&v, "test").unwrap();
-        build(&config, &mut RandomWeights::new(&config, 5, 0.3), &Default::default()).unwrap()
+        small_random_model(tied, 5)
     }
 
     /// A loss of the selected hidden states through the LM head, as the update's is.

@@ -33,13 +33,14 @@ use crate::generate::{FinishReason, SamplingParams};
 use crate::model::lora;
 use crate::model::precision::{rollout_copy, set_compute, store_frozen};
 use crate::policy::Policy;
-use crate::rl::algorithm::ValuedResponse;
+use crate::rl::algorithm::{ValueModel, ValuedResponse};
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
 use crate::sample::Sample;
 use crate::stable_hash::mix_seed;
 use crate::task::{Task, TaskPrompt};
 use crate::train::checkpoint::{self, AgentCheckpoint, SamplerState, TrainerState};
+use crate::train::critic::{Critic, ValueHead, ValueTrunk};
 use crate::train::metrics::{Metrics, MetricsSink};
 use crate::train::optim::AdamWConfig;
 use crate::workload::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
@@ -90,22 +91,51 @@ fn kwargs(table: &toml::Table) -> Map<String, Value> {
     }
 }
 
-/// Gives every policy the algorithm's value head: fresh, or the one `state` saved.
-fn attach_value_heads<B: Backend>(
+/// Gives every policy the algorithm's critic: a fresh value head (on a value model copied from
+/// the policy, unless the head reads the policy's trunk), or the ones a checkpoint saved.
+fn attach_critics<B: Backend>(
     policies: &mut [Policy<B>],
-    state: Option<&TrainerState>,
+    value: ValueModel,
+    resumed: Option<(&TrainerState, &Path)>,
+    compute: crate::dtype::ComputeDtype,
     algorithm: &str,
 ) -> Result<()> {
+    let missing = |what: &str, policy: &str| {
+        Error::InvalidArgument(format!(
+            "the checkpoint holds no {what} for policy {policy}: it was not written by {algorithm} with these \
+             [algo.mappo] settings"
+        ))
+    };
     for (k, p) in policies.iter_mut().enumerate() {
-        p.value_head = Some(match state {
-            None => crate::train::critic::ValueHead::new(p.model.config.hidden_size),
-            Some(s) => s.value_heads.get(k).cloned().flatten().ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "the checkpoint holds no value head for policy {}: it was not written by {algorithm}",
-                    p.name
-                ))
-            })?,
-        });
+        let head = match resumed {
+            None => ValueHead::new(p.model.config.hidden_size),
+            Some((s, _)) => s.value_heads.get(k).cloned().flatten().ok_or_else(|| missing("value head", &p.name))?,
+        };
+        // The critic's AdamW: the policy's betas and eps, no weight decay (as the head's).
+        let optimizer = AdamWConfig { lr: value.lr, weight_decay: 0.0, ..p.optimizer.config.clone() };
+        let trunk = match (value.own_trunk, resumed) {
+            (false, _) => None,
+            (true, None) => Some(ValueTrunk::copy_of(&p.model, optimizer)),
+            (true, Some((s, dir))) => {
+                if !s.value_trunks {
+                    return Err(missing("value model", &p.name));
+                }
+                let model = match &p.lora {
+                    Some(_) => lora::load_adapter(
+                        ValueTrunk::copy_of(&p.model, optimizer).model,
+                        &checkpoint::critic_dir(dir, k),
+                    )?,
+                    None => set_compute(
+                        crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::critic_dir(dir, k), &p.device)?.model,
+                        compute,
+                    ),
+                };
+                let optimizer =
+                    crate::train::optim::AdamW::load(&checkpoint::critic_optimizer_path(dir, k), &p.device)?;
+                Some(ValueTrunk { model, optimizer })
+            }
+        };
+        p.critic = Some(Critic { head, trunk });
     }
     Ok(())
 }
@@ -237,7 +267,7 @@ impl<B: Backend> Trainer<B> {
             }
             let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
             tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
-            return Self::assemble(config, run, lock, policies, inputs.task, Some(state), metrics);
+            return Self::assemble(config, run, lock, policies, inputs.task, Some((state, ckpt)), metrics);
         }
         Err(first_error.expect("a candidate failed"))
     }
@@ -246,9 +276,13 @@ impl<B: Backend> Trainer<B> {
     fn check_restorable(config: &TrainConfig, state: &TrainerState) -> Result<()> {
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
         algorithm.restore(state.algorithm.clone())?;
-        if algorithm.value_model().is_some() && state.value_heads.iter().flatten().count() != config.policies.len() {
+        let trunks = algorithm.value_model().is_some_and(|v| v.own_trunk);
+        if algorithm.value_model().is_some()
+            && (state.value_heads.iter().flatten().count() != config.policies.len() || trunks && !state.value_trunks)
+        {
             return Err(Error::InvalidArgument(format!(
-                "the trainer state holds no value head for some policy: it was not written by {}",
+                "the trainer state holds no value head or value model for some policy: it was not written by {} \
+                 with these [algo.mappo] settings",
                 algorithm.name()
             )));
         }
@@ -261,7 +295,7 @@ impl<B: Backend> Trainer<B> {
         lock: RunLock,
         mut policies: Vec<Policy<B>>,
         task: Arc<dyn Task>,
-        state: Option<TrainerState>,
+        resumed: Option<(TrainerState, &Path)>,
         metrics: MetricsSink,
     ) -> Result<Self> {
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
@@ -287,11 +321,12 @@ impl<B: Backend> Trainer<B> {
         let per_step = config.algo.prompts_per_step as u64;
         let epoch_steps = (task.train().len() as u64).div_ceil(per_step).max(1);
         let total_steps = if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps };
-        if algorithm.value_model().is_some() {
-            attach_value_heads(&mut policies, state.as_ref(), algorithm.name())?;
+        if let Some(value) = algorithm.value_model() {
+            let resumed = resumed.as_ref().map(|(s, dir)| (s, *dir));
+            attach_critics(&mut policies, value, resumed, config.algo.compute_dtype, algorithm.name())?;
         }
-        let (sampler, step) = match state {
-            Some(s) => {
+        let (sampler, step) = match resumed {
+            Some((s, _)) => {
                 algorithm.restore(s.algorithm)?;
                 (s.sampler, s.step)
             }
@@ -772,6 +807,7 @@ impl<B: Backend> Trainer<B> {
                 tokenizer: &p.tokenizer,
                 eos_token_ids: &p.eos_token_ids,
                 optimizer: &p.optimizer,
+                critic: p.critic.as_ref().and_then(|c| c.trunk.as_ref()).map(|t| (t.inference_model(), &t.optimizer)),
             })
             .collect();
         let state = TrainerState {
@@ -779,11 +815,12 @@ impl<B: Backend> Trainer<B> {
             sampler: self.sampler,
             algorithm: self.algorithm.state(),
             policies: self.policies.iter().map(|p| p.name.clone()).collect(),
-            value_heads: if self.policies.iter().any(|p| p.value_head.is_some()) {
-                self.policies.iter().map(|p| p.value_head.clone()).collect()
+            value_heads: if self.policies.iter().any(|p| p.critic.is_some()) {
+                self.policies.iter().map(|p| p.critic.as_ref().map(|c| c.head.clone())).collect()
             } else {
                 vec![]
             },
+            value_trunks: self.policies.iter().any(|p| p.critic.as_ref().is_some_and(|c| c.trunk.is_some())),
         };
         checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
     }

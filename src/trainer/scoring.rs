@@ -8,9 +8,11 @@ use std::time::Instant;
 use burn::tensor::backend::Backend;
 
 use crate::error::{Error, Result};
-use crate::generate::score::{score, score_and_read};
+use crate::generate::score::{read_responses, score, score_and_read};
+use crate::model::CausalLm;
 use crate::policy::Policy;
 use crate::sample::Sample;
+use crate::train::critic::ValueHead;
 
 /// Settings of the scoring stage.
 pub struct ScoreSettings {
@@ -30,7 +32,7 @@ pub struct Scored {
     pub ref_s: f64,
 }
 
-/// Each own sample's index, old log-probs and values (empty without a value head).
+/// Each own sample's index, old log-probs and values (empty without a critic).
 type OwnScores = Vec<(usize, Vec<f32>, Vec<f32>)>;
 
 /// Old log-probs (and values), reference log-probs, seconds of each.
@@ -68,34 +70,39 @@ fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &S
     let own: Vec<usize> =
         (0..samples.len()).filter(|&i| samples[i].policy == policy.index && samples[i].train).collect();
     let temperature = settings.temperature.max(1e-6);
-    // The value head reads the old policy's hidden states in the same forward pass.
-    let run =
-        |model: &crate::model::CausalLm<B>, head: Option<&crate::train::critic::ValueHead>| -> Result<OwnScores> {
-            let mut out = Vec::with_capacity(own.len());
-            for chunk in own.chunks(settings.batch.max(1)) {
-                let requests: Vec<(Vec<u32>, Vec<u32>)> =
-                    chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
-                let (logps, values) = match head {
-                    Some(h) => score_and_read(model, &requests, temperature, &|hidden| h.values(hidden))?,
-                    None => (score(model, &requests, temperature)?, vec![vec![]; requests.len()]),
-                };
-                for ((&i, lp), values) in chunk.iter().zip(logps).zip(values) {
-                    // A diverged model (NaN/inf weights or activations) shows here first.
-                    if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
-                        return Err(Error::NonFinite {
-                            agent: policy.name.clone(),
-                            step: settings.step,
-                            what: "log-probability of its own sample",
-                            value: bad as f64,
-                        });
-                    }
-                    out.push((i, lp, values));
+    // A value head on the policy's trunk reads the old policy's hidden states in the same
+    // forward pass; one on a value model of its own, that model's.
+    let value_trunk = policy.critic.as_ref().and_then(|c| c.trunk.as_ref()).map(|t| t.inference_model());
+    let run = |model: &CausalLm<B>, head: Option<&ValueHead>| -> Result<OwnScores> {
+        let mut out = Vec::with_capacity(own.len());
+        for chunk in own.chunks(settings.batch.max(1)) {
+            let requests: Vec<(Vec<u32>, Vec<u32>)> =
+                chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
+            let (logps, values) = match (head, &value_trunk) {
+                (Some(h), None) => score_and_read(model, &requests, temperature, &|hidden| h.values(hidden))?,
+                (Some(h), Some(trunk)) => (
+                    score(model, &requests, temperature)?,
+                    read_responses(trunk, &requests, &|hidden| h.values(hidden))?,
+                ),
+                (None, _) => (score(model, &requests, temperature)?, vec![vec![]; requests.len()]),
+            };
+            for ((&i, lp), values) in chunk.iter().zip(logps).zip(values) {
+                // A diverged model (NaN/inf weights or activations) shows here first.
+                if let Some(&bad) = lp.iter().find(|x| !x.is_finite()) {
+                    return Err(Error::NonFinite {
+                        agent: policy.name.clone(),
+                        step: settings.step,
+                        what: "log-probability of its own sample",
+                        value: bad as f64,
+                    });
                 }
+                out.push((i, lp, values));
             }
-            Ok(out)
-        };
+        }
+        Ok(out)
+    };
     let t = Instant::now();
-    let old = run(&policy.inference_model(), policy.value_head.as_ref())?;
+    let old = run(&policy.inference_model(), policy.critic.as_ref().map(|c| &c.head))?;
     let old_s = t.elapsed().as_secs_f64();
     let t = Instant::now();
     let reference = match settings.with_reference.then(|| policy.reference_model()).flatten() {

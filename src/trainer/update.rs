@@ -108,9 +108,10 @@ pub fn update_policy<B: Backend>(
         }
         all_terms.extend(terms);
         sums.add(&step, lr);
-        let norm = step.grads_norm;
+        let (norm, critic_norm) = (step.grads_norm, step.value_trunk.as_ref().map(|(_, n)| *n));
         if apply(policy, step, lr, settings)? {
             sums.norm += norm;
+            sums.critic_norm = critic_norm.map(|n| n + sums.critic_norm.unwrap_or(0.0));
             sums.applied += 1;
         }
     }
@@ -129,8 +130,9 @@ struct Sums {
     /// The algorithm's loss terms, by metric.
     terms: Vec<(&'static str, f64)>,
     kl: f64,
-    /// Gradient norms of the applied updates.
+    /// Gradient norms of the applied updates (the policy's, a value model's).
     norm: f64,
+    critic_norm: Option<f64>,
     applied: usize,
     lr_last: f64,
 }
@@ -152,11 +154,17 @@ impl Sums {
         let n = batch.advantages.len().max(1) as f64;
         let mut m = Metrics::new();
         m.insert("critic/advantages/mean".into(), batch.advantages.iter().sum::<f64>() / n);
+        if let Some(ev) = explained_variance(batch) {
+            m.insert("critic/vf_explained_var".into(), ev);
+        }
         for &(metric, sum) in &self.terms {
             m.insert(metric.into(), sum / count);
         }
         m.insert("actor/kl_loss".into(), self.kl / count);
         m.insert("actor/grad_norm".into(), self.norm / self.applied.max(1) as f64);
+        if let Some(norm) = self.critic_norm {
+            m.insert("critic/grad_norm".into(), norm / self.applied.max(1) as f64);
+        }
         if let Some(scaler) = &policy.optimizer.scaler {
             m.insert("actor/loss_scale".into(), scaler.scale);
             m.insert("actor/skipped_updates".into(), (minibatches - self.applied) as f64);
@@ -164,6 +172,26 @@ impl Sums {
         m.insert("actor/lr".into(), self.lr_last);
         m
     }
+}
+
+/// How much of the returns' variance over the batch's tokens the values at step start explain
+/// (verl's `critic/vf_explained_var`: 1 − Var(returns − values) / Var(returns)), with a value
+/// model.
+fn explained_variance(batch: &LearnerBatch<'_>) -> Option<f64> {
+    let tokens = batch.tokens.as_ref()?;
+    let pairs: Vec<(f64, f64)> = tokens
+        .returns
+        .iter()
+        .zip(&batch.indices)
+        .flat_map(|(ret, &i)| ret.iter().zip(&batch.samples[i].values).map(|(&r, &v)| (r as f64, v as f64)))
+        .collect();
+    let variance = |xs: &mut dyn Iterator<Item = f64>| {
+        let xs: Vec<f64> = xs.collect();
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64
+    };
+    let total = variance(&mut pairs.iter().map(|p| p.0));
+    (pairs.len() > 1 && total > 0.0).then(|| 1.0 - variance(&mut pairs.iter().map(|(r, v)| r - v)) / total)
 }
 
 /// Applies a mini-batch's gradients at rate `lr` (the value head's at its own), unless f16's loss
@@ -190,9 +218,14 @@ fn apply<B: Backend>(
         }
     }
     policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
-    if let (Some(head), Some(grad), Some(lr)) = (policy.value_head.as_mut(), step.head_grad, settings.value_lr) {
-        let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
-        head.step(&clip_host(grad, settings.grad_clip), lr, &config);
+    if let (Some(critic), Some(lr)) = (policy.critic.as_mut(), settings.value_lr) {
+        if let Some(grad) = step.head_grad {
+            let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
+            critic.head.step(&clip_host(grad, settings.grad_clip), lr, &config);
+        }
+        if let (Some(trunk), Some((grads, _))) = (critic.trunk.as_mut(), step.value_trunk) {
+            trunk.model = trunk.optimizer.step(trunk.model.clone(), grads, lr);
+        }
     }
     Ok(true)
 }
@@ -222,7 +255,12 @@ struct MinibatchStep<B: Backend> {
     tokens: usize,
     /// The value head's gradient (weight then bias), with a value model.
     head_grad: Option<Vec<f64>>,
+    /// A value model's own gradients and their norm before clipping.
+    value_trunk: Option<ClippedGrads<B>>,
 }
+
+/// Clipped gradients and their norm before clipping.
+type ClippedGrads<B> = (GradStore<B>, f64);
 
 /// `grad` scaled to an L2 norm of at most `max_norm` (0: no clipping).
 fn clip_host(grad: Vec<f64>, max_norm: f64) -> Vec<f64> {
@@ -315,7 +353,7 @@ fn minibatch_step<B: Backend>(
     let scopes = scopes(batch, policy.index, mb, settings.norm_length);
     let mut grads = GradStore::<B>::default();
     let mut detached = Detached::<B>::new();
-    let mut head_grad: Option<Vec<f64>> = None;
+    let mut critic = CriticGrads::<B>::of(policy);
     let mut tokens = 0;
     for micro in mb.chunks(settings.micro_batch_sequences.max(1)) {
         let pass = MicroPass { policy, algo, batch, settings, m, micro, scopes };
@@ -326,13 +364,7 @@ fn minibatch_step<B: Backend>(
         if let Some(trunk) = trunk {
             trunk.backward(&policy.model, &g, &mut grads);
         }
-        if let Some(head) = head {
-            let g: Vec<f64> = head.gradient(&g).into_iter().map(|x| x / loss_scale).collect();
-            head_grad = Some(match head_grad.take() {
-                Some(sum) => sum.iter().zip(&g).map(|(a, b)| a + b).collect(),
-                None => g,
-            });
-        }
+        critic.add(policy, head, &g, loss_scale);
     }
     let (terms, kl, mean_logp_target) = detached.read();
     // The policy term, the KL term, then the others: the order the loss was built in.
@@ -358,8 +390,54 @@ fn minibatch_step<B: Backend>(
         });
     }
     let terms = terms.into_iter().map(|(metric, _, sum)| (metric, sum)).collect();
-    Ok(MinibatchStep { grads, grads_norm: norm, terms, kl, mean_logp_target, tokens, head_grad })
+    let (head_grad, value_trunk) = critic.finish(loss_scale, settings.grad_clip);
+    Ok(MinibatchStep { grads, grads_norm: norm, terms, kl, mean_logp_target, tokens, head_grad, value_trunk })
 }
+
+/// A critic's gradients summed over a mini-batch's micro-batches: its head's (on the host)
+/// and its value model's, if it has one.
+struct CriticGrads<B: Backend> {
+    head: Option<Vec<f64>>,
+    trunk: Option<GradStore<B>>,
+}
+
+impl<B: Backend> CriticGrads<B> {
+    fn of(policy: &Policy<B>) -> Self {
+        let trunk = policy.critic.as_ref().and_then(|c| c.trunk.as_ref()).map(|_| GradStore::default());
+        CriticGrads { head: None, trunk }
+    }
+
+    /// Adds one backward pass's gradients (of `loss_scale ×` the loss).
+    fn add(&mut self, policy: &Policy<B>, head: Option<HeadLeaves<AD<B>>>, g: &GradsOf<B>, loss_scale: f64) {
+        if let (Some(store), Some(trunk)) = (self.trunk.as_mut(), policy.critic.as_ref().and_then(|c| c.trunk.as_ref()))
+        {
+            store.accumulate(&trunk.model, g);
+        }
+        if let Some(head) = head {
+            let g: Vec<f64> = head.gradient(g).into_iter().map(|x| x / loss_scale).collect();
+            self.head = Some(match self.head.take() {
+                Some(sum) => sum.iter().zip(&g).map(|(a, b)| a + b).collect(),
+                None => g,
+            });
+        }
+    }
+
+    /// The head's gradient, and the value model's unscaled and clipped with its norm before
+    /// clipping: a value model's gradients are clipped on their own, as a separate critic's are.
+    fn finish(self, loss_scale: f64, clip: f64) -> (Option<Vec<f64>>, Option<ClippedGrads<B>>) {
+        let trunk = self.trunk.map(|mut g| {
+            if loss_scale != 1.0 {
+                g.unscale(loss_scale);
+            }
+            let norm = g.clip_global_norm(clip);
+            (g, norm)
+        });
+        (self.head, trunk)
+    }
+}
+
+/// The gradients of one backward pass.
+type GradsOf<B> = <AD<B> as burn::tensor::backend::AutodiffBackend>::Gradients;
 
 /// One micro-batch's forward pass and loss.
 struct MicroPass<'a, 'b, B: Backend> {
@@ -405,9 +483,13 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             let (hidden, targets, lens) = response_hidden(&self.policy.model, &requests)?;
             (hidden, targets, lens, None)
         };
-        // A value head reads the same hidden states; its loss trains the trunk too.
-        let values = match (&self.batch.tokens, &self.policy.value_head) {
-            (Some(_), Some(head)) => Some(head.values_tracked(hidden.clone())),
+        // A value head on the policy's trunk reads the same hidden states (its loss trains the
+        // trunk too); one on a value model of its own, that model's.
+        let values = match (&self.batch.tokens, &self.policy.critic) {
+            (Some(_), Some(critic)) => Some(match &critic.trunk {
+                None => critic.head.values_tracked(hidden.clone()),
+                Some(trunk) => critic.head.values_tracked(response_hidden(&trunk.model, &requests)?.0),
+            }),
             _ => None,
         };
         let flat = token_logprobs_autodiff(

@@ -56,7 +56,7 @@ impl<B: Backend> Algorithm<B> for Mappo {
     }
 
     fn value_model(&self) -> Option<ValueModel> {
-        Some(ValueModel { lr: self.critic.critic_lr })
+        Some(ValueModel { lr: self.critic.critic_lr, own_trunk: !self.critic.shared_trunk })
     }
 
     /// GAE over the values the scoring stage read, whitened over the learner's batch

@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::generate::score::{response_hidden, token_logprobs_autodiff};
 use crate::policy::Policy;
 use crate::rl::algorithm::{Algorithm, MicroBatch, SequenceRecord, TokenAdvantages, ValueBatch};
+use crate::rl::stats::unbiased_std;
 use crate::rl::tensor::{AggregationScope, aggregate_scoped, kl_k3_tokens, pad_host, pad_tokens, sequence_mean};
 use crate::rl::{LossAggregation, PoolSample, SampleTerms};
 use crate::sample::Sample;
@@ -179,19 +180,15 @@ impl Sums {
 /// model.
 fn explained_variance(batch: &LearnerBatch<'_>) -> Option<f64> {
     let tokens = batch.tokens.as_ref()?;
-    let pairs: Vec<(f64, f64)> = tokens
+    let (returns, errors): (Vec<f64>, Vec<f64>) = tokens
         .returns
         .iter()
         .zip(&batch.indices)
-        .flat_map(|(ret, &i)| ret.iter().zip(&batch.samples[i].values).map(|(&r, &v)| (r as f64, v as f64)))
-        .collect();
-    let variance = |xs: &mut dyn Iterator<Item = f64>| {
-        let xs: Vec<f64> = xs.collect();
-        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
-        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64
-    };
-    let total = variance(&mut pairs.iter().map(|p| p.0));
-    (pairs.len() > 1 && total > 0.0).then(|| 1.0 - variance(&mut pairs.iter().map(|(r, v)| r - v)) / total)
+        .flat_map(|(ret, &i)| ret.iter().zip(&batch.samples[i].values).map(|(&r, &v)| (r as f64, r as f64 - v as f64)))
+        .unzip();
+    // A ratio of two variances over the same tokens: the divisor cancels.
+    let total = unbiased_std(&returns);
+    (total > 0.0).then(|| 1.0 - (unbiased_std(&errors) / total).powi(2))
 }
 
 /// Applies a mini-batch's gradients at rate `lr` (the value head's at its own), unless f16's loss

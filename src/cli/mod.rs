@@ -3,6 +3,7 @@
 //! user errors.
 
 mod bench;
+mod cluster;
 mod convert;
 mod env;
 mod eval;
@@ -70,6 +71,8 @@ pub enum Command {
     Study(study::StudyArgs),
     /// The planning environments (Plan-Path, Sokoban, Sudoku): sample instances, or play one.
     Env(env::EnvArgs),
+    /// Runs whose policies train in several processes (`[cluster]`): their hosts and heartbeats.
+    Cluster(cluster::ClusterArgs),
 }
 
 pub fn run(cli: Cli) -> Result<()> {
@@ -87,6 +90,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Report(a) => report::run(a),
         Command::Study(a) => study::run(a),
         Command::Env(a) => env::run(a),
+        Command::Cluster(a) => cluster::run(a),
     }
 }
 

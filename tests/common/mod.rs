@@ -323,3 +323,5 @@ impl hacpo::model::weights::WeightSource for Favouring {
         Ok(t)
     }
 }
+
+pub mod nats_server;

@@ -1,7 +1,7 @@
 //! The one record every workload produces: a sample (one response of one policy in one role),
 //! with the opaque key of the group its advantage is normalised in, as verl's `uid`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::generate::FinishReason;
 use crate::tokenizer::Message;
@@ -9,7 +9,7 @@ use crate::tokenizer::Message;
 /// The group a sample's advantage is computed in. Opaque to the trainer and the algorithms:
 /// only equality matters (a task id and role for the HACPO exchange; a turn or a fork as well
 /// for multi-turn workloads).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct GroupKey(pub String);
 
 impl GroupKey {
@@ -28,8 +28,8 @@ pub struct Response {
     pub finish_reason: FinishReason,
 }
 
-/// One sample of a step.
-#[derive(Clone, Debug, Serialize)]
+/// One sample of a step (also what crosses between the processes of a cluster run).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Sample {
     /// Position in the step's sample list (assigned by the trainer after the rollout).
     pub id: usize,

@@ -7,6 +7,8 @@ use std::path::Path;
 use burn::tensor::backend::Backend;
 
 use crate::backend::DeviceSpec;
+use crate::cluster::nats::{JoinSettings, NatsBus};
+use crate::cluster::{Bus, LocalBus};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::memory_plan::MemoryPlan;
@@ -26,14 +28,17 @@ pub struct MemoryCheck {
 }
 
 /// Trains `cfg` (a new run, or `resume` continuing a run whose config `requested` must match)
-/// on the devices its policies name, after checking its memory plan.
+/// on the devices its policies name, after checking its memory plan. In a cluster run
+/// (`[cluster]`), `host` names the policies this process trains.
 pub fn train(
     cfg: TrainConfig,
     requested: Option<TrainConfig>,
     resume: Option<&Path>,
     memory: MemoryCheck,
+    host: Option<&str>,
 ) -> Result<()> {
     cfg.validate()?;
+    check_host(&cfg, host)?;
     crate::resolve::check_known(&cfg)?;
     let plan = MemoryPlan::of(&cfg, memory.device_memory)?;
     if memory.dry_run {
@@ -67,10 +72,39 @@ pub fn train(
     if specs.iter().any(|s| std::mem::discriminant(s) != std::mem::discriminant(&specs[0])) {
         return Err(Error::InvalidArgument("all policies must use the same kind of device (cpu or cuda)".into()));
     }
+    // Joining checks the config against the run's and claims the host, before models load.
+    let bus: Box<dyn Bus> = match (&cfg.cluster, host) {
+        (Some(cluster), Some(host)) => Box::new(NatsBus::join(&JoinSettings {
+            cluster,
+            host,
+            config: &cfg.shared_toml(),
+            resume: resume.is_some(),
+        })?),
+        _ => Box::new(LocalBus::new()),
+    };
     crate::with_backend!(specs[0], |B, _first| {
         let devices: Vec<_> = specs.iter().map(|&s| <B as crate::backend::DeviceOf>::device_of(s)).collect();
-        train_on::<B>(resume, cfg, requested, devices)
+        train_on::<B>(resume, cfg, requested, devices, bus)
     })
+}
+
+/// `--host` goes with a `[cluster]` table, and names one of its hosts.
+fn check_host(cfg: &TrainConfig, host: Option<&str>) -> Result<()> {
+    match (&cfg.cluster, host) {
+        (None, None) => Ok(()),
+        (None, Some(h)) => Err(Error::InvalidArgument(format!(
+            "--host {h}: the config has no [cluster] table; --host picks this process's policies in a run \
+             spread over processes (docs/distributed.md)"
+        ))),
+        (Some(c), None) => {
+            let names: Vec<&str> = c.hosts.iter().map(|h| h.name.as_str()).collect();
+            Err(Error::InvalidArgument(format!(
+                "the config's [cluster] spreads the run over hosts {}: pass --host NAME to say which this process is",
+                names.join(", ")
+            )))
+        }
+        (Some(c), Some(h)) => c.host(h).map(|_| ()).map_err(Error::InvalidArgument),
+    }
 }
 
 /// The summary of the run in `run` when it has already trained every step `cfg` asks for and
@@ -132,13 +166,14 @@ fn train_on<B: Backend>(
     cfg: TrainConfig,
     requested: Option<TrainConfig>,
     devices: Vec<B::Device>,
+    bus: Box<dyn Bus>,
 ) -> Result<()> {
     let started = std::time::Instant::now();
     // The task first: a missing data file is said before the tiny agents pre-train.
     let task = cfg.task.build()?;
     crate::resolve::prepare::<B>(&cfg, &devices[0])?;
     let models = cfg.policies.iter().map(|p| crate::resolve::model_source(&p.model, &cfg)).collect::<Result<_>>()?;
-    let inputs = Inputs { task, devices, models };
+    let inputs = Inputs { task, devices, models, bus };
     crate::train::interrupt::install();
     let mut trainer = match resume {
         Some(dir) => Trainer::<B>::resume(dir, requested, inputs)?,

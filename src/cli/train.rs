@@ -40,6 +40,10 @@ pub struct TrainArgs {
     /// Continue the run in this directory from its last complete checkpoint.
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// In a run spread over processes (the config's [cluster]), the host this process is: it
+    /// trains that host's policies (docs/distributed.md).
+    #[arg(long, value_name = "NAME")]
+    pub host: Option<String>,
     /// Print the memory plan (per agent: weights, reference, gradients, optimizer,
     /// activations, KV cache) and stop, exit 2 when it does not fit; loads nothing and needs
     /// no GPU, also for cuda devices.
@@ -94,7 +98,8 @@ fn after_help() -> String {
     hacpo train --resume runs/size-pair\n  \
     hacpo train --agents qwen-1.5b,llama-8b --devices cuda:0,cuda:1 --device-memory 80GB --dry-run\n  \
     hacpo train --lora 16                        # LoRA adapters (PEFT layout) instead of full fine-tuning\n  \
-    hacpo train --agents llama-8b --lora 16 --frozen-dtype bf16 --set algo.gradient_checkpointing=true\n\n\
+    hacpo train --agents llama-8b --lora 16 --frozen-dtype bf16 --set algo.gradient_checkpointing=true\n  \
+    hacpo train --config trio.toml --host node-a  # this process's policies of a run spread over processes\n\n\
     HACPO's ablations: --set algo.hacpo.capability_baseline=false (also discrepancy_coef, exp_is, stepwise).\n\n\
     Algorithms (--algo), by the workload that trains them ([workload] kind):\n{}",
         hacpo::workload::algorithms_by_workload()
@@ -182,7 +187,7 @@ pub fn run(args: TrainArgs) -> Result<()> {
         dry_run: args.dry_run,
         skip: args.skip_memory_check,
     };
-    hacpo::session::train(cfg, requested, args.resume.as_deref(), memory)
+    hacpo::session::train(cfg, requested, args.resume.as_deref(), memory, args.host.as_deref())
 }
 
 /// Whether two paths name the same directory (as given, or once both exist, canonically).

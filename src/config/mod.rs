@@ -270,6 +270,10 @@ pub struct TrainConfig {
     /// Who plays which role; empty: every policy plays the one role `solver`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub roles: Vec<RoleConfig>,
+    /// The policies spread over several processes linked by NATS (docs/distributed.md);
+    /// absent: one process trains them all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<crate::cluster::ClusterConfig>,
 }
 
 pub use crate::workload::RoleConfig;
@@ -639,7 +643,43 @@ impl TrainConfig {
             }
         }
         self.workload.validate(self.task.kind, &a.name, &self.role_map())?;
+        if let Some(c) = &self.cluster {
+            self.validate_cluster(c)?;
+        }
         Ok(())
+    }
+
+    /// `[cluster]`: its hosts cover the policies, and the run is one the trainer can spread.
+    fn validate_cluster(&self, c: &crate::cluster::ClusterConfig) -> Result<()> {
+        let bad = |m: String| Err(Error::config("training config", m));
+        let names: Vec<String> = (0..self.policies.len()).map(|k| self.policy_name(k)).collect();
+        if let Err(m) = c.validate(&names) {
+            return bad(m);
+        }
+        // The exchange's policies meet only in the step's samples; the search and turn-wise
+        // teams pass outputs between policies within a rollout, which needs request/reply
+        // between processes (not built yet).
+        if self.workload.kind != crate::workload::WorkloadKind::Exchange {
+            return bad(format!(
+                "cluster: only the exchange workload runs in several processes for now, not {:?}; \
+                 remove [cluster] to train in one process",
+                self.workload.kind.name()
+            ));
+        }
+        if self.algo.filter_groups {
+            return bad("cluster: algo.filter_groups draws more prompts until a step has enough signal, a \
+                 decision every process would have to take together (not built yet); turn one off"
+                .into());
+        }
+        Ok(())
+    }
+
+    /// The config every process of a cluster run must share, as TOML: all of it but the run
+    /// directory, which is each process's own.
+    pub fn shared_toml(&self) -> String {
+        let mut shared = self.clone();
+        shared.run.out_dir = Default::default();
+        shared.to_toml()
     }
 
     /// The display name of policy `k` (metrics, logs, roles).

@@ -43,6 +43,17 @@ pub struct TrainerState {
     /// Whether each policy's critic has a value model of its own (`agent-K-critic/`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub value_trunks: bool,
+    /// In a cluster run, the policies another process trains: their parts are in that
+    /// process's checkpoints, not this one's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elsewhere: Vec<String>,
+}
+
+impl TrainerState {
+    /// Whether policy `k`'s part is in this checkpoint.
+    pub fn holds(&self, k: usize) -> bool {
+        !self.elsewhere.contains(&self.policies[k])
+    }
 }
 
 /// One policy's part of a checkpoint.
@@ -86,7 +97,7 @@ pub fn critic_optimizer_path(checkpoint: &Path, k: usize) -> PathBuf {
 /// keeps the newest `keep_last`.
 pub fn save<B: Backend>(
     root: &Path,
-    agents: &[AgentCheckpoint<'_, B>],
+    agents: &[Option<AgentCheckpoint<'_, B>>],
     state: &TrainerState,
     keep_last: usize,
 ) -> Result<PathBuf> {
@@ -97,6 +108,7 @@ pub fn save<B: Backend>(
     let written = (|| {
         std::fs::create_dir_all(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
         for (k, a) in agents.iter().enumerate() {
+            let Some(a) = a else { continue };
             save_model(a, &a.model, &agent_dir(&tmp, k))?;
             a.optimizer.save(&optimizer_path(&tmp, k))?;
             if let Some((model, optimizer)) = &a.critic {
@@ -186,7 +198,7 @@ pub fn damage(dir: &Path) -> Option<String> {
         Ok(s) => s,
         Err(_) => return Some("trainer_state.json is missing or unreadable".into()),
     };
-    for k in 0..state.policies.len() {
+    for k in (0..state.policies.len()).filter(|&k| state.holds(k)) {
         if let Some(why) = part_damage(dir, &agent_dir(dir, k), &optimizer_path(dir, k)) {
             return Some(why);
         }
@@ -339,6 +351,7 @@ mod tests {
             policies: vec!["a".into()],
             value_heads: vec![],
             value_trunks: false,
+            elsewhere: vec![],
         };
         std::fs::write(dir.join("trainer_state.json"), serde_json::to_string(&state).unwrap()).unwrap();
         for f in ["config.json", "tokenizer.json"] {
@@ -381,6 +394,22 @@ mod tests {
         std::fs::remove_file(ten.join("trainer_state.json")).unwrap();
         let e = resume_point(root).unwrap_err().to_string();
         assert!(e.contains("no complete checkpoint") && e.contains("Nothing was deleted"), "{e}");
+    }
+
+    #[test]
+    fn a_cluster_process_checkpoint_needs_only_the_policies_it_trains() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = fake_checkpoint(tmp.path(), 1, 8);
+        let state_path = dir.join("trainer_state.json");
+        let mut state: TrainerState = serde_json::from_str(&std::fs::read_to_string(&state_path).unwrap()).unwrap();
+        state.policies.push("b".into());
+        std::fs::write(&state_path, serde_json::to_string(&state).unwrap()).unwrap();
+        let why = damage(&dir).expect("policy b's part is missing");
+        assert!(why.contains("agent-1"), "{why}");
+        state.elsewhere = vec!["b".into()];
+        std::fs::write(&state_path, serde_json::to_string(&state).unwrap()).unwrap();
+        assert_eq!(damage(&dir), None, "b is trained, and checkpointed, by another process");
+        assert!(state.holds(0) && !state.holds(1));
     }
 
     #[test]

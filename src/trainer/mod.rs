@@ -12,6 +12,7 @@
 //! repeating a step: every random choice derives from (seed, step, policy), and the data
 //! cursor, the algorithm's state and the optimizer moments are part of the checkpoint.
 
+mod gather;
 pub mod routing;
 pub mod scoring;
 pub mod signal;
@@ -27,6 +28,7 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use serde_json::{Map, Value};
 
+use crate::cluster::{Bus, LocalBus};
 use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
@@ -82,6 +84,9 @@ pub struct Trainer<B: Backend> {
     metrics: MetricsSink,
     /// The last step's metrics per policy.
     pub last_metrics: Vec<(String, Metrics)>,
+    bus: Box<dyn Bus>,
+    /// The policies this process trains: all, but in a cluster run its host's.
+    hosted: Vec<bool>,
 }
 
 fn kwargs(table: &toml::Table) -> Map<String, Value> {
@@ -155,12 +160,20 @@ pub struct Inputs<B: Backend> {
     pub task: Arc<dyn Task>,
     pub devices: Vec<B::Device>,
     pub models: Vec<String>,
+    /// What the step's samples cross between processes through: this process alone
+    /// ([`LocalBus`]), or the run's other hosts (a `[cluster]` run).
+    pub bus: Box<dyn Bus>,
 }
 
 impl<B: Backend> Inputs<B> {
     /// The models as `config` names them: for configs whose models are paths or zoo ids.
     pub fn as_given(config: &TrainConfig, task: Arc<dyn Task>, devices: Vec<B::Device>) -> Self {
-        Inputs { task, devices, models: config.policies.iter().map(|p| p.model.clone()).collect() }
+        Inputs {
+            task,
+            devices,
+            models: config.policies.iter().map(|p| p.model.clone()).collect(),
+            bus: Box::new(LocalBus::new()),
+        }
     }
 
     fn check(&self, config: &TrainConfig) -> Result<()> {
@@ -205,7 +218,7 @@ impl<B: Backend> Trainer<B> {
             .map(|k| Self::load_policy(&config, k, &inputs, None))
             .collect::<Result<Vec<_>>>()?;
         let metrics = MetricsSink::open(run.path(), config.run.tensorboard, None)?;
-        Self::assemble(config, run, lock, policies, inputs.task, None, metrics)
+        Self::assemble(config, run, lock, policies, inputs, None, metrics)
     }
 
     /// Resumes the run in `run_dir` from its last complete checkpoint. `requested` (the
@@ -237,17 +250,10 @@ impl<B: Backend> Trainer<B> {
                     continue;
                 }
             };
-            if config.run.steps > 0 && (config.run.steps as u64) < state.step {
-                return Err(Error::InvalidArgument(format!(
-                    "--steps {} is below the {} steps {} has completed; give at least {}",
-                    config.run.steps,
-                    state.step,
-                    run_dir.display(),
-                    state.step
-                )));
-            }
+            check_steps_left(&config, state.step, run_dir)?;
             let loaded = (0..config.policies.len())
-                .map(|k| Self::load_policy(&config, k, &inputs, Some(ckpt)))
+                // A policy another process trains is not in this one's checkpoints.
+                .map(|k| Self::load_policy(&config, k, &inputs, state.holds(k).then_some(ckpt.as_path())))
                 .collect::<Result<Vec<_>>>()
                 .and_then(|policies| Self::check_restorable(&config, &state).map(|()| policies));
             let policies = match loaded {
@@ -267,7 +273,7 @@ impl<B: Backend> Trainer<B> {
             }
             let metrics = MetricsSink::open(run.path(), config.run.tensorboard, Some(state.step))?;
             tracing::info!(step = state.step, checkpoint = %ckpt.display(), "resuming");
-            return Self::assemble(config, run, lock, policies, inputs.task, Some((state, ckpt)), metrics);
+            return Self::assemble(config, run, lock, policies, inputs, Some((state, ckpt)), metrics);
         }
         Err(first_error.expect("a candidate failed"))
     }
@@ -294,33 +300,23 @@ impl<B: Backend> Trainer<B> {
         run: RunDir,
         lock: RunLock,
         mut policies: Vec<Policy<B>>,
-        task: Arc<dyn Task>,
+        inputs: Inputs<B>,
         resumed: Option<(TrainerState, &Path)>,
         metrics: MetricsSink,
     ) -> Result<Self> {
+        let Inputs { task, bus, .. } = inputs;
+        let hosted = hosted_policies(&config, bus.host())?;
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
         let workload =
             crate::workload::build::<B>(&config.workload, &config.role_map(), task.clone(), &config.algo.name)?;
-        if policies.len() < algorithm.min_policies() {
-            return Err(Error::config(
-                "training config",
-                format!(
-                    "algo.name: {} needs at least {} policies, found {}",
-                    algorithm.name(),
-                    algorithm.min_policies(),
-                    policies.len()
-                ),
-            ));
-        }
+        check_policy_count(algorithm.as_ref(), policies.len())?;
         let shape = algorithm.shape(BatchShape {
             policies: policies.len(),
             group_size: config.algo.group_size,
             minibatch_prompts: config.algo.minibatch_prompts,
             norm_length: config.rollout.max_new_tokens,
         })?;
-        let per_step = config.algo.prompts_per_step as u64;
-        let epoch_steps = (task.train().len() as u64).div_ceil(per_step).max(1);
-        let total_steps = if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps };
+        let total_steps = total_steps(&config, task.train().len());
         if let Some(value) = algorithm.value_model() {
             let resumed = resumed.as_ref().map(|(s, dir)| (s, *dir));
             attach_critics(&mut policies, value, resumed, config.algo.compute_dtype, algorithm.name())?;
@@ -346,6 +342,8 @@ impl<B: Backend> Trainer<B> {
             total_steps,
             metrics,
             last_metrics: vec![],
+            bus,
+            hosted,
         })
     }
 
@@ -507,7 +505,10 @@ impl<B: Backend> Trainer<B> {
         if self.config.run.dump_rollouts {
             self.run.write_rollouts(step, &samples)?;
         }
-        let scored = self.score(step, &mut samples, &mut timing)?;
+        let mut scored = self.score(step, &mut samples, &mut timing)?;
+        if self.bus.hosts().len() > 1 {
+            (samples, scored) = gather::gather_step(self.bus.as_ref(), step, samples, scored)?;
+        }
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;
         let reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;
@@ -531,6 +532,7 @@ impl<B: Backend> Trainer<B> {
         drop(batches);
         self.record(step, &samples, &generation, &retokenize_s, reports, &timing)?;
         self.step = step;
+        self.bus.reached(step);
         Ok(summary)
     }
 
@@ -601,6 +603,7 @@ impl<B: Backend> Trainer<B> {
             },
             max_prompt_tokens: r.max_prompt_tokens,
             batch_prompts: r.batch_prompts,
+            hosted: self.hosted.clone(),
         }
     }
 
@@ -656,7 +659,8 @@ impl<B: Backend> Trainer<B> {
         let r = &self.config.rollout;
         let mut batches = Vec::with_capacity(self.policies.len());
         let mut seconds = Vec::with_capacity(self.policies.len());
-        for (policy, Advantaged { routed, advantages, tokens }) in self.policies.iter().zip(advantages) {
+        let hosted = self.policies.iter().zip(advantages).filter(|(p, _)| self.hosted[p.index]);
+        for (policy, Advantaged { routed, advantages, tokens }) in hosted {
             let t = Instant::now();
             let views =
                 routing::views(policy, samples, &routed.indices, r.cross_max_prompt_tokens, r.max_response_tokens)?;
@@ -674,7 +678,7 @@ impl<B: Backend> Trainer<B> {
         Ok((batches, seconds))
     }
 
-    /// Updates every policy on its batch (concurrently when `run.concurrent_updates`).
+    /// Updates every hosted policy on its batch (concurrently when `run.concurrent_updates`).
     fn update(&mut self, step: u64, batches: &[LearnerBatch<'_>]) -> Result<Vec<update::UpdateReport>> {
         let a = &self.config.algo;
         let settings = UpdateSettings {
@@ -692,16 +696,13 @@ impl<B: Backend> Trainer<B> {
             dump_dir: self.config.run.dump_batches.then(|| self.run.batches()),
         };
         let algorithm = self.algorithm.as_ref();
-        if !(self.config.run.concurrent_updates && self.policies.len() > 1) {
-            return self
-                .policies
-                .iter_mut()
-                .zip(batches)
-                .map(|(p, b)| update_policy(p, algorithm, b, &settings))
-                .collect();
+        let hosted = &self.hosted;
+        let mut policies: Vec<&mut Policy<B>> = self.policies.iter_mut().filter(|p| hosted[p.index]).collect();
+        if !(self.config.run.concurrent_updates && policies.len() > 1) {
+            return policies.iter_mut().zip(batches).map(|(p, b)| update_policy(p, algorithm, b, &settings)).collect();
         }
         let settings = &settings;
-        crate::policy::per_policy(self.policies.iter_mut().zip(batches), "update", |(p, b)| {
+        crate::policy::per_policy(policies.into_iter().zip(batches), "update", |(p, b)| {
             update_policy(p, algorithm, b, settings)
         })
         .into_iter()
@@ -722,14 +723,15 @@ impl<B: Backend> Trainer<B> {
         let step_s = timing["timing_s/step"];
         self.last_metrics.clear();
         let validation = if self.should_validate(step) { Some(self.validate_all()?) } else { None };
-        for (k, mut report) in reports.into_iter().enumerate() {
+        let hosted: Vec<usize> = (0..self.policies.len()).filter(|&k| self.hosted[k]).collect();
+        for ((k, mut report), retokenize_s) in hosted.into_iter().zip(reports).zip(retokenize_s) {
             let own: Vec<&Sample> = samples.iter().filter(|s| s.policy == k).collect();
             let n_own = own.len().max(1) as f64;
             let mean = |f: &dyn Fn(&Sample) -> f64| own.iter().map(|s| f(s)).sum::<f64>() / n_own;
             let m = &mut report.metrics;
             m.extend(timing.iter().map(|(k, v)| (k.clone(), *v)));
             m.insert("timing_s/gen".into(), generation[k].generate);
-            m.insert("timing_s/retokenize".into(), retokenize_s[k]);
+            m.insert("timing_s/retokenize".into(), *retokenize_s);
             m.insert("timing_s/update".into(), report.update_s);
             m.insert("critic/score/mean".into(), mean(&|s| s.reward()));
             m.extend(signal::metrics(samples, k));
@@ -766,6 +768,7 @@ impl<B: Backend> Trainer<B> {
                 max_prompt_tokens: self.config.rollout.max_prompt_tokens,
                 max_new_tokens: self.config.task.val_max_new_tokens,
                 batch_prompts: self.config.rollout.batch_prompts,
+                hosted: self.hosted.clone(),
             },
         )
     }
@@ -775,7 +778,7 @@ impl<B: Backend> Trainer<B> {
         self.workload.validation_key()
     }
 
-    /// Greedy held-out score ([`Trainer::validation_key`]) of every policy, by name.
+    /// Greedy held-out score ([`Trainer::validation_key`]) of every hosted policy, by name.
     pub fn accuracies(&self) -> Result<crate::run_dir::Accuracies> {
         let key = self.validation_key();
         let progress =
@@ -785,8 +788,9 @@ impl<B: Backend> Trainer<B> {
         Ok(self
             .policies
             .iter()
-            .map(|p| p.name.clone())
-            .zip(metrics.iter().map(|m| m.get(key).copied().unwrap_or(0.0)))
+            .zip(&metrics)
+            .filter(|(p, _)| self.hosted[p.index])
+            .map(|(p, m)| (p.name.clone(), m.get(key).copied().unwrap_or(0.0)))
             .collect())
     }
 
@@ -797,17 +801,24 @@ impl<B: Backend> Trainer<B> {
 
     /// Writes a complete checkpoint of the current state.
     pub fn save_checkpoint(&self) -> Result<std::path::PathBuf> {
-        let parts: Vec<AgentCheckpoint<'_, B>> = self
+        // In a cluster run each process writes the policies it trains.
+        let parts: Vec<Option<AgentCheckpoint<'_, B>>> = self
             .policies
             .iter()
-            .map(|p| AgentCheckpoint {
-                // The master weights: the rollout copy may be rounded to bf16/f16.
-                model: p.master_model(),
-                lora: p.lora.as_ref().map(|l| (l, lora::base_name(&p.spec))),
-                tokenizer: &p.tokenizer,
-                eos_token_ids: &p.eos_token_ids,
-                optimizer: &p.optimizer,
-                critic: p.critic.as_ref().and_then(|c| c.trunk.as_ref()).map(|t| (t.inference_model(), &t.optimizer)),
+            .map(|p| {
+                self.hosted[p.index].then(|| AgentCheckpoint {
+                    // The master weights: the rollout copy may be rounded to bf16/f16.
+                    model: p.master_model(),
+                    lora: p.lora.as_ref().map(|l| (l, lora::base_name(&p.spec))),
+                    tokenizer: &p.tokenizer,
+                    eos_token_ids: &p.eos_token_ids,
+                    optimizer: &p.optimizer,
+                    critic: p
+                        .critic
+                        .as_ref()
+                        .and_then(|c| c.trunk.as_ref())
+                        .map(|t| (t.inference_model(), &t.optimizer)),
+                })
             })
             .collect();
         let state = TrainerState {
@@ -821,9 +832,47 @@ impl<B: Backend> Trainer<B> {
                 vec![]
             },
             value_trunks: self.policies.iter().any(|p| p.critic.as_ref().is_some_and(|c| c.trunk.is_some())),
+            elsewhere: self.policies.iter().filter(|p| !self.hosted[p.index]).map(|p| p.name.clone()).collect(),
         };
         checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
     }
+}
+
+/// A resumed run's `--steps` is not below the steps it has completed.
+fn check_steps_left(config: &TrainConfig, done: u64, run_dir: &Path) -> Result<()> {
+    if config.run.steps == 0 || config.run.steps as u64 >= done {
+        return Ok(());
+    }
+    Err(Error::InvalidArgument(format!(
+        "--steps {} is below the {done} steps {} has completed; give at least {done}",
+        config.run.steps,
+        run_dir.display(),
+    )))
+}
+
+/// An algorithm that compares policies (HACPO) needs at least its minimum of them.
+fn check_policy_count<B: burn::tensor::backend::AutodiffBackend>(algorithm: &dyn Algorithm<B>, n: usize) -> Result<()> {
+    if n >= algorithm.min_policies() {
+        return Ok(());
+    }
+    Err(Error::config(
+        "training config",
+        format!("algo.name: {} needs at least {} policies, found {n}", algorithm.name(), algorithm.min_policies()),
+    ))
+}
+
+/// `run.steps`, or one epoch of `train_prompts` when it is 0.
+fn total_steps(config: &TrainConfig, train_prompts: usize) -> u64 {
+    let epoch_steps = (train_prompts as u64).div_ceil(config.algo.prompts_per_step as u64).max(1);
+    if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps }
+}
+
+/// Which policies this process trains: every one, or in a cluster run those of its host.
+fn hosted_policies(config: &TrainConfig, host: &str) -> Result<Vec<bool>> {
+    let n = config.policies.len();
+    let Some(cluster) = &config.cluster else { return Ok(vec![true; n]) };
+    let host = cluster.host(host).map_err(Error::InvalidArgument)?;
+    Ok((0..n).map(|k| host.policies.contains(&config.policy_name(k))).collect())
 }
 
 /// What a token-level estimator reads of a learner's routed samples: reward and values.

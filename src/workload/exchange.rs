@@ -70,17 +70,18 @@ impl<B: Backend> Workload<B> for Exchange {
         "val/accuracy"
     }
 
-    /// Greedy accuracy of every policy on the held-out prompts, generated concurrently (one
-    /// thread per policy, as scoring does: one policy's generation does not fill the cores).
+    /// Greedy accuracy of every hosted policy on the held-out prompts, generated concurrently
+    /// (one thread per policy, as scoring does: one policy's generation does not fill the cores).
     fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>> {
         let held_out = self.task.validation();
-        let prompts: Vec<Vec<Vec<u32>>> = policies
+        let hosted: Vec<&Policy<B>> = policies.iter().filter(|p| settings.hosted[p.index]).collect();
+        let prompts: Vec<Vec<Vec<u32>>> = hosted
             .iter()
             .map(|p| {
                 held_out.iter().map(|q| p.encode_prompt(&self.role.messages(q), settings.max_prompt_tokens)).collect()
             })
             .collect::<Result<_>>()?;
-        let texts = per_policy(policies.iter().zip(&prompts), "validation", |(p, ids)| {
+        let texts = per_policy(hosted.iter().zip(&prompts), "validation", |(p, ids)| {
             greedy_responses(
                 &p.inference_model(),
                 &p.tokenizer,
@@ -90,17 +91,18 @@ impl<B: Backend> Workload<B> for Exchange {
                 settings.batch_prompts,
             )
         });
-        texts
-            .into_iter()
-            .map(|t| {
-                let correct: f64 = held_out.iter().zip(&t?).map(|(p, t)| self.task.reward(p, t)).sum();
-                Ok(Metrics::from([("val/accuracy".to_string(), correct / held_out.len().max(1) as f64)]))
-            })
-            .collect()
+        let mut out = vec![Metrics::new(); policies.len()];
+        for (p, t) in hosted.iter().zip(texts) {
+            let correct: f64 = held_out.iter().zip(&t?).map(|(p, t)| self.task.reward(p, t)).sum();
+            out[p.index] = Metrics::from([("val/accuracy".to_string(), correct / held_out.len().max(1) as f64)]);
+        }
+        Ok(out)
     }
 
     fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
-        let players: Vec<&Policy<B>> = self.role.policies.iter().map(|&k| &policies[k]).collect();
+        // In a cluster run the other hosts sample their policies; the trainer gathers the step.
+        let players: Vec<&Policy<B>> =
+            self.role.policies.iter().filter(|&&k| settings.hosted[k]).map(|&k| &policies[k]).collect();
         let pool = RolloutPool::<Sample>::new(players.len());
         let results: Vec<Result<(Vec<Sample>, RolloutTimings)>> = std::thread::scope(|s| {
             let handles: Vec<_> = players
@@ -138,7 +140,7 @@ impl<B: Backend> Workload<B> for Exchange {
         for (slot, r) in results.into_iter().enumerate() {
             match r {
                 Ok((all, t)) => {
-                    timings[self.role.policies[slot]] = t;
+                    timings[players[slot].index] = t;
                     samples.get_or_insert(all);
                 }
                 Err(e) => first_error = Some(crate::error::root_cause(first_error, e)),

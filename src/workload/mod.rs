@@ -224,6 +224,8 @@ pub struct RolloutSettings {
     pub max_prompt_tokens: usize,
     /// Prompts generated together.
     pub batch_prompts: usize,
+    /// The policies this process samples (all of them, but in a cluster run: its host's).
+    pub hosted: Vec<bool>,
 }
 
 /// Seconds and tokens a policy spent producing its samples.
@@ -244,12 +246,15 @@ pub struct Rollout {
 }
 
 /// How held-out evaluation generates (greedy).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ValidationSettings {
     pub max_prompt_tokens: usize,
     pub max_new_tokens: usize,
     /// Prompts generated together.
     pub batch_prompts: usize,
+    /// The policies this process measures (all, but in a cluster run: its host's); the others'
+    /// metrics are empty.
+    pub hosted: Vec<bool>,
 }
 
 /// A workload the trainer can host.

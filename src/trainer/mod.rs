@@ -507,7 +507,10 @@ impl<B: Backend> Trainer<B> {
         }
         let mut scored = self.score(step, &mut samples, &mut timing)?;
         if self.bus.hosts().len() > 1 {
-            (samples, scored) = gather::gather_step(self.bus.as_ref(), step, samples, scored)?;
+            // The wait for the slowest host included: what spreading the run costs per step.
+            (samples, scored) = timed(&mut timing, "timing_s/gather", || {
+                gather::gather_step(self.bus.as_ref(), step, samples, scored)
+            })?;
         }
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;

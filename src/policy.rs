@@ -120,21 +120,19 @@ impl<B: Backend> Policy<B> {
     }
 }
 
-/// Runs `work` on each item (one per policy, in policy order) in its own scoped thread, on
-/// that policy's device stream ([`crate::backend::on_lane`]); results in order. A panicking
-/// thread becomes an internal error naming the stage.
+/// Runs `work` on each item (one per policy: the policy's index and the item) in its own
+/// scoped thread, on that policy's device stream ([`crate::backend::on_lane`]), so a policy
+/// keeps its stream (and memory pool) whichever policies a stage runs; results in order. A
+/// panicking thread becomes an internal error naming the stage.
 pub fn per_policy<T: Send, R: Send>(
-    items: impl IntoIterator<Item = T>,
+    items: impl IntoIterator<Item = (usize, T)>,
     stage: &str,
     work: impl Fn(T) -> Result<R> + Sync,
 ) -> Vec<Result<R>> {
     let work = &work;
     std::thread::scope(|s| {
-        let handles: Vec<_> = items
-            .into_iter()
-            .enumerate()
-            .map(|(k, item)| s.spawn(move || crate::backend::on_lane(k, || work(item))))
-            .collect();
+        let handles: Vec<_> =
+            items.into_iter().map(|(k, item)| s.spawn(move || crate::backend::on_lane(k, || work(item)))).collect();
         handles
             .into_iter()
             .map(|h| h.join().unwrap_or_else(|_| Err(Error::Internal(format!("a policy's {stage} thread panicked")))))

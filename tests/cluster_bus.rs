@@ -68,9 +68,15 @@ fn every_host_gets_every_part_in_host_order() {
         }
     }
     // The processes let go of their hosts when they ended; the status says so.
-    let status = hacpo::cluster::nats::status(&server.url(), "trio").unwrap();
+    let status = hacpo::cluster::store::status(&server.url(), "trio").unwrap();
     assert_eq!(status.claims.iter().map(|c| c.host.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
     assert!(status.claims.iter().all(|c| c.state == hacpo::cluster::ClaimState::Stopped), "{status:?}");
+    // Removed, the run is gone, and its name starts a new run with none of its parts.
+    hacpo::cluster::store::remove(&server.url(), "trio").unwrap();
+    let gone = hacpo::cluster::store::status(&server.url(), "trio").unwrap_err().to_string();
+    assert!(gone.contains("has no run \"trio\""), "{gone}");
+    let again = gather_all(&c, 1, |k, _| vec![k as u8 + 100]);
+    assert_eq!(again[0][0], vec![vec![100], vec![101], vec![102]]);
 }
 
 #[test]
@@ -90,7 +96,7 @@ fn a_part_over_the_payload_limit_goes_through_the_object_store() {
         let stream = js.get_stream("HACPO_big").await.unwrap();
         let m = stream.get_last_raw_message_by_subject("hacpo.big.rec.1.rollout.a").await.unwrap();
         assert!(m.payload.is_empty());
-        assert_eq!(m.headers.get("Hacpo-Object").unwrap().as_str(), "rec/1/rollout/a");
+        assert!(m.headers.get("Hacpo-Object").unwrap().as_str().starts_with("rec/1/rollout/a/"));
     });
 }
 
@@ -103,6 +109,10 @@ fn a_host_is_claimed_once_and_continued_only_with_resume() {
     assert_eq!(second.exit_code(), 2);
     let msg = second.to_string();
     assert!(msg.contains("already hosted by process") && msg.contains(&std::process::id().to_string()), "{msg}");
+    // A process that stopped before its first step may start again as it was started.
+    drop(first);
+    let first = join(&c, "a", false).unwrap();
+    first.reached(1);
     drop(first);
     let Err(again) = join(&c, "a", false) else { panic!("host a started again without --resume") };
     assert_eq!(again.exit_code(), 2);
@@ -136,7 +146,9 @@ fn a_missing_host_ends_the_wait_by_name() {
     assert!(started.elapsed() >= Duration::from_millis(1400));
     let msg = e.to_string();
     assert!(
-        msg.contains("host b") && msg.contains("no process has joined") && msg.contains("--host b --resume"),
+        msg.contains("host b")
+            && msg.contains("no process has joined")
+            && msg.contains("--resume ITS_RUN_DIR --host b"),
         "{msg}"
     );
 }
@@ -219,4 +231,49 @@ fn a_weight_snapshot_loads_in_another_process_as_published() {
     let Err(missing) = b.fetch_snapshot("p0", 4, &out.path().join("v4")) else { panic!("version 4 exists") };
     assert!(missing.to_string().contains("no snapshot of policy \"p0\" at version 4"), "{missing}");
     assert!(b.fetch_snapshot("p0", 3, &dest).is_err(), "an existing directory is not overwritten");
+}
+
+#[test]
+fn a_slow_host_that_beats_is_waited_for_past_the_timeout() {
+    let server = NatsServer::start();
+    let mut c = cluster(&server, "slow", &["a", "b"]);
+    c.timeout_s = 1.5;
+    let a = join(&c, "a", false).unwrap();
+    let b = join(&c, "b", false).unwrap();
+    let started = Instant::now();
+    let parts = std::thread::scope(|s| {
+        let waiting = s.spawn(|| a.all_gather(1, "rollout", vec![0]));
+        // Host b works for 6 s (its heartbeats go on), four times the timeout, then publishes.
+        std::thread::sleep(Duration::from_secs(6));
+        b.all_gather(1, "rollout", vec![1]).unwrap();
+        waiting.join().unwrap()
+    });
+    assert_eq!(parts.unwrap(), vec![vec![0], vec![1]]);
+    assert!(started.elapsed() >= Duration::from_secs(6));
+}
+
+#[test]
+fn a_process_whose_host_was_taken_over_stops() {
+    let server = NatsServer::start();
+    let c = cluster(&server, "takeover", &["a", "b"]);
+    let a = join(&c, "a", false).unwrap();
+    // Another process (on another machine) claims host a, as after this one was paused long
+    // enough to look dead.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let js = async_nats::jetstream::new(async_nats::connect(server.url()).await.unwrap());
+        let kv = js.get_key_value("HACPO_takeover").await.unwrap();
+        let claim = serde_json::json!({"host": "a", "policies": ["p0"], "pid": 4242, "machine": "elsewhere",
+            "step": 0, "state": "running", "heartbeat_ms": 0});
+        kv.put("host.a", serde_json::to_vec(&claim).unwrap().into()).await.unwrap();
+    });
+    // Its next heartbeat finds the claim changed under it.
+    std::thread::sleep(Duration::from_secs(3));
+    let e = a.all_gather(1, "rollout", vec![0]).unwrap_err().to_string();
+    assert!(e.contains("process 4242@elsewhere took host a over"), "{e}");
+    drop(a);
+    // It did not mark the new owner's claim stopped on its way out.
+    let status = hacpo::cluster::store::status(&server.url(), "takeover").unwrap();
+    assert_eq!(status.claims[0].pid, 4242);
+    assert_eq!(status.claims[0].state, hacpo::cluster::ClaimState::Running);
 }

@@ -41,14 +41,16 @@ impl Claim {
         now_ms.saturating_sub(self.heartbeat_ms) as f64 / 1000.0
     }
 
-    /// Whether the claim still holds its host: a running process that beats, and (when it
-    /// runs on this machine) whose pid is alive; a SIGKILLed process on this machine gives its
-    /// host up at once, one elsewhere after [`STALE_AFTER_S`].
-    pub fn holds(&self, now_ms: u64, this_machine: &str) -> bool {
-        if self.state != ClaimState::Running || self.age_s(now_ms) > STALE_AFTER_S {
-            return false;
+    /// Whether the claim still holds its host, when that can be told here: a stopped process
+    /// does not; one on this machine does while it beats and its pid lives (a SIGKILLed
+    /// process gives its host up at once). For a process on another machine, `None`: its
+    /// clock may disagree with ours, so only watching its claim change tells (see
+    /// `RunStore::alive`).
+    pub fn holds_here(&self, now_ms: u64, this_machine: &str) -> Option<bool> {
+        if self.state != ClaimState::Running {
+            return Some(false);
         }
-        self.machine != this_machine || pid_alive(self.pid)
+        (self.machine == this_machine).then(|| self.age_s(now_ms) <= STALE_AFTER_S && pid_alive(self.pid))
     }
 
     /// `pid@machine`.
@@ -142,16 +144,16 @@ mod tests {
     fn a_claim_holds_while_its_process_runs_and_beats() {
         let me = std::process::id();
         let (c, now) = claim("here", me, 1000, ClaimState::Running);
-        assert!(c.holds(now, "here"));
+        assert_eq!(c.holds_here(now, "here"), Some(true));
         let (c, now) = claim("here", me, 1000, ClaimState::Stopped);
-        assert!(!c.holds(now, "here"), "a stopped process lets go");
-        let (c, now) = claim("there", 1, (STALE_AFTER_S as u64 + 1) * 1000, ClaimState::Running);
-        assert!(!c.holds(now, "here"), "no heartbeat for longer than the limit");
-        let (c, now) = claim("there", u32::MAX - 7, 1000, ClaimState::Running);
-        assert!(c.holds(now, "here"), "another machine's pid is not checked here");
+        assert_eq!(c.holds_here(now, "here"), Some(false), "a stopped process lets go");
+        let (c, now) = claim("here", me, (STALE_AFTER_S as u64 + 1) * 1000, ClaimState::Running);
+        assert_eq!(c.holds_here(now, "here"), Some(false), "no heartbeat for longer than the limit");
+        let (c, now) = claim("there", 1, (STALE_AFTER_S as u64 + 100) * 1000, ClaimState::Running);
+        assert_eq!(c.holds_here(now, "here"), None, "another machine's clock is not trusted");
         // A pid that cannot exist on this machine: the process is gone, its claim with it.
         let (c, now) = claim("here", u32::MAX - 7, 1000, ClaimState::Running);
-        assert!(!c.holds(now, "here"));
+        assert_eq!(c.holds_here(now, "here"), Some(false));
     }
 
     #[test]

@@ -10,8 +10,10 @@
 //! limit and for weight snapshots). Workloads and algorithms never see which one runs.
 
 mod claims;
+mod membership;
 pub mod nats;
 mod snapshots;
+pub mod store;
 
 use serde::{Deserialize, Serialize};
 

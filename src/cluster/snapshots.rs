@@ -12,7 +12,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 
-use super::nats::{NatsBus, RunStore};
+use super::nats::NatsBus;
+use super::store::RunStore;
 use crate::error::{Error, Result};
 
 #[derive(Serialize, Deserialize)]
@@ -36,6 +37,13 @@ impl NatsBus {
         list_files(dir, dir, &mut files)?;
         files.sort();
         let prefix = manifest_name(policy, version);
+        // A version names one set of weights for good: a reader may have fetched it already.
+        if read_object(store, &prefix)?.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "run {:?} already has a snapshot of policy {policy:?} at version {version}; publish a new version",
+                store.run
+            )));
+        }
         let mut total = 0u64;
         store.rt.block_on(async {
             for rel in &files {
@@ -87,6 +95,10 @@ impl NatsBus {
             .tempdir_in(parent)
             .map_err(|e| Error::io("create a directory in", parent, e))?;
         for rel in &manifest.files {
+            // Only plain relative paths: a manifest must not write outside `dest`.
+            if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+                return Err(store.trouble("read a snapshot's manifest", &format!("it names the path {rel:?}")));
+            }
             let name = format!("{}/{rel}", manifest_name(policy, version));
             let bytes = read_object(store, &name)?
                 .ok_or_else(|| store.trouble(&format!("read {name}"), &"the object is missing"))?;

@@ -705,11 +705,10 @@ impl<B: Backend> Trainer<B> {
             return policies.iter_mut().zip(batches).map(|(p, b)| update_policy(p, algorithm, b, &settings)).collect();
         }
         let settings = &settings;
-        crate::policy::per_policy(policies.into_iter().zip(batches), "update", |(p, b)| {
-            update_policy(p, algorithm, b, settings)
-        })
-        .into_iter()
-        .collect()
+        let items = policies.into_iter().zip(batches).map(|(p, b)| (p.index, (p, b)));
+        crate::policy::per_policy(items, "update", |(p, b)| update_policy(p, algorithm, b, settings))
+            .into_iter()
+            .collect()
     }
 
     /// One metrics record per policy: the stage timings, its samples' statistics, its update's

@@ -46,7 +46,8 @@ pub fn score_samples<B: Backend>(
     settings: &ScoreSettings,
 ) -> Result<Scored> {
     let view: &[Sample] = samples;
-    let results = crate::policy::per_policy(policies, "scoring", |p| score_policy(p, view, settings));
+    let items = policies.iter().map(|p| (p.index, p));
+    let results = crate::policy::per_policy(items, "scoring", |p| score_policy(p, view, settings));
     let mut out = Scored { ref_logps: vec![None; samples.len()], old_s: 0.0, ref_s: 0.0 };
     for r in results {
         let (old, reference, old_s, ref_s) = r?;

@@ -81,16 +81,17 @@ impl<B: Backend> Workload<B> for Exchange {
                 held_out.iter().map(|q| p.encode_prompt(&self.role.messages(q), settings.max_prompt_tokens)).collect()
             })
             .collect::<Result<_>>()?;
-        let texts = per_policy(hosted.iter().zip(&prompts), "validation", |(p, ids)| {
-            greedy_responses(
-                &p.inference_model(),
-                &p.tokenizer,
-                &p.eos_token_ids,
-                ids,
-                settings.max_new_tokens,
-                settings.batch_prompts,
-            )
-        });
+        let texts =
+            per_policy(hosted.iter().zip(&prompts).map(|(p, ids)| (p.index, (p, ids))), "validation", |(p, ids)| {
+                greedy_responses(
+                    &p.inference_model(),
+                    &p.tokenizer,
+                    &p.eos_token_ids,
+                    ids,
+                    settings.max_new_tokens,
+                    settings.batch_prompts,
+                )
+            });
         let mut out = vec![Metrics::new(); policies.len()];
         for (p, t) in hosted.iter().zip(texts) {
             let correct: f64 = held_out.iter().zip(&t?).map(|(p, t)| self.task.reward(p, t)).sum();

@@ -34,12 +34,15 @@ fn load(name: &str) -> CausalLm<Wgpu> {
 
 /// Each policy's per-step work runs on the same device stream every step (cubecl keeps a memory
 /// pool per stream; a new stream per step's thread ran an H100 out of memory by step 17 of the
-/// embedded default): `per_policy` puts item k on lane k, and the lane outlives the thread.
+/// embedded default): `per_policy` puts policy k's item on lane k, also when a stage runs only
+/// some policies (a cluster host's), and the lane outlives the thread.
 #[test]
 fn per_policy_work_runs_on_one_stream_per_policy_step_after_step() {
     let current = || cubecl_common::stream_id::StreamId::current().value;
-    for _step in 0..3 {
-        let lanes = hacpo::policy::per_policy(0..3u64, "test", |k| {
+    for step in 0..4 {
+        let policies: Vec<u64> = if step % 2 == 0 { vec![0, 1, 2] } else { vec![1, 2] };
+        let items = policies.into_iter().map(|k| (k as usize, k));
+        let lanes = hacpo::policy::per_policy(items, "test", |k| {
             // Work on the device, as a rollout does, then the stream it ran on.
             let x = Tensor::<Wgpu, 1>::from_data(TensorData::from([1.0f32, 2.0]), &device());
             Ok((k, x.sum().into_scalar(), current()))

@@ -175,9 +175,6 @@ impl RunStore {
     /// Deletes the run's stream, object store and bucket, the bucket last: it holds
     /// `run.config`, so a run is gone only when everything else is.
     pub fn remove(self) -> Result<()> {
-        let now = now_ms();
-        let here = machine_name();
-        let _ = (now, &here);
         if let Some(c) = self.claims()?.into_iter().find(|c| self.alive(c).unwrap_or(true)) {
             return Err(Error::InvalidArgument(format!(
                 "run {:?} may still have a running process: host {} ({}, step {}, state {:?}); stop it first",

@@ -47,12 +47,12 @@ impl Part {
     }
 }
 
-/// Every host's samples of `step`, sorted and numbered as one process sorts a step (by
-/// policy, prompt and position), with their reference log-probs in the same order.
+/// Every host's samples of `step`, in step order as one process has them
+/// ([`super::into_step_order`]), with their reference log-probs in the same order.
 pub fn gather_step(bus: &dyn Bus, step: u64, samples: Vec<Sample>, scored: Scored) -> Result<(Vec<Sample>, Scored)> {
     let Scored { ref_logps, old_s, ref_s } = scored;
     let mine = serde_json::to_vec(&Part::of(samples, ref_logps)).map_err(|e| Error::Internal(e.to_string()))?;
-    let mut all: Vec<(Sample, Option<Vec<f32>>)> = Vec::new();
+    let (mut samples, mut ref_logps) = (Vec::new(), Vec::new());
     for (host, bytes) in bus.hosts().iter().zip(bus.all_gather(step, "samples", mine)?) {
         let part: Part = serde_json::from_slice(&bytes).map_err(|e| {
             Error::Internal(format!("host {host}'s samples of step {step} cannot be read ({e}): is it the same hacpo?"))
@@ -61,14 +61,15 @@ pub fn gather_step(bus: &dyn Bus, step: u64, samples: Vec<Sample>, scored: Score
         if n != part.token_logps.len() || n != part.values.len() || n != part.ref_logps.len() {
             return Err(Error::Internal(format!("host {host}'s samples of step {step} are incomplete")));
         }
-        all.extend(part.into_samples());
+        // A part's parent links are within it: they move with it.
+        let start = samples.len();
+        for (mut s, r) in part.into_samples() {
+            s.parent = s.parent.map(|p| p + start);
+            samples.push(s);
+            ref_logps.push(r);
+        }
     }
-    // The exchange's samples have no parents; a workload whose samples link across hosts is
-    // refused by the config check, so ids renumber without remapping links.
-    all.sort_by_key(|(s, _)| (s.policy, s.prompt, s.sample_index));
-    let (mut samples, ref_logps): (Vec<Sample>, Vec<_>) = all.into_iter().unzip();
-    for (i, s) in samples.iter_mut().enumerate() {
-        s.id = i;
-    }
+    let former = super::into_step_order(&mut samples);
+    let ref_logps = former.iter().map(|&f| ref_logps[f].take()).collect();
     Ok((samples, Scored { ref_logps, old_s, ref_s }))
 }

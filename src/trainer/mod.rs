@@ -489,19 +489,7 @@ impl<B: Backend> Trainer<B> {
         if self.config.algo.filter_groups {
             (prompts, samples) = self.draw_until_signal(step, prompts, samples, &mut generation, &mut timing)?;
         }
-        // Step order: by policy, prompt and position. Parents (multi-stage workloads) follow.
-        for (i, s) in samples.iter_mut().enumerate() {
-            s.id = i;
-        }
-        samples.sort_by_key(|s| (s.policy, s.prompt, s.sample_index));
-        let mut moved_to = vec![0; samples.len()];
-        for (i, s) in samples.iter().enumerate() {
-            moved_to[s.id] = i;
-        }
-        for (i, s) in samples.iter_mut().enumerate() {
-            s.id = i;
-            s.parent = s.parent.map(|p| moved_to[p]);
-        }
+        into_step_order(&mut samples);
         if self.config.run.dump_rollouts {
             self.run.write_rollouts(step, &samples)?;
         }
@@ -861,6 +849,25 @@ fn check_policy_count<B: burn::tensor::backend::AutodiffBackend>(algorithm: &dyn
         "training config",
         format!("algo.name: {} needs at least {} policies, found {n}", algorithm.name(), algorithm.min_policies()),
     ))
+}
+
+/// Sorts a step's samples into step order (by policy, prompt and position), numbers them, and
+/// makes parent links (multi-stage workloads) follow; returns each sample's former position.
+fn into_step_order(samples: &mut [Sample]) -> Vec<usize> {
+    for (i, s) in samples.iter_mut().enumerate() {
+        s.id = i;
+    }
+    samples.sort_by_key(|s| (s.policy, s.prompt, s.sample_index));
+    let former: Vec<usize> = samples.iter().map(|s| s.id).collect();
+    let mut moved_to = vec![0; samples.len()];
+    for (i, &f) in former.iter().enumerate() {
+        moved_to[f] = i;
+    }
+    for (i, s) in samples.iter_mut().enumerate() {
+        s.id = i;
+        s.parent = s.parent.map(|p| moved_to[p]);
+    }
+    former
 }
 
 /// `run.steps`, or one epoch of `train_prompts` when it is 0.

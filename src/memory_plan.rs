@@ -269,12 +269,13 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
-    /// The plan of `cfg`; `device_memory` stands in for every device's free memory (for a
-    /// device that is not there, or to override what the machine reports).
-    pub fn of(cfg: &TrainConfig, device_memory: Option<u64>) -> Result<Self> {
+    /// The plan of `cfg` for the policies `hosted` marks (all, or a cluster host's);
+    /// `device_memory` stands in for every device's free memory (for a device that is not
+    /// there, or to override what the machine reports).
+    pub fn of(cfg: &TrainConfig, device_memory: Option<u64>, hosted: &[bool]) -> Result<Self> {
         let workload = Workload::of(cfg)?;
         let mut policies = Vec::with_capacity(cfg.policies.len());
-        for (k, p) in cfg.policies.iter().enumerate() {
+        for (k, p) in cfg.policies.iter().enumerate().filter(|&(k, _)| hosted.get(k) == Some(&true)) {
             let shape = model_shape(&p.model, cfg)?;
             policies.push(PolicyPlan {
                 name: cfg.policy_name(k),
@@ -862,7 +863,7 @@ mod tests {
             device: "cuda:0".into(),
             ..crate::config::PolicyConfig::new("llama-8b")
         }];
-        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000)).unwrap();
+        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000), &cfg.hosted("").unwrap()).unwrap();
         assert_eq!(plan.devices.len(), 1);
         assert!(!plan.devices[0].fits());
         let err = plan.check(&cfg).unwrap_err();
@@ -887,7 +888,7 @@ mod tests {
     #[test]
     fn the_embedded_default_fits_in_12_gb() {
         let cfg = TrainConfig::from_toml(crate::config::EMBEDDED_DEFAULT, "default", &[]).unwrap();
-        let plan = MemoryPlan::of(&cfg, Some(12_000_000_000)).unwrap();
+        let plan = MemoryPlan::of(&cfg, Some(12_000_000_000), &cfg.hosted("").unwrap()).unwrap();
         plan.check(&cfg).unwrap();
         assert_eq!(plan.devices.len(), 1, "both tiny agents on the CPU");
         assert_eq!(plan.devices[0].policies.len(), 2);

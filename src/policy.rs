@@ -120,6 +120,14 @@ impl<B: Backend> Policy<B> {
     }
 }
 
+/// The policy of index `k` among `policies`, the ones this process holds (every policy of the
+/// run, but in a cluster run its host's): a workload that needs one it does not hold says so.
+pub fn held<B: Backend>(policies: &[Policy<B>], k: usize) -> Result<&Policy<B>> {
+    policies.iter().find(|p| p.index == k).ok_or_else(|| {
+        Error::Internal(format!("policy {k} is not held by this process: its host samples and trains it"))
+    })
+}
+
 /// Runs `work` on each item (one per policy: the policy's index and the item) in its own
 /// scoped thread, on that policy's device stream ([`crate::backend::on_lane`]), so a policy
 /// keeps its stream (and memory pool) whichever policies a stage runs; results in order. A

@@ -40,7 +40,8 @@ pub fn train(
     cfg.validate()?;
     check_host(&cfg, host)?;
     crate::resolve::check_known(&cfg)?;
-    let plan = MemoryPlan::of(&cfg, memory.device_memory)?;
+    // A cluster process plans (and loads) only the policies its host trains.
+    let plan = MemoryPlan::of(&cfg, memory.device_memory, &cfg.hosted(host.unwrap_or_default())?)?;
     if memory.dry_run {
         print!("{plan}");
         plan.check(&cfg)?;

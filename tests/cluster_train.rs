@@ -112,6 +112,9 @@ fn two_processes_train_as_one_bit_for_bit_through_a_kill_and_a_server_restart() 
     wait_ok(host_b, &log_b, "host b");
     same_as_one_process(Path::new(&one), Path::new(&a), 0, "agent0-tiny-qwen");
     same_as_one_process(Path::new(&one), Path::new(&b), 1, "agent1-tiny-llama");
+    // Each process loads only its host's policy.
+    let log = std::fs::read_to_string(&log_a).unwrap();
+    assert!(log.contains("with agent0-tiny-qwen for 3 steps"), "{log}");
 
     // Host b is killed after its step-1 checkpoint; host a waits at step 2 and goes on once b
     // resumes (it replays nothing: a's parts of the lost steps are on the server).
@@ -193,5 +196,10 @@ fn the_command_line_is_checked_before_anything_loads() {
         assert_eq!(o.status.code(), Some(2), "{args:?}: {text}");
         assert!(text.contains(expected), "{args:?}: expected {expected:?} in {text}");
     }
+    // A host's memory plan counts only the policies it trains (no server needed to plan).
+    let o = run_hacpo(&["train", "--config", config, "--out", out, "--host", "b", "--dry-run"]);
+    let text = output_text(&o);
+    assert!(o.status.success(), "{text}");
+    assert!(text.contains("agent1-tiny-llama") && !text.contains("agent0-tiny-qwen"), "{text}");
     assert!(!Path::new(out).join("checkpoints").exists(), "nothing trained");
 }

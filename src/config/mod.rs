@@ -682,6 +682,15 @@ impl TrainConfig {
         shared.to_toml()
     }
 
+    /// Which policies the process of `host` trains (indexed like `policies`): every one, or in a
+    /// cluster run those the host names.
+    pub fn hosted(&self, host: &str) -> Result<Vec<bool>> {
+        let n = self.policies.len();
+        let Some(cluster) = &self.cluster else { return Ok(vec![true; n]) };
+        let host = cluster.host(host).map_err(Error::InvalidArgument)?;
+        Ok((0..n).map(|k| host.policies.contains(&self.policy_name(k))).collect())
+    }
+
     /// The display name of policy `k` (metrics, logs, roles).
     pub fn policy_name(&self, k: usize) -> String {
         let p = &self.policies[k];

@@ -71,6 +71,7 @@ pub struct Trainer<B: Backend> {
     pub run: RunDir,
     /// Held while the trainer lives: no second process trains in the same directory.
     _lock: RunLock,
+    /// The policies this process trains, by index: every one, but in a cluster run its host's.
     pub policies: Vec<Policy<B>>,
     algorithm: Box<dyn Algorithm<Autodiff<B>>>,
     workload: Box<dyn Workload<B>>,
@@ -85,8 +86,6 @@ pub struct Trainer<B: Backend> {
     /// The last step's metrics per policy.
     pub last_metrics: Vec<(String, Metrics)>,
     bus: Box<dyn Bus>,
-    /// The policies this process trains: all, but in a cluster run its host's.
-    hosted: Vec<bool>,
 }
 
 fn kwargs(table: &toml::Table) -> Map<String, Value> {
@@ -111,7 +110,8 @@ fn attach_critics<B: Backend>(
              [algo.mappo] settings"
         ))
     };
-    for (k, p) in policies.iter_mut().enumerate() {
+    for p in policies.iter_mut() {
+        let k = p.index;
         let head = match resumed {
             None => ValueHead::new(p.model.config.hidden_size),
             Some((s, _)) => s.value_heads.get(k).cloned().flatten().ok_or_else(|| missing("value head", &p.name))?,
@@ -214,9 +214,7 @@ impl<B: Backend> Trainer<B> {
     /// Step 0 of a run in a directory this process holds the lock of.
     fn begin(config: TrainConfig, run: RunDir, lock: RunLock, inputs: Inputs<B>) -> Result<Self> {
         run.write_config(&config)?;
-        let policies = (0..config.policies.len())
-            .map(|k| Self::load_policy(&config, k, &inputs, None))
-            .collect::<Result<Vec<_>>>()?;
+        let policies = Self::load_hosted(&config, &inputs, None)?;
         let metrics = MetricsSink::open(run.path(), config.run.tensorboard, None)?;
         Self::assemble(config, run, lock, policies, inputs, None, metrics)
     }
@@ -251,10 +249,7 @@ impl<B: Backend> Trainer<B> {
                 }
             };
             check_steps_left(&config, state.step, run_dir)?;
-            let loaded = (0..config.policies.len())
-                // A policy another process trains is not in this one's checkpoints.
-                .map(|k| Self::load_policy(&config, k, &inputs, state.holds(k).then_some(ckpt.as_path())))
-                .collect::<Result<Vec<_>>>()
+            let loaded = Self::load_hosted(&config, &inputs, Some(ckpt))
                 .and_then(|policies| Self::check_restorable(&config, &state).map(|()| policies));
             let policies = match loaded {
                 Ok(p) => p,
@@ -284,7 +279,8 @@ impl<B: Backend> Trainer<B> {
         algorithm.restore(state.algorithm.clone())?;
         let trunks = algorithm.value_model().is_some_and(|v| v.own_trunk);
         if algorithm.value_model().is_some()
-            && (state.value_heads.iter().flatten().count() != config.policies.len() || trunks && !state.value_trunks)
+            && (state.value_heads.iter().flatten().count() != config.policies.len() - state.elsewhere.len()
+                || trunks && !state.value_trunks)
         {
             return Err(Error::InvalidArgument(format!(
                 "the trainer state holds no value head or value model for some policy: it was not written by {} \
@@ -305,13 +301,12 @@ impl<B: Backend> Trainer<B> {
         metrics: MetricsSink,
     ) -> Result<Self> {
         let Inputs { task, bus, .. } = inputs;
-        let hosted = hosted_policies(&config, bus.host())?;
         let mut algorithm = crate::rl::registry::build::<Autodiff<B>>(&config.algo.name, &config.algo.settings())?;
         let workload =
             crate::workload::build::<B>(&config.workload, &config.role_map(), task.clone(), &config.algo.name)?;
-        check_policy_count(algorithm.as_ref(), policies.len())?;
+        check_policy_count(algorithm.as_ref(), config.policies.len())?;
         let shape = algorithm.shape(BatchShape {
-            policies: policies.len(),
+            policies: config.policies.len(),
             group_size: config.algo.group_size,
             minibatch_prompts: config.algo.minibatch_prompts,
             norm_length: config.rollout.max_new_tokens,
@@ -343,8 +338,17 @@ impl<B: Backend> Trainer<B> {
             metrics,
             last_metrics: vec![],
             bus,
-            hosted,
         })
+    }
+
+    /// The policies this process trains, fresh or from `checkpoint`: the others (a cluster run's
+    /// other hosts') are not loaded at all.
+    fn load_hosted(config: &TrainConfig, inputs: &Inputs<B>, checkpoint: Option<&Path>) -> Result<Vec<Policy<B>>> {
+        let hosted = config.hosted(inputs.bus.host())?;
+        (0..config.policies.len())
+            .filter(|&k| hosted[k])
+            .map(|k| Self::load_policy(config, k, inputs, checkpoint))
+            .collect()
     }
 
     fn load_policy(config: &TrainConfig, k: usize, inputs: &Inputs<B>, checkpoint: Option<&Path>) -> Result<Policy<B>> {
@@ -438,7 +442,7 @@ impl<B: Backend> Trainer<B> {
     fn updates_per_step(&self) -> u64 {
         let sources = match self.algorithm.routing() {
             Routing::Own => 1,
-            Routing::Shared => self.policies.len(),
+            Routing::Shared => self.config.policies.len(),
         };
         (sources * self.config.algo.prompts_per_step / self.shape.minibatch_prompts.max(1)) as u64
     }
@@ -594,7 +598,7 @@ impl<B: Backend> Trainer<B> {
             },
             max_prompt_tokens: r.max_prompt_tokens,
             batch_prompts: r.batch_prompts,
-            hosted: self.hosted.clone(),
+            policies: self.config.policies.len(),
         }
     }
 
@@ -621,11 +625,13 @@ impl<B: Backend> Trainer<B> {
     fn advantages(&mut self, samples: &[Sample]) -> Result<Vec<Advantaged>> {
         let everything: Vec<PoolSample> =
             samples.iter().map(|s| PoolSample { agent: s.policy, group: 0, reward: s.reward() }).collect();
-        self.algorithm.observe(&everything, self.policies.len());
+        self.algorithm.observe(&everything, self.config.policies.len());
         let routing = self.algorithm.routing();
         let valued = self.algorithm.value_model().is_some();
-        (0..self.policies.len())
-            .map(|k| {
+        self.policies
+            .iter()
+            .map(|p| {
+                let k = p.index;
                 let routed = routing::route(samples, k, routing);
                 let mut advantages = self.algorithm.advantages(&routed.pool, k)?;
                 let tokens = match valued {
@@ -650,8 +656,7 @@ impl<B: Backend> Trainer<B> {
         let r = &self.config.rollout;
         let mut batches = Vec::with_capacity(self.policies.len());
         let mut seconds = Vec::with_capacity(self.policies.len());
-        let hosted = self.policies.iter().zip(advantages).filter(|(p, _)| self.hosted[p.index]);
-        for (policy, Advantaged { routed, advantages, tokens }) in hosted {
+        for (policy, Advantaged { routed, advantages, tokens }) in self.policies.iter().zip(advantages) {
             let t = Instant::now();
             let views =
                 routing::views(policy, samples, &routed.indices, r.cross_max_prompt_tokens, r.max_response_tokens)?;
@@ -669,7 +674,7 @@ impl<B: Backend> Trainer<B> {
         Ok((batches, seconds))
     }
 
-    /// Updates every hosted policy on its batch (concurrently when `run.concurrent_updates`).
+    /// Updates every policy this process trains on its batch (concurrently when `run.concurrent_updates`).
     fn update(&mut self, step: u64, batches: &[LearnerBatch<'_>]) -> Result<Vec<update::UpdateReport>> {
         let a = &self.config.algo;
         let settings = UpdateSettings {
@@ -687,8 +692,7 @@ impl<B: Backend> Trainer<B> {
             dump_dir: self.config.run.dump_batches.then(|| self.run.batches()),
         };
         let algorithm = self.algorithm.as_ref();
-        let hosted = &self.hosted;
-        let mut policies: Vec<&mut Policy<B>> = self.policies.iter_mut().filter(|p| hosted[p.index]).collect();
+        let mut policies: Vec<&mut Policy<B>> = self.policies.iter_mut().collect();
         if !(self.config.run.concurrent_updates && policies.len() > 1) {
             return policies.iter_mut().zip(batches).map(|(p, b)| update_policy(p, algorithm, b, &settings)).collect();
         }
@@ -713,8 +717,8 @@ impl<B: Backend> Trainer<B> {
         let step_s = timing["timing_s/step"];
         self.last_metrics.clear();
         let validation = if self.should_validate(step) { Some(self.validate_all()?) } else { None };
-        let hosted: Vec<usize> = (0..self.policies.len()).filter(|&k| self.hosted[k]).collect();
-        for ((k, mut report), retokenize_s) in hosted.into_iter().zip(reports).zip(retokenize_s) {
+        let held: Vec<(usize, String)> = self.policies.iter().map(|p| (p.index, p.name.clone())).collect();
+        for (((k, name), mut report), retokenize_s) in held.into_iter().zip(reports).zip(retokenize_s) {
             let own: Vec<&Sample> = samples.iter().filter(|s| s.policy == k).collect();
             let n_own = own.len().max(1) as f64;
             let mean = |f: &dyn Fn(&Sample) -> f64| own.iter().map(|s| f(s)).sum::<f64>() / n_own;
@@ -739,8 +743,8 @@ impl<B: Backend> Trainer<B> {
             if let Some(v) = &validation {
                 m.extend(v[k].iter().map(|(k, v)| (k.clone(), *v)));
             }
-            self.metrics.record(step, &self.policies[k].name, &report.metrics)?;
-            self.last_metrics.push((self.policies[k].name.clone(), report.metrics));
+            self.metrics.record(step, &name, &report.metrics)?;
+            self.last_metrics.push((name, report.metrics));
         }
         Ok(())
     }
@@ -758,7 +762,7 @@ impl<B: Backend> Trainer<B> {
                 max_prompt_tokens: self.config.rollout.max_prompt_tokens,
                 max_new_tokens: self.config.task.val_max_new_tokens,
                 batch_prompts: self.config.rollout.batch_prompts,
-                hosted: self.hosted.clone(),
+                policies: self.config.policies.len(),
             },
         )
     }
@@ -768,20 +772,15 @@ impl<B: Backend> Trainer<B> {
         self.workload.validation_key()
     }
 
-    /// Greedy held-out score ([`Trainer::validation_key`]) of every hosted policy, by name.
+    /// Greedy held-out score ([`Trainer::validation_key`]) of every policy this process trains,
+    /// by name.
     pub fn accuracies(&self) -> Result<crate::run_dir::Accuracies> {
         let key = self.validation_key();
         let progress =
             crate::progress::Progress::new(format!("held-out {}", crate::workload::validation_label(key)), 0);
         let metrics = self.validate_all()?;
         progress.finish();
-        Ok(self
-            .policies
-            .iter()
-            .zip(&metrics)
-            .filter(|(p, _)| self.hosted[p.index])
-            .map(|(p, m)| (p.name.clone(), m.get(key).copied().unwrap_or(0.0)))
-            .collect())
+        Ok(self.policies.iter().map(|p| (p.name.clone(), metrics[p.index].get(key).copied().unwrap_or(0.0))).collect())
     }
 
     /// Whether the task has held-out prompts.
@@ -791,38 +790,36 @@ impl<B: Backend> Trainer<B> {
 
     /// Writes a complete checkpoint of the current state.
     pub fn save_checkpoint(&self) -> Result<std::path::PathBuf> {
-        // In a cluster run each process writes the policies it trains.
-        let parts: Vec<Option<AgentCheckpoint<'_, B>>> = self
-            .policies
-            .iter()
-            .map(|p| {
-                self.hosted[p.index].then(|| AgentCheckpoint {
-                    // The master weights: the rollout copy may be rounded to bf16/f16.
-                    model: p.master_model(),
-                    lora: p.lora.as_ref().map(|l| (l, lora::base_name(&p.spec))),
-                    tokenizer: &p.tokenizer,
-                    eos_token_ids: &p.eos_token_ids,
-                    optimizer: &p.optimizer,
-                    critic: p
-                        .critic
-                        .as_ref()
-                        .and_then(|c| c.trunk.as_ref())
-                        .map(|t| (t.inference_model(), &t.optimizer)),
-                })
-            })
-            .collect();
+        // Indexed like the run's policies; in a cluster run each process writes those it trains.
+        let n = self.config.policies.len();
+        let mut parts: Vec<Option<AgentCheckpoint<'_, B>>> = (0..n).map(|_| None).collect();
+        let mut value_heads = vec![None; n];
+        for p in &self.policies {
+            parts[p.index] = Some(AgentCheckpoint {
+                // The master weights: the rollout copy may be rounded to bf16/f16.
+                model: p.master_model(),
+                lora: p.lora.as_ref().map(|l| (l, lora::base_name(&p.spec))),
+                tokenizer: &p.tokenizer,
+                eos_token_ids: &p.eos_token_ids,
+                optimizer: &p.optimizer,
+                critic: p.critic.as_ref().and_then(|c| c.trunk.as_ref()).map(|t| (t.inference_model(), &t.optimizer)),
+            });
+            value_heads[p.index] = p.critic.as_ref().map(|c| c.head.clone());
+        }
+        let names: Vec<String> = (0..n).map(|k| self.config.policy_name(k)).collect();
         let state = TrainerState {
             step: self.step,
             sampler: self.sampler,
             algorithm: self.algorithm.state(),
-            policies: self.policies.iter().map(|p| p.name.clone()).collect(),
-            value_heads: if self.policies.iter().any(|p| p.critic.is_some()) {
-                self.policies.iter().map(|p| p.critic.as_ref().map(|c| c.head.clone())).collect()
-            } else {
-                vec![]
-            },
+            elsewhere: names
+                .iter()
+                .enumerate()
+                .filter(|&(k, _)| parts[k].is_none())
+                .map(|(_, name)| name.clone())
+                .collect(),
+            policies: names,
+            value_heads: if value_heads.iter().any(Option::is_some) { value_heads } else { vec![] },
             value_trunks: self.policies.iter().any(|p| p.critic.as_ref().is_some_and(|c| c.trunk.is_some())),
-            elsewhere: self.policies.iter().filter(|p| !self.hosted[p.index]).map(|p| p.name.clone()).collect(),
         };
         checkpoint::save(&self.run.checkpoints(), &parts, &state, 3)
     }
@@ -874,14 +871,6 @@ fn into_step_order(samples: &mut [Sample]) -> Vec<usize> {
 fn total_steps(config: &TrainConfig, train_prompts: usize) -> u64 {
     let epoch_steps = (train_prompts as u64).div_ceil(config.algo.prompts_per_step as u64).max(1);
     if config.run.steps > 0 { config.run.steps as u64 } else { epoch_steps }
-}
-
-/// Which policies this process trains: every one, or in a cluster run those of its host.
-fn hosted_policies(config: &TrainConfig, host: &str) -> Result<Vec<bool>> {
-    let n = config.policies.len();
-    let Some(cluster) = &config.cluster else { return Ok(vec![true; n]) };
-    let host = cluster.host(host).map_err(Error::InvalidArgument)?;
-    Ok((0..n).map(|k| host.policies.contains(&config.policy_name(k))).collect())
 }
 
 /// What a token-level estimator reads of a learner's routed samples: reward and values.

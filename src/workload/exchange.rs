@@ -70,19 +70,18 @@ impl<B: Backend> Workload<B> for Exchange {
         "val/accuracy"
     }
 
-    /// Greedy accuracy of every hosted policy on the held-out prompts, generated concurrently
+    /// Greedy accuracy of every policy this process holds on the held-out prompts, generated concurrently
     /// (one thread per policy, as scoring does: one policy's generation does not fill the cores).
     fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>> {
         let held_out = self.task.validation();
-        let hosted: Vec<&Policy<B>> = policies.iter().filter(|p| settings.hosted[p.index]).collect();
-        let prompts: Vec<Vec<Vec<u32>>> = hosted
+        let prompts: Vec<Vec<Vec<u32>>> = policies
             .iter()
             .map(|p| {
                 held_out.iter().map(|q| p.encode_prompt(&self.role.messages(q), settings.max_prompt_tokens)).collect()
             })
             .collect::<Result<_>>()?;
         let texts =
-            per_policy(hosted.iter().zip(&prompts).map(|(p, ids)| (p.index, (p, ids))), "validation", |(p, ids)| {
+            per_policy(policies.iter().zip(&prompts).map(|(p, ids)| (p.index, (p, ids))), "validation", |(p, ids)| {
                 greedy_responses(
                     &p.inference_model(),
                     &p.tokenizer,
@@ -92,8 +91,8 @@ impl<B: Backend> Workload<B> for Exchange {
                     settings.batch_prompts,
                 )
             });
-        let mut out = vec![Metrics::new(); policies.len()];
-        for (p, t) in hosted.iter().zip(texts) {
+        let mut out = vec![Metrics::new(); settings.policies];
+        for (p, t) in policies.iter().zip(texts) {
             let correct: f64 = held_out.iter().zip(&t?).map(|(p, t)| self.task.reward(p, t)).sum();
             out[p.index] = Metrics::from([("val/accuracy".to_string(), correct / held_out.len().max(1) as f64)]);
         }
@@ -103,7 +102,7 @@ impl<B: Backend> Workload<B> for Exchange {
     fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
         // In a cluster run the other hosts sample their policies; the trainer gathers the step.
         let players: Vec<&Policy<B>> =
-            self.role.policies.iter().filter(|&&k| settings.hosted[k]).map(|&k| &policies[k]).collect();
+            self.role.policies.iter().filter_map(|&k| policies.iter().find(|p| p.index == k)).collect();
         let pool = RolloutPool::<Sample>::new(players.len());
         let results: Vec<Result<(Vec<Sample>, RolloutTimings)>> = std::thread::scope(|s| {
             let handles: Vec<_> = players
@@ -136,7 +135,7 @@ impl<B: Backend> Workload<B> for Exchange {
                 .collect()
         });
         let mut samples = None;
-        let mut timings = vec![RolloutTimings::default(); policies.len()];
+        let mut timings = vec![RolloutTimings::default(); settings.policies];
         let mut first_error = None;
         for (slot, r) in results.into_iter().enumerate() {
             match r {

@@ -224,8 +224,9 @@ pub struct RolloutSettings {
     pub max_prompt_tokens: usize,
     /// Prompts generated together.
     pub batch_prompts: usize,
-    /// The policies this process samples (all of them, but in a cluster run: its host's).
-    pub hosted: Vec<bool>,
+    /// How many policies the run has; those handed to the workload are the ones this process
+    /// samples (all, but in a cluster run its host's).
+    pub policies: usize,
 }
 
 /// Seconds and tokens a policy spent producing its samples.
@@ -252,9 +253,9 @@ pub struct ValidationSettings {
     pub max_new_tokens: usize,
     /// Prompts generated together.
     pub batch_prompts: usize,
-    /// The policies this process measures (all, but in a cluster run: its host's); the others'
-    /// metrics are empty.
-    pub hosted: Vec<bool>,
+    /// How many policies the run has; those handed to the workload are the ones this process
+    /// measures (all, but in a cluster run its host's), the others' metrics are empty.
+    pub policies: usize,
 }
 
 /// A workload the trainer can host.
@@ -277,7 +278,7 @@ pub trait Workload<B: Backend>: Send + Sync {
         Metrics::new()
     }
 
-    /// Greedy held-out metrics of every policy (indexed like `policies`), including
+    /// Greedy held-out metrics of every policy (indexed by policy index), including
     /// [`Workload::validation_key`].
     fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>>;
 }

@@ -27,7 +27,7 @@ use super::roles::RoleMap;
 use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload, encode_within, sample_in_chunks};
 use crate::error::{Error, Result};
 use crate::generate::greedy_responses;
-use crate::policy::Policy;
+use crate::policy::{Policy, held};
 use crate::rl::mhgpo::{self, Aggregate, Credit, Fork, MhgpoSettings, Node, Sampling};
 use crate::sample::{GroupKey, Sample};
 use crate::search::corpus::Question;
@@ -315,11 +315,11 @@ impl<B: Backend> Workload<B> for Search {
             }));
         }
         let mut samples = Vec::with_capacity(nodes.len());
-        let mut timings = vec![RolloutTimings::default(); policies.len()];
+        let mut timings = vec![RolloutTimings::default(); settings.policies];
         let mut dropped = 0;
         for (role, r) in Role::ALL.iter().enumerate() {
             let level: Vec<usize> = (0..nodes.len()).filter(|&i| nodes[i].role == role).collect();
-            let policy = &policies[self.players[role]];
+            let policy = held(policies, self.players[role])?;
             let _span =
                 tracing::info_span!("rollout", policy = %policy.name, role = r.name(), step = settings.step).entered();
             let mut messages = Vec::with_capacity(level.len());
@@ -449,7 +449,7 @@ impl<B: Backend> Workload<B> for Search {
             .map(|p| Question { id: p.id.clone(), question: question_text(p).to_string(), answers: answers(p) })
             .collect();
         let mut generate = |role: Role, prompts: &[Vec<Message>]| -> Result<Vec<String>> {
-            let policy = &policies[self.players[role.index()]];
+            let policy = held(policies, self.players[role.index()])?;
             let ids: Vec<Vec<u32>> =
                 prompts.iter().map(|m| encode(policy, role, m, settings.max_prompt_tokens)).collect::<Result<_>>()?;
             greedy_responses(
@@ -463,7 +463,7 @@ impl<B: Backend> Workload<B> for Search {
         };
         // As in training, passages that do not fit the prompt limit are left out.
         let fit = |role: Role, question: &str, passages: &[usize]| -> Result<usize> {
-            let policy = &policies[self.players[role.index()]];
+            let policy = held(policies, self.players[role.index()])?;
             let documents = &self.passages.documents;
             Ok(fit_passages(policy, role, question, documents, passages, settings.max_prompt_tokens)?.2)
         };
@@ -485,7 +485,7 @@ impl<B: Backend> Workload<B> for Search {
             ("val/reranker_penalty_rate".to_string(), s.reranker_penalty_rate),
             ("val/answerer_penalty_rate".to_string(), s.answerer_penalty_rate),
         ]);
-        Ok(vec![team; policies.len()])
+        Ok(vec![team; settings.policies])
     }
 }
 

@@ -34,7 +34,7 @@ use crate::env::tool::{self, PythonLimits, ToolResult};
 use crate::env::{EnvKind, FORMAT_PENALTY, Instance, Outcome};
 use crate::error::{Error, Result};
 use crate::generate::greedy_responses;
-use crate::policy::Policy;
+use crate::policy::{Policy, held};
 use crate::rl::atgrpo::{Decision, Grouping, TurnRollout, best_branch, group_key, mixed_reward};
 use crate::sample::{Response, Sample};
 use crate::stable_hash::mix_seed;
@@ -522,11 +522,11 @@ impl<B: Backend> Workload<B> for Turns {
                 turns: 0,
             }));
         }
-        let mut timings = vec![RolloutTimings::default(); policies.len()];
+        let mut timings = vec![RolloutTimings::default(); settings.policies];
         let mut drawn: Vec<Generated> = Vec::new();
         let mut generate =
             |role: usize, turn: usize, messages: &[Vec<Message>], branches: usize| -> Result<Vec<Vec<String>>> {
-                let policy = &policies[self.players[role]];
+                let policy = held(policies, self.players[role])?;
                 let _span =
                 tracing::info_span!("rollout", policy = %policy.name, role = ROLES[role], turn, step = settings.step)
                     .entered();
@@ -626,7 +626,7 @@ impl<B: Backend> Workload<B> for Turns {
             .collect::<Result<_>>()?;
         let mut generate =
             |role: usize, _turn: usize, messages: &[Vec<Message>], _branches: usize| -> Result<Vec<Vec<String>>> {
-                let policy = &policies[self.players[role]];
+                let policy = held(policies, self.players[role])?;
                 let ids: Vec<Vec<u32>> = messages
                     .iter()
                     .map(|m| encode(policy, role, m, settings.max_prompt_tokens))
@@ -649,7 +649,7 @@ impl<B: Backend> Workload<B> for Turns {
             ("val/unreadable_rate".to_string(), EpisodeStats::rate(s.unreadable, s.plans)),
             ("val/tool_error_rate".to_string(), EpisodeStats::rate(s.tool_errors, s.tool_runs)),
         ]);
-        Ok(vec![team; policies.len()])
+        Ok(vec![team; settings.policies])
     }
 }
 

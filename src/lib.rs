@@ -13,6 +13,7 @@ pub mod bench;
 pub mod cluster;
 pub mod config;
 pub mod data;
+pub mod delegate;
 pub mod dtype;
 pub mod env;
 pub mod error;

@@ -599,3 +599,40 @@ fn rl_inspect_explains_an_mhgpo_tree() {
     let table = String::from_utf8(table.stdout).unwrap();
     assert!(table.contains("advantage") && table.lines().count() == 7, "{table}");
 }
+
+/// An M-GRPO batch through `hacpo rl inspect`: rewards, alignment and advantages by hand
+/// (docs/mgrpo-batch.md).
+#[test]
+fn rl_inspect_explains_an_mgrpo_batch() {
+    let fixture = common::fixture("rl/mgrpo_batch.json");
+    let out = Command::new(common::hacpo_bin())
+        .args(["rl", "inspect", "--input", fixture.to_str().unwrap(), "--format", "json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let main: Vec<&serde_json::Value> = rows.iter().filter(|r| r["sub"].is_null()).collect();
+    let subs: Vec<&serde_json::Value> = rows.iter().filter(|r| !r["sub"].is_null()).collect();
+    // Main rewards 1, 0.1, 0, 1: mean 0.525, population std sqrt(0.226875).
+    let sd = 0.226875f64.sqrt();
+    for (r, reward) in main.iter().zip([1.0, 0.1, 0.0, 1.0]) {
+        close(r["reward"].as_f64().unwrap(), reward, 1e-12, "main reward");
+        close(r["advantage"].as_f64().unwrap(), (reward - 0.525) / (sd + 1e-6), 1e-9, "main advantage");
+    }
+    // d = 2: rollout 0's one call fills both slots, rollout 3 drops one of its three, rollout 2
+    // never delegated (masked, out of the statistics).
+    let copies: Vec<u64> = subs.iter().map(|r| r["copies"].as_u64().unwrap()).collect();
+    assert_eq!(&copies[..3], &[2, 1, 1]);
+    assert_eq!(copies[3..].iter().sum::<u64>(), 2);
+    assert_eq!(copies[3..].iter().filter(|&&c| c == 0).count(), 1);
+    // The six filled slots: 0.5, 0.5, 0.1, 0, 0.5, 0.5: mean 0.35, population std sqrt(0.275 / 6).
+    let sd = (0.275f64 / 6.0).sqrt();
+    for (r, &c) in subs.iter().zip(&copies) {
+        let reward = r["reward"].as_f64().unwrap();
+        let want = if c == 0 { 0.0 } else { (reward - 0.35) / (sd + 1e-6) };
+        close(r["advantage"].as_f64().unwrap(), want, 1e-9, "sub advantage");
+    }
+    let rewards: Vec<f64> = subs.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
+    assert_eq!(rewards, [0.5, 0.1, 0.0, 0.5, 0.5, 0.5]);
+}

@@ -29,7 +29,10 @@ pub enum RlCommand {
     hacpo rl inspect --input tests/fixtures/rl/worked_example.json --minibatch-index 0,1,2,3\n\n\
     An MHGPO batch ({\"algorithm\": \"mhgpo\", \"questions\": [{\"id\", \"nodes\": [...]}]}, docs/mhgpo-batch.md)\n\
     prints each output's propagated reward, advantage and loss mask:\n  \
-    hacpo rl inspect --input tests/fixtures/rl/mhgpo_tree.json")]
+    hacpo rl inspect --input tests/fixtures/rl/mhgpo_tree.json\n\n\
+    An M-GRPO batch ({\"algorithm\": \"mgrpo\", \"questions\": [{\"id\", \"rollouts\": [...]}]}, docs/mgrpo-batch.md)\n\
+    prints each main and sub-trajectory's reward, aligned copies and advantage:\n  \
+    hacpo rl inspect --input tests/fixtures/rl/mgrpo_batch.json")]
 pub struct InspectArgs {
     /// The batch file (`-` for standard input).
     #[arg(short, long)]
@@ -69,8 +72,10 @@ fn inspect(args: InspectArgs) -> Result<()> {
     };
     let peek: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::config(args.input.display().to_string(), format!("not valid JSON: {e}")))?;
-    if peek.get("algorithm").and_then(|a| a.as_str()) == Some("mhgpo") {
-        return inspect_mhgpo(&args, peek);
+    match peek.get("algorithm").and_then(|a| a.as_str()) {
+        Some("mhgpo") => return inspect_mhgpo(&args, peek),
+        Some("mgrpo") => return inspect_mgrpo(&args, peek),
+        _ => {}
     }
     let mut input = Input::parse(&text)?;
     let indices = if args.minibatch_index.is_empty() { vec![input.minibatch_index] } else { args.minibatch_index };
@@ -92,17 +97,45 @@ fn inspect(args: InspectArgs) -> Result<()> {
 
 /// An MHGPO batch: each output's propagated reward, advantage and whether it is in the loss.
 fn inspect_mhgpo(args: &InspectArgs, value: serde_json::Value) -> Result<()> {
+    inspect_batch(
+        args,
+        value,
+        "an MHGPO batch (docs/mhgpo-batch.md)",
+        hacpo::rl::mhgpo::Batch::report,
+        hacpo::rl::mhgpo::table,
+    )
+}
+
+/// An M-GRPO batch: each main and sub-trajectory's reward, aligned copies and advantage.
+fn inspect_mgrpo(args: &InspectArgs, value: serde_json::Value) -> Result<()> {
+    inspect_batch(
+        args,
+        value,
+        "an M-GRPO batch (docs/mgrpo-batch.md)",
+        hacpo::rl::mgrpo::Batch::report,
+        hacpo::rl::mgrpo::table,
+    )
+}
+
+/// Reads a multi-agent batch `what`, reports it row by row as a table or JSON lines.
+fn inspect_batch<T: serde::de::DeserializeOwned, R: serde::Serialize>(
+    args: &InspectArgs,
+    value: serde_json::Value,
+    what: &str,
+    report: fn(&T) -> std::result::Result<Vec<R>, String>,
+    table: fn(&[R]) -> String,
+) -> Result<()> {
     let file = args.input.display().to_string();
-    let batch: hacpo::rl::mhgpo::Batch = serde_json::from_value(value)
-        .map_err(|e| Error::config(file.clone(), format!("not an MHGPO batch (docs/mhgpo-batch.md): {e}")))?;
-    let rows = batch.report().map_err(|e| Error::config(file, e))?;
+    let batch: T =
+        serde_json::from_value(value).map_err(|e| Error::config(file.clone(), format!("not {what}: {e}")))?;
+    let rows = report(&batch).map_err(|e| Error::config(file, e))?;
     match args.format {
         InspectFormat::Json => {
             for r in &rows {
                 println!("{}", serde_json::to_string(r).expect("json"));
             }
         }
-        InspectFormat::Table => print!("{}", hacpo::rl::mhgpo::table(&rows)),
+        InspectFormat::Table => print!("{}", table(&rows)),
     }
     Ok(())
 }

@@ -1,4 +1,4 @@
-//! The RL algorithm core: GRPO, GSPO, HACPO and MHGPO (docs/algorithms.md §1–3).
+//! The RL algorithm core: GRPO, GSPO, HACPO, MHGPO and M-GRPO (docs/algorithms.md §1–4).
 //!
 //! - [`stats`]: group statistics, GRPO advantages; [`records`]: what advantages and metrics
 //!   read of a response, for every algorithm;
@@ -13,6 +13,7 @@
 //!   by name, [`algos`] one file per algorithm (HACPO, naive, GSPO, GSPO×2, GRPO, Dr. GRPO,
 //!   MHGPO's three samplings);
 //! - [`mhgpo`]: MHGPO's rollout trees, reward propagation and heterogeneous-group advantages;
+//! - [`mgrpo`]: M-GRPO's rewards, trajectory alignment and main/sub advantages;
 //! - [`atgrpo`]: AT-GRPO's turn-wise group keys, mixed rewards and branch selection.
 //!
 //! The scalar core is plain f64 Rust, testable without a model; the tensor side is checked
@@ -25,6 +26,7 @@ pub mod capability;
 pub mod hacpo;
 pub mod inspect;
 pub mod mappo;
+pub mod mgrpo;
 pub mod mhgpo;
 pub mod objective;
 pub mod records;

@@ -67,6 +67,11 @@ pub struct Sample {
     pub train: bool,
     pub policy_version: u64,
     pub finish_reason: FinishReason,
+    /// Which response tokens the policy wrote (true) and which the environment put between its
+    /// turns (false: tool responses, the next turn's headers), which stay out of the loss;
+    /// empty when every token is the policy's (a single-turn response).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub loss_mask: Vec<bool>,
 }
 
 impl Sample {
@@ -103,6 +108,7 @@ impl Sample {
             train: true,
             policy_version: version,
             finish_reason: response.finish_reason,
+            loss_mask: vec![],
         }
     }
 

@@ -59,6 +59,7 @@ fn sample(policy: &Policy<Cpu>, group: &str, text: &str, sample_index: usize) ->
         train: true,
         policy_version: 0,
         finish_reason: FinishReason::Stop,
+        loss_mask: vec![],
     }
 }
 
@@ -157,4 +158,94 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
         }
         assert!(metrics[0]["actor/kl_loss"] > 0.0 && metrics[0]["actor/grad_norm"] > 0.0, "{name}: {:?}", metrics[0]);
     }
+}
+
+/// A multi-turn trajectory's environment tokens (tool responses between its turns) stay out of
+/// the loss: what their old log-probs say changes nothing, what a trained token's says does;
+/// a mask of all trues is no mask; and another tokenizer cannot re-encode such a sample.
+#[test]
+fn environment_tokens_between_turns_stay_out_of_the_loss() {
+    let q = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let base = policy(0, q.path());
+    let mut samples: Vec<Sample> =
+        (0..4).map(|i| sample(&base, "2+3", &format!("call {i} then the tool said {} so 5", i * 11), i)).collect();
+    // The middle third of each response is the environment's.
+    for s in &mut samples {
+        let n = s.response_ids.len();
+        s.loss_mask = (0..n).map(|t| !(n / 3..2 * n / 3).contains(&t)).collect();
+        assert!(s.loss_mask.iter().any(|m| !m) && s.loss_mask.iter().filter(|&&m| m).count() > 1);
+    }
+    let algo = registry::build::<CpuAutodiff>("grpo", &hacpo::config::AlgoConfig::default().settings()).unwrap();
+    let update = |samples: &[Sample]| -> (std::collections::BTreeMap<String, f64>, Vec<f32>) {
+        let mut p = policy(0, q.path());
+        let no_reference = vec![None; samples.len()];
+        let routed = route(samples, 0, Routing::Own);
+        let batch = LearnerBatch {
+            indices: routed.indices.clone(),
+            pool: routed.pool.clone(),
+            advantages: algo.advantages(&routed.pool, 0).unwrap(),
+            views: views(&p, samples, &routed.indices, 512, 64).unwrap(),
+            samples,
+            ref_logps: &no_reference,
+            tokens: None,
+        };
+        let settings = UpdateSettings {
+            step: 1,
+            total_updates: 1,
+            minibatches: 1,
+            micro_batch_sequences: 2,
+            gradient_checkpointing: false,
+            inv_temperature: 1.0,
+            kl_coef: 0.0,
+            value_lr: None,
+            grad_clip: 1e9,
+            schedule: LrSchedule::default(),
+            norm_length: 32,
+            dump_dir: None,
+        };
+        let metrics = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics;
+        let after =
+            score(&p.inference_model(), &[(samples[0].prompt_ids.clone(), samples[0].response_ids.clone())], 1.0)
+                .unwrap()
+                .remove(0);
+        (metrics.into_iter().collect(), after)
+    };
+    // Old log-probs that differ from the current policy's, so the ratios (and clips) matter.
+    let shift = |samples: &mut [Sample], masked: bool, by: f32| {
+        for s in samples.iter_mut() {
+            for (lp, &m) in s.token_logps.iter_mut().zip(&s.loss_mask) {
+                if m != masked {
+                    *lp += by;
+                }
+            }
+        }
+    };
+    let (reference, weights) = update(&samples);
+    let mut env_shifted = samples.clone();
+    shift(&mut env_shifted, true, -2.0);
+    let (m, w) = update(&env_shifted);
+    assert_eq!(m["actor/pg_loss"], reference["actor/pg_loss"]);
+    assert_eq!(w, weights, "environment tokens' old log-probs moved the update");
+    let mut trained_shifted = samples.clone();
+    shift(&mut trained_shifted, false, -0.5);
+    let (m, w) = update(&trained_shifted);
+    assert_ne!(m["actor/pg_loss"], reference["actor/pg_loss"]);
+    assert_ne!(w, weights, "a trained token's old log-prob must move the update");
+    // All true is the same as no mask; and no mask trains on the environment's tokens too.
+    let mut all_true = samples.clone();
+    let mut unmasked = samples.clone();
+    for (a, u) in all_true.iter_mut().zip(&mut unmasked) {
+        a.loss_mask = vec![true; a.response_ids.len()];
+        u.loss_mask.clear();
+    }
+    assert_eq!(update(&all_true), update(&unmasked));
+    assert_ne!(update(&unmasked).1, weights);
+    // A mask of the wrong length, and a re-encoding for another tokenizer, are refused.
+    let mut bad = samples.clone();
+    bad[0].loss_mask.pop();
+    assert!(views(&base, &bad, &[0], 512, 64).is_err());
+    let l = common::tiny_agent("llama3.1", "llama", 40, 2);
+    let llama = policy(1, l.path());
+    let err = views(&llama, &samples, &[0], 512, 64).unwrap_err().to_string();
+    assert!(err.contains("environment tokens"), "{err}");
 }

@@ -21,6 +21,15 @@ use crate::sample::{GroupKey, Sample};
 pub struct View {
     pub prompt_ids: Vec<u32>,
     pub response_ids: Vec<u32>,
+    /// The sample's loss mask ([`Sample::loss_mask`]): empty when every token is trained.
+    pub loss_mask: Vec<bool>,
+}
+
+impl View {
+    /// The response tokens in the loss.
+    pub fn trained_tokens(&self) -> usize {
+        if self.loss_mask.is_empty() { self.response_ids.len() } else { self.loss_mask.iter().filter(|&&m| m).count() }
+    }
 }
 
 /// The samples a policy learns from, in step order, as the algorithm sees them.
@@ -68,8 +77,28 @@ pub fn views<B: Backend>(
     for &i in indices {
         let s = &samples[i];
         if s.policy == learner.index {
-            out.push(View { prompt_ids: s.prompt_ids.clone(), response_ids: s.response_ids.clone() });
+            if !s.loss_mask.is_empty() && s.loss_mask.len() != s.response_ids.len() {
+                return Err(Error::Internal(format!(
+                    "sample {i} of policy {} has a loss mask of {} for {} response tokens",
+                    learner.name,
+                    s.loss_mask.len(),
+                    s.response_ids.len()
+                )));
+            }
+            out.push(View {
+                prompt_ids: s.prompt_ids.clone(),
+                response_ids: s.response_ids.clone(),
+                loss_mask: s.loss_mask.clone(),
+            });
             continue;
+        }
+        if !s.loss_mask.is_empty() {
+            // Which of the re-encoded tokens the environment wrote is not known.
+            return Err(Error::Internal(format!(
+                "policy {}'s sample holds environment tokens between its turns; it cannot be re-encoded for \
+                 policy {}: a multi-turn workload routes each policy its own samples",
+                s.policy, learner.name
+            )));
         }
         let prompt_ids = match prompts.get(&s.group) {
             Some(p) => p.clone(),
@@ -88,7 +117,7 @@ pub fn views<B: Backend>(
             )));
         }
         response_ids.truncate(max_response_tokens.max(1));
-        out.push(View { prompt_ids, response_ids });
+        out.push(View { prompt_ids, response_ids, loss_mask: vec![] });
     }
     Ok(out)
 }
@@ -120,6 +149,7 @@ mod tests {
             train: true,
             policy_version: 0,
             finish_reason: FinishReason::Stop,
+            loss_mask: vec![],
         }
     }
 

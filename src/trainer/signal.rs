@@ -136,6 +136,7 @@ mod tests {
             train: true,
             policy_version: 0,
             finish_reason: crate::generate::FinishReason::Stop,
+            loss_mask: vec![],
         }
     }
 

@@ -327,7 +327,7 @@ fn scopes(
 ) -> (AggregationScope, AggregationScope) {
     let scope = AggregationScope {
         sequences: mb.len(),
-        tokens: mb.iter().map(|&j| batch.views[j].response_ids.len()).sum(),
+        tokens: mb.iter().map(|&j| batch.views[j].trained_tokens()).sum(),
         norm_length,
     };
     let own = mb.iter().filter(|&&j| batch.pool[j].agent == learner).count();
@@ -496,6 +496,7 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             self.settings.inv_temperature,
         );
         let (logp, mask) = pad_tokens(flat, &lens);
+        let mask = self.without_environment_tokens(mask);
         let (values, leaves) = values.map(|(v, leaves)| (pad_tokens(v, &lens).0, leaves)).unzip();
         let micro_batch = self.micro_batch(logp.clone(), mask.clone(), values);
         let mut terms = self.algo.loss_terms(&micro_batch).into_iter();
@@ -514,6 +515,23 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         }
         detached.means.push(sequence_mean(logp.detach(), mask.detach()));
         Ok((loss, leaves, trunk, targets.len()))
+    }
+
+    /// `mask` with the tokens the environment wrote between a trajectory's turns set to 0, so
+    /// every term (loss, KL, sequence means) leaves them out.
+    fn without_environment_tokens(&self, mask: Tensor<AD<B>, 2>) -> Tensor<AD<B>, 2> {
+        let views = || self.micro.iter().map(|&j| &self.batch.views[j]);
+        if views().all(|v| v.loss_mask.is_empty()) {
+            return mask;
+        }
+        let (width, device) = (mask.dims()[1], mask.device());
+        let rows: Vec<Vec<f32>> = views()
+            .map(|v| match v.loss_mask.is_empty() {
+                true => vec![1.0; v.response_ids.len()],
+                false => v.loss_mask.iter().map(|&m| m as u8 as f32).collect(),
+            })
+            .collect();
+        mask * pad_host(&rows.iter().map(|r| Some(r.as_slice())).collect::<Vec<_>>(), width, &device)
     }
 
     /// What the algorithm's loss reads of this micro-batch; `predicted`: the value head's

@@ -89,7 +89,11 @@ pub struct Workload {
 impl Workload {
     pub fn of(cfg: &TrainConfig) -> Result<Self> {
         let r = &cfg.rollout;
-        let own = r.max_prompt_tokens + r.max_new_tokens;
+        // A delegation conversation is one sequence of every turn (workload.delegate.max_tokens).
+        let own = match cfg.workload.kind {
+            crate::workload::WorkloadKind::Delegate => cfg.workload.delegate.max_tokens,
+            _ => r.max_prompt_tokens + r.max_new_tokens,
+        };
         // Another policy's samples, when the algorithm shares them: its prompt re-rendered in
         // this template, its response re-tokenised (rarely more than twice as many tokens;
         // `max_response_tokens` caps it).

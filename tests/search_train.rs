@@ -33,20 +33,13 @@ fn setup() -> Setup {
         ("4", "Jaws (novel)", "Jaws is a 1974 novel by Peter Benchley about a shark."),
         ("5", "Peter Benchley", "Peter Benchley was born in New York City in 1940."),
     ];
-    let corpus: Vec<String> =
-        passages.iter().map(|(id, t, x)| serde_json::json!({"id": id, "title": t, "text": x}).to_string()).collect();
-    std::fs::write(data.path().join("corpus.jsonl"), corpus.join("\n")).unwrap();
     let questions = [
         ("q1", "Where was the director of Jaws born?", vec!["Cincinnati", "Cincinnati, Ohio"]),
         ("q2", "In which state is the birthplace of Steven Spielberg?", vec!["Ohio"]),
         ("q3", "Where was the author of the novel Jaws born?", vec!["New York City"]),
         ("q4", "Which river flows past the city where Spielberg was born?", vec!["Ohio River"]),
     ];
-    let rows: Vec<String> = questions
-        .iter()
-        .map(|(id, q, a)| serde_json::json!({"id": id, "question": q, "answers": a}).to_string())
-        .collect();
-    std::fs::write(data.path().join("questions.jsonl"), rows.join("\n")).unwrap();
+    common::write_qa_files(data.path(), &passages, &questions);
     let (q, l) = (qwen.path().to_path_buf(), llama.path().to_path_buf());
     Setup { _agents: [qwen, llama], data, qwen: q, llama: l }
 }

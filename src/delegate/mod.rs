@@ -2,7 +2,12 @@
 //! over turns and hands tasks to search sub-agents, which work over turns with tools over the
 //! local corpus and return their findings.
 //!
-//! [`protocol`] reads a turn (a tool call or a result, hostile outputs included). The reward,
-//! alignment and advantage arithmetic lives in `rl::mgrpo`.
+//! [`protocol`] reads a turn (a tool call or a result, hostile outputs included),
+//! [`conversation`] keeps an agent's turns as one token sequence with a loss mask, [`team`]
+//! plays the episodes (main turns, delegations, sub-agents' searches). The reward, alignment
+//! and advantage arithmetic lives in `rl::mgrpo`; the trainer's workload is
+//! `workload::delegate`.
 
+pub mod conversation;
 pub mod protocol;
+pub mod team;

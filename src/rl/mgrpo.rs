@@ -17,6 +17,15 @@ use serde::{Deserialize, Serialize};
 
 use super::stats::mean;
 
+/// The sub-agent in the three variants of §4.6: trained with the main agent (M-GRPO), frozen
+/// (main-only), or absent (one agent with the search tools).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SubAgent {
+    Trained,
+    Frozen,
+    None,
+}
+
 /// Which sub-agent reward (§4.2): the paper's weighted sum, or the released code's table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

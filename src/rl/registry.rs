@@ -8,8 +8,11 @@
 use burn::tensor::backend::Backend;
 
 use super::algorithm::{AlgoSettings, Algorithm};
-use super::algos::{atgrpo::Atgrpo, drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mappo::Mappo, mhgpo::Mhgpo};
+use super::algos::{
+    atgrpo::Atgrpo, drgrpo::DrGrpo, grpo::Grpo, gspo::Gspo, hacpo::Hacpo, mappo::Mappo, mgrpo::Mgrpo, mhgpo::Mhgpo,
+};
 use super::atgrpo::{Grouping, TurnRollout};
+use super::mgrpo::SubAgent;
 use super::mhgpo::{Credit, Fork};
 use crate::error::{Error, Result};
 
@@ -23,6 +26,8 @@ pub enum RolloutShape {
     Tree { fork: Fork, credit: Credit },
     /// A team's episodes over turns.
     Turns(TurnRollout),
+    /// A main agent's episodes, with its sub-agent trained, frozen or absent.
+    Delegate(SubAgent),
 }
 
 /// Builds an algorithm from the run's settings.
@@ -66,6 +71,9 @@ pub fn entries<B: Backend>() -> Vec<Entry<B>> {
         entry("atgrpo", turns(Grouping::TurnWise, false), |s| Ok(Box::new(Atgrpo::new(s, "atgrpo")?))),            // K branches per (task, agent, turn) (§5)
         entry("mas-grpo", turns(Grouping::Trajectory, false), |s| Ok(Box::new(Atgrpo::new(s, "mas-grpo")?))),      // K whole trajectories per task
         entry("single-grpo", turns(Grouping::Trajectory, true), |s| Ok(Box::new(Atgrpo::new(s, "single-grpo")?))), // the plan role alone
+        entry("mgrpo", RolloutShape::Delegate(SubAgent::Trained), |s| Ok(Box::new(Mgrpo::new(s, "mgrpo")?))),                   // main and sub-agent co-trained (§4)
+        entry("mgrpo-main-only", RolloutShape::Delegate(SubAgent::Frozen), |s| Ok(Box::new(Mgrpo::new(s, "mgrpo-main-only")?))), // the sub-agent frozen
+        entry("search-grpo", RolloutShape::Delegate(SubAgent::None), |s| Ok(Box::new(Mgrpo::new(s, "search-grpo")?))),          // one agent with the search tools
     ]
 }
 

@@ -12,9 +12,12 @@
 //!   Answerer) rolled out as MHGPO trees, rewards propagated from the Answerer upwards.
 //! - [`turns::Turns`] is the turn-wise tool + plan team on the planning environments, rolled
 //!   out as AT-GRPO's per-turn branches or as whole trajectories.
+//! - [`delegate::Delegate`] is M-GRPO's main agent delegating to a search sub-agent, each
+//!   conversation one sample with the environment's tokens masked.
 //!
 //! [`build`] picks the workload of a config and checks its roles.
 
+pub mod delegate;
 pub mod exchange;
 pub mod pool;
 pub mod roles;
@@ -46,6 +49,8 @@ pub enum WorkloadKind {
     Search,
     /// A tool role and a plan role over turns on a planning environment.
     Turns,
+    /// A main agent that delegates research to a search sub-agent (M-GRPO).
+    Delegate,
 }
 
 /// One row of the pairing table: what a workload plays and which algorithms it trains.
@@ -61,7 +66,7 @@ struct Pairing {
 
 /// The one pairing table of workloads, tasks and algorithms (through their registered
 /// [`RolloutShape`]). A new workload is a row here.
-const PAIRINGS: [Pairing; 3] = [
+const PAIRINGS: [Pairing; 4] = [
     Pairing {
         workload: WorkloadKind::Exchange,
         does: "has every policy answer every prompt",
@@ -80,6 +85,12 @@ const PAIRINGS: [Pairing; 3] = [
         tasks: &[TaskKind::Env],
         produces: |shape| matches!(shape, RolloutShape::Turns(_)),
     },
+    Pairing {
+        workload: WorkloadKind::Delegate,
+        does: "answers questions by delegating searches to a sub-agent",
+        tasks: &[TaskKind::Qa],
+        produces: |shape| matches!(shape, RolloutShape::Delegate(_)),
+    },
 ];
 
 impl WorkloadKind {
@@ -89,6 +100,7 @@ impl WorkloadKind {
             WorkloadKind::Exchange => "exchange",
             WorkloadKind::Search => "search",
             WorkloadKind::Turns => "turns",
+            WorkloadKind::Delegate => "delegate",
         }
     }
 
@@ -179,6 +191,7 @@ pub struct WorkloadConfig {
     pub kind: WorkloadKind,
     pub search: search::SearchConfig,
     pub turns: turns::TurnsConfig,
+    pub delegate: delegate::DelegateConfig,
 }
 
 impl WorkloadConfig {
@@ -195,6 +208,10 @@ impl WorkloadConfig {
                 self.turns.validate()?;
                 turns::players(roles, t.single_agent).map(drop)
             }
+            (WorkloadKind::Delegate, RolloutShape::Delegate(sub)) => {
+                self.delegate.validate()?;
+                delegate::players(roles, sub).map(drop)
+            }
             _ => Ok(()),
         }
     }
@@ -208,6 +225,10 @@ pub fn role_names(kind: WorkloadKind, algorithm: &str) -> Vec<&'static str> {
         (WorkloadKind::Search, _) => crate::search::pipeline::Role::ALL.iter().map(|r| r.name()).collect(),
         (WorkloadKind::Turns, Ok(RolloutShape::Turns(t))) if t.single_agent => vec![turns::ROLES[1]],
         (WorkloadKind::Turns, _) => turns::ROLES.to_vec(),
+        (WorkloadKind::Delegate, Ok(RolloutShape::Delegate(crate::rl::mgrpo::SubAgent::None))) => {
+            vec![delegate::ROLES[0]]
+        }
+        (WorkloadKind::Delegate, _) => delegate::ROLES.to_vec(),
     }
 }
 
@@ -307,6 +328,9 @@ pub fn build<B: Backend>(
         }
         (WorkloadKind::Turns, RolloutShape::Turns(rollout)) => {
             Box::new(turns::Turns::new(&config.turns, roles, task, rollout)?)
+        }
+        (WorkloadKind::Delegate, RolloutShape::Delegate(sub)) => {
+            Box::new(delegate::Delegate::new(&config.delegate, roles, task, sub)?)
         }
         (kind, _) => {
             // The pairing check names what to change.

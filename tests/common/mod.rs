@@ -325,3 +325,17 @@ impl hacpo::model::weights::WeightSource for Favouring {
 }
 
 pub mod nats_server;
+
+/// Writes a QA world in the JSON Lines files `task.corpus` and `task.train` read:
+/// `corpus.jsonl` from `(id, title, text)` passages and `questions.jsonl` from
+/// `(id, question, answers)`.
+pub fn write_qa_files(dir: &Path, passages: &[(&str, &str, &str)], questions: &[(&str, &str, Vec<&str>)]) {
+    let corpus: Vec<String> =
+        passages.iter().map(|(id, t, x)| serde_json::json!({"id": id, "title": t, "text": x}).to_string()).collect();
+    std::fs::write(dir.join("corpus.jsonl"), corpus.join("\n")).unwrap();
+    let rows: Vec<String> = questions
+        .iter()
+        .map(|(id, q, a)| serde_json::json!({"id": id, "question": q, "answers": a}).to_string())
+        .collect();
+    std::fs::write(dir.join("questions.jsonl"), rows.join("\n")).unwrap();
+}

@@ -6,5 +6,6 @@ pub mod grpo;
 pub mod gspo;
 pub mod hacpo;
 pub mod mappo;
+pub mod mgrpo;
 pub mod mhgpo;
 pub mod sequence;

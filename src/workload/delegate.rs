@@ -1,0 +1,499 @@
+//! The delegation workload (`workload.kind = "delegate"`, M-GRPO, docs/algorithms.md §4): a
+//! main agent answers questions over turns, delegating research to a sub-agent that searches
+//! the QA task's passages (`src/delegate/`).
+//!
+//! Each question gets K episodes (`algo.group_size`). An episode's main conversation is one
+//! sample (role `main`, group: the question's K main samples); each delegation's sub-agent
+//! conversation is one sample (role `sub`), linked to its main sample by `parent`. The
+//! sub-agent's group is the question's sub-trajectories after trajectory alignment to `d` per
+//! episode: a duplicate is a second copy of the sample (it counts in the statistics and the
+//! loss), a dropped one stays for the record with `train = false`, an episode that never
+//! delegated adds nothing. Rewards come from the main agent's answer (exact match, or F1 over
+//! a threshold) and each conversation's format (`rl::mgrpo`).
+
+use std::sync::Arc;
+
+use burn::tensor::backend::Backend;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use super::roles::RoleMap;
+use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
+use crate::delegate::conversation::{Conversation, Speech, State};
+use crate::delegate::team::{self, Episode, Limits, Mode, Tools, Voice};
+use crate::error::{Error, Result};
+use crate::generate::{FinishReason, GenerateRequest, SamplingParams};
+use crate::policy::{Policy, held};
+use crate::rl::mgrpo::{MainOutcome, MgrpoSettings, SubAgent, align, copies, question_seed};
+use crate::sample::{GroupKey, Response, Sample};
+use crate::search::metric::score;
+use crate::search::task::{Passages, QaTask, answers, question_text};
+use crate::stable_hash::mix_seed;
+use crate::task::{Task, TaskPrompt};
+use crate::train::metrics::Metrics;
+
+/// The roles, in `[[roles]]` names.
+pub const ROLES: [&str; 2] = ["main", "sub"];
+const MAIN: usize = 0;
+const SUB: usize = 1;
+
+/// `[workload.delegate]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DelegateConfig {
+    /// The main agent's turns per episode.
+    pub main_turns: usize,
+    /// A sub-agent's turns per delegation.
+    pub sub_turns: usize,
+    /// Delegations per episode.
+    pub calls: usize,
+    /// Passages a search returns.
+    pub search_k: usize,
+    /// Tokens of one conversation, prompt and turns (what an update's sequence holds).
+    pub max_tokens: usize,
+    /// A main answer is correct at this F1 or above; unset: exact match.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub f1_threshold: Option<f64>,
+    /// Rewards and trajectory alignment (`[workload.delegate.mgrpo]`; ε is `algo.adv_epsilon`).
+    pub mgrpo: MgrpoSettings,
+}
+
+impl Default for DelegateConfig {
+    fn default() -> Self {
+        DelegateConfig {
+            main_turns: 4,
+            sub_turns: 4,
+            calls: 3,
+            search_k: 3,
+            max_tokens: 1024,
+            f1_threshold: None,
+            mgrpo: MgrpoSettings::default(),
+        }
+    }
+}
+
+impl DelegateConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::config("training config", format!("workload.delegate.{m}")));
+        for (key, v) in [("main_turns", self.main_turns), ("sub_turns", self.sub_turns), ("search_k", self.search_k)] {
+            if v == 0 {
+                return bad(format!("{key}: at least 1"));
+            }
+        }
+        if self.max_tokens < 16 {
+            return bad(format!("max_tokens: {} cannot hold a prompt and a turn", self.max_tokens));
+        }
+        if let Some(t) = self.f1_threshold
+            && !(t > 0.0 && t <= 1.0)
+        {
+            return bad(format!("f1_threshold: {t} is not in (0, 1]"));
+        }
+        self.mgrpo.validate().map_err(|e| Error::config("training config", format!("workload.delegate.mgrpo.{e}")))
+    }
+
+    fn limits(&self, turn_tokens: usize) -> Limits {
+        Limits {
+            main_turns: self.main_turns,
+            sub_turns: self.sub_turns,
+            calls: self.calls,
+            max_tokens: self.max_tokens,
+            turn_tokens,
+            search_k: self.search_k,
+        }
+    }
+
+    /// 1 when `prediction` answers the question, else 0.
+    fn correct(&self, prediction: &str, gold: &[String]) -> f64 {
+        let s = score(prediction, gold);
+        let right = match self.f1_threshold {
+            Some(t) => s.f1 >= t,
+            None => s.em >= 1.0,
+        };
+        f64::from(u8::from(right))
+    }
+}
+
+/// The policies that play main and sub (the main agent's for both when the sub is absent).
+pub fn players(roles: &RoleMap, sub: SubAgent) -> Result<[usize; 2]> {
+    let needed: &[usize] = if sub == SubAgent::None { &[MAIN] } else { &[MAIN, SUB] };
+    let p = roles.players("delegate", &ROLES, needed)?;
+    let main = p[MAIN].expect("the main role is needed");
+    Ok([main, p[SUB].unwrap_or(main)])
+}
+
+/// The delegation workload.
+pub struct Delegate {
+    config: DelegateConfig,
+    players: [usize; 2],
+    sub: SubAgent,
+    task: Arc<dyn Task>,
+    passages: Arc<Passages>,
+}
+
+impl Delegate {
+    pub fn new(config: &DelegateConfig, roles: &RoleMap, task: Arc<dyn Task>, sub: SubAgent) -> Result<Self> {
+        config.validate()?;
+        let any: &dyn std::any::Any = task.as_ref();
+        let passages = any.downcast_ref::<QaTask>().map(QaTask::passages).ok_or_else(|| {
+            Error::config("training config", "the delegate workload needs a task with passages: task.kind = \"qa\"")
+        })?;
+        Ok(Delegate { config: config.clone(), players: players(roles, sub)?, sub, task, passages })
+    }
+
+    fn mode(&self) -> Mode {
+        if self.sub == SubAgent::None { Mode::Single } else { Mode::Delegate }
+    }
+
+    /// Episodes for `questions`, each agent sampling with `sampling` (greedy when its
+    /// temperature is 0); generation time per policy added to `timings`.
+    fn play<B: Backend>(
+        &self,
+        policies: &[Policy<B>],
+        questions: &[&str],
+        sampling: &SamplingParams,
+        batch: usize,
+        seed: u64,
+        timings: &mut [RolloutTimings],
+    ) -> Result<Vec<Episode>> {
+        let main = PolicyVoice::new(held(policies, self.players[MAIN])?, sampling, batch);
+        let sub = PolicyVoice::new(held(policies, self.players[SUB])?, sampling, batch);
+        let tools = Tools { passages: &self.passages, search_k: self.config.search_k };
+        let limits = self.config.limits(sampling.max_new_tokens);
+        let episodes = team::play(&main, &sub, &tools, questions, self.mode(), &limits, seed)?;
+        for voice in [&main, &sub] {
+            let t = &mut timings[voice.policy.index];
+            t.generate += voice.spent.get().0;
+            t.generated_tokens += voice.spent.get().1;
+        }
+        Ok(episodes)
+    }
+
+    /// The samples of prompt `p`'s K episodes: the main conversations first, then the aligned
+    /// sub-agent conversations; and the alignment's duplicated, dropped and masked slots.
+    fn samples(
+        &self,
+        policies: [(usize, u64); 2],
+        p: usize,
+        prompt: &TaskPrompt,
+        episodes: &[Episode],
+        seed: u64,
+    ) -> (Vec<Sample>, [usize; 3]) {
+        let gold = answers(prompt);
+        let mut out: Vec<Sample> = vec![];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(question_seed(seed, &format!("{}#{p}", prompt.id)));
+        let k = episodes.len();
+        for (i, e) in episodes.iter().enumerate() {
+            let correct = match &e.main.state {
+                State::Done(answer) => self.config.correct(answer, &gold),
+                _ => 0.0,
+            };
+            let group = GroupKey::new(&[&prompt.id, &p.to_string(), ROLES[MAIN]]);
+            out.push(Sample {
+                score: Some(correct),
+                ..conversation_sample(policies[MAIN], &e.main, ROLES[MAIN], group, p, i)
+            });
+        }
+        let mut next_index = k;
+        let mut counts = [0; 3];
+        for (i, e) in episodes.iter().enumerate() {
+            let slots = align(e.subs.len(), self.config.mgrpo.align, &mut rng);
+            counts[2] += slots.iter().filter(|s| **s == crate::rl::mgrpo::Slot::Masked).count();
+            for (sub, c) in e.subs.iter().zip(copies(&slots, e.subs.len())) {
+                counts[0] += c.saturating_sub(1);
+                counts[1] += usize::from(c == 0);
+                let group = GroupKey::new(&[&prompt.id, &p.to_string(), ROLES[SUB]]);
+                let base = conversation_sample(policies[SUB], sub, ROLES[SUB], group, p, 0);
+                // A dropped sub-trajectory stays for the record, out of the loss.
+                for _ in 0..c.max(1) {
+                    out.push(Sample {
+                        parent: Some(i),
+                        sample_index: next_index,
+                        train: c > 0 && self.sub == SubAgent::Trained,
+                        ..base.clone()
+                    });
+                    next_index += 1;
+                }
+            }
+        }
+        (out, counts)
+    }
+}
+
+/// A conversation as a sample of `policy` (index and weights version) in `role`: its token
+/// sequence, loss mask and messages; penalty −1 when it ended without a result (a format
+/// failure or a limit).
+fn conversation_sample(
+    (policy, version): (usize, u64),
+    c: &Conversation,
+    role: &str,
+    group: GroupKey,
+    prompt: usize,
+    sample_index: usize,
+) -> Sample {
+    let (text, penalty) = match &c.state {
+        State::Done(result) => (result.clone(), 0.0),
+        State::Failed(_) | State::Open => (c.messages.last().map(|m| m.content.clone()).unwrap_or_default(), -1.0),
+    };
+    let response = Response { ids: c.response_ids.clone(), text, finish_reason: FinishReason::Stop };
+    Sample {
+        role: role.into(),
+        group,
+        turn: c.turns as u32,
+        sample_index,
+        loss_mask: c.loss_mask.clone(),
+        penalty,
+        ..Sample::new(policy, version, prompt, c.messages.clone(), c.prompt_ids.clone(), response)
+    }
+}
+
+/// A policy generating turns: one batched generation per call, stopped at an action's closing
+/// tag or the EOS.
+struct PolicyVoice<'a, B: Backend> {
+    policy: &'a Policy<B>,
+    model: crate::model::CausalLm<B>,
+    sampling: SamplingParams,
+    batch: usize,
+    stops: Vec<String>,
+    /// Seconds and tokens generated so far.
+    spent: std::cell::Cell<(f64, usize)>,
+}
+
+impl<'a, B: Backend> PolicyVoice<'a, B> {
+    fn new(policy: &'a Policy<B>, sampling: &SamplingParams, batch: usize) -> Self {
+        PolicyVoice {
+            policy,
+            model: policy.inference_model(),
+            sampling: sampling.clone(),
+            batch: batch.max(1),
+            stops: team::STOP_STRINGS.iter().map(|s| s.to_string()).collect(),
+            spent: std::cell::Cell::new((0.0, 0)),
+        }
+    }
+}
+
+impl<B: Backend> Voice for PolicyVoice<'_, B> {
+    fn speech(&self) -> Speech<'_> {
+        Speech {
+            tokenizer: &self.policy.tokenizer,
+            chat_kwargs: &self.policy.chat_kwargs,
+            eos_token_ids: &self.policy.eos_token_ids,
+        }
+    }
+
+    fn turns(&self, sequences: &[Vec<u32>], seed: u64) -> Result<Vec<Vec<u32>>> {
+        let mut out = vec![vec![]; sequences.len()];
+        for (c, chunk) in sequences.chunks(self.batch).enumerate() {
+            let params = SamplingParams { seed: mix_seed(&[seed, c as u64]), ..self.sampling.clone() };
+            let mut req = GenerateRequest::new(chunk, params);
+            req.stop_token_ids = self.policy.eos_token_ids.clone();
+            req.stop_strings = self.stops.clone();
+            req.tokenizer = Some(&self.policy.tokenizer);
+            let started = std::time::Instant::now();
+            let (done, stats) = crate::generate::generate(&self.model, &req)?;
+            let (s, t) = self.spent.get();
+            self.spent.set((s + started.elapsed().as_secs_f64(), t + stats.generated_tokens));
+            for d in done {
+                out[c * self.batch + d.prompt_index] = d.token_ids;
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl<B: Backend> Workload<B> for Delegate {
+    fn name(&self) -> &str {
+        "delegate"
+    }
+
+    fn validation_key(&self) -> &'static str {
+        "val/f1"
+    }
+
+    fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
+        let k = settings.group_size;
+        let questions: Vec<&str> = prompts.iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
+        let mut timings = vec![RolloutTimings::default(); settings.policies];
+        let seed = mix_seed(&[settings.run_seed, settings.step, 0xDE1E]);
+        let episodes =
+            self.play(policies, &questions, &settings.sampling, settings.batch_prompts * k, seed, &mut timings)?;
+        let player = |k: usize| held(policies, k).map(|p| (p.index, p.version));
+        let players = [player(self.players[MAIN])?, player(self.players[SUB])?];
+        let (mut samples, mut alignment) = (vec![], [0; 3]);
+        for (p, (prompt, group)) in prompts.iter().zip(episodes.chunks(k)).enumerate() {
+            let first = samples.len();
+            let (mut mine, counts) = self.samples(players, p, prompt, group, seed);
+            // Parent links index the step's samples.
+            for s in &mut mine {
+                s.parent = s.parent.map(|i| first + i);
+            }
+            samples.extend(mine);
+            alignment.iter_mut().zip(counts).for_each(|(a, c)| *a += c);
+        }
+        let metrics = episode_metrics(&episodes, prompts.len(), alignment);
+        Ok(Rollout { samples, timings, metrics })
+    }
+
+    fn assign_rewards(&self, samples: &mut [Sample], _prompts: &[TaskPrompt]) -> Result<()> {
+        let outcome = |s: &Sample| MainOutcome { format_ok: s.penalty == 0.0, correct: s.score.unwrap_or(0.0) };
+        let mains: Vec<Option<MainOutcome>> =
+            samples.iter().map(|s| (s.role == ROLES[MAIN]).then(|| outcome(s))).collect();
+        let r = &self.config.mgrpo;
+        for s in samples.iter_mut() {
+            s.reward = Some(match s.parent {
+                None => r.main_reward(s.penalty == 0.0, s.score.unwrap_or(0.0)),
+                Some(parent) => {
+                    let main = mains.get(parent).copied().flatten().ok_or_else(|| {
+                        Error::Internal(format!("a sub-agent sample's parent {parent} is not a main sample"))
+                    })?;
+                    r.sub_reward(s.penalty == 0.0, &main, None)
+                }
+            });
+        }
+        Ok(())
+    }
+
+    fn metrics(&self, samples: &[Sample], prompts: &[TaskPrompt]) -> Metrics {
+        let mains: Vec<&Sample> = samples.iter().filter(|s| s.role == ROLES[MAIN]).collect();
+        let n = mains.len().max(1) as f64;
+        let mut m = Metrics::new();
+        let scores: Vec<_> = mains
+            .iter()
+            .map(|s| if s.penalty == 0.0 { score(&s.text, &answers(&prompts[s.prompt])) } else { Default::default() })
+            .collect();
+        m.insert("delegate/f1".into(), scores.iter().map(|s| s.f1).sum::<f64>() / n);
+        m.insert("delegate/em".into(), scores.iter().map(|s| s.em).sum::<f64>() / n);
+        m
+    }
+
+    fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>> {
+        let held_out = self.task.validation();
+        let questions: Vec<&str> = held_out.iter().map(question_text).collect();
+        let mut timings = vec![RolloutTimings::default(); settings.policies];
+        let greedy = SamplingParams::greedy(settings.max_new_tokens);
+        let episodes = self.play(policies, &questions, &greedy, settings.batch_prompts, 0, &mut timings)?;
+        let n = held_out.len().max(1) as f64;
+        let (mut f1, mut em) = (0.0, 0.0);
+        for (e, q) in episodes.iter().zip(held_out) {
+            if let State::Done(answer) = &e.main.state {
+                let s = score(answer, &answers(q));
+                (f1, em) = (f1 + s.f1, em + s.em);
+            }
+        }
+        let calls = episodes.iter().map(|e| e.subs.len()).sum::<usize>() as f64 / n;
+        let team = Metrics::from([
+            ("val/f1".to_string(), f1 / n),
+            ("val/em".to_string(), em / n),
+            ("val/calls".to_string(), calls),
+        ]);
+        Ok(vec![team; settings.policies])
+    }
+}
+
+/// What the episodes did: calls per episode, format failures, and the alignment's duplicated,
+/// dropped and masked slots per question.
+fn episode_metrics(episodes: &[Episode], questions: usize, [duplicates, dropped, masked]: [usize; 3]) -> Metrics {
+    let n = episodes.len().max(1) as f64;
+    let q = questions.max(1) as f64;
+    let subs: Vec<&Conversation> = episodes.iter().flat_map(|e| &e.subs).collect();
+    let failed = |c: &Conversation| !matches!(c.state, State::Done(_));
+    Metrics::from([
+        ("delegate/calls_per_episode".to_string(), subs.len() as f64 / n),
+        ("delegate/main_format_fail".to_string(), episodes.iter().filter(|e| failed(&e.main)).count() as f64 / n),
+        (
+            "delegate/sub_format_fail".to_string(),
+            subs.iter().filter(|c| failed(c)).count() as f64 / subs.len().max(1) as f64,
+        ),
+        ("delegate/align_duplicates".to_string(), duplicates as f64 / q),
+        ("delegate/align_dropped".to_string(), dropped as f64 / q),
+        ("delegate/align_masked".to_string(), masked as f64 / q),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rl::algos::mgrpo::group_population_advantages;
+    use crate::rl::mgrpo::{Rollout as Outcomes, SubOutcome, question};
+    use crate::rl::{PoolSample, Routing};
+    use crate::search::corpus::{Document, Question};
+
+    fn conversation(state: State) -> Conversation {
+        Conversation {
+            messages: vec![],
+            prompt_ids: vec![1, 2],
+            response_ids: vec![3, 4, 5],
+            loss_mask: vec![true, false, true],
+            turns: 2,
+            state,
+        }
+    }
+
+    /// The fixture of docs/mgrpo-batch.md as episodes: the samples the workload makes of them,
+    /// their rewards and the algorithm's advantages are `rl::mgrpo::question`'s, alignment
+    /// included (the same seed gives the same duplicates and drops).
+    #[test]
+    fn samples_rewards_and_advantages_are_m_grpo_s() {
+        let q = Question { id: "q1".into(), question: "Who?".into(), answers: vec!["Ann Lee".into()] };
+        let doc = Document { id: "d".into(), title: "t".into(), text: "x".into() };
+        let task: Arc<dyn Task> = Arc::new(QaTask::new(vec![q.clone()], vec![], vec![doc]).unwrap());
+        let roles = RoleMap { policies: vec!["p".into()], roles: vec![] };
+        let config = DelegateConfig { mgrpo: MgrpoSettings { align: 2, ..Default::default() }, ..Default::default() };
+        let workload = Delegate::new(&config, &roles, task.clone(), SubAgent::Trained).unwrap();
+        let done = |a: &str| conversation(State::Done(a.into()));
+        let failed = || conversation(State::Failed("no result".into()));
+        let episodes = vec![
+            Episode { main: done("Ann Lee"), subs: vec![done("a")] },
+            Episode { main: done("Bob"), subs: vec![done("b"), failed()] },
+            Episode { main: failed(), subs: vec![] },
+            Episode { main: done("ann lee"), subs: vec![done("c"), done("d"), done("e")] },
+        ];
+        let prompt = &task.train()[0];
+        let (mut samples, counts) = workload.samples([(0, 0), (0, 0)], 0, prompt, &episodes, 99);
+        <Delegate as Workload<crate::backend::Cpu>>::assign_rewards(&workload, &mut samples, task.train()).unwrap();
+        assert_eq!(counts, [1, 1, 2], "one duplicate, one drop, two masked slots");
+        assert!(samples.iter().all(|s| s.loss_mask == [true, false, true]));
+
+        let sub = |ok| SubOutcome { format_ok: ok, expert: None };
+        let outcome = |ok, correct| MainOutcome { format_ok: ok, correct };
+        let rollouts = vec![
+            Outcomes { main: outcome(true, 1.0), subs: vec![sub(true)] },
+            Outcomes { main: outcome(true, 0.0), subs: vec![sub(true), sub(false)] },
+            Outcomes { main: outcome(false, 0.0), subs: vec![] },
+            Outcomes { main: outcome(true, 1.0), subs: vec![sub(true), sub(true), sub(true)] },
+        ];
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(question_seed(99, "q1#0"));
+        let want = question(&rollouts, &MgrpoSettings { epsilon: 1e-6, ..config.mgrpo.clone() }, &mut rng);
+
+        // What the trainer does: route the trained samples, number their groups, advantages.
+        let routed = crate::trainer::routing::route(&samples, 0, Routing::Own);
+        let pool: Vec<PoolSample> = routed.pool.clone();
+        let advantages = group_population_advantages(&pool, 1e-6);
+        let mains: Vec<f64> = routed
+            .indices
+            .iter()
+            .zip(&advantages)
+            .filter(|(i, _)| samples[**i].parent.is_none())
+            .map(|(_, a)| *a)
+            .collect();
+        assert_eq!(mains.len(), 4);
+        for (a, b) in mains.iter().zip(&want.main_advantages) {
+            assert!((a - b).abs() < 1e-12, "main {mains:?} vs {:?}", want.main_advantages);
+        }
+        // Each sub-trajectory: as many trained copies as slots, each with its advantage.
+        let mut at = 4;
+        for (k, e) in episodes.iter().enumerate() {
+            for i in 0..e.subs.len() {
+                let copies = want.sub_copies[k][i];
+                let these = &samples[at..at + copies.max(1)];
+                assert!(these.iter().all(|s| s.parent == Some(k) && s.train == (copies > 0)), "{k}/{i}");
+                assert!(these.iter().all(|s| s.reward == Some(want.sub_rewards[k][i])));
+                for j in at..at + copies {
+                    let pos = routed.indices.iter().position(|&x| x == j).unwrap();
+                    assert!((advantages[pos] - want.sub_advantages[k][i]).abs() < 1e-12);
+                }
+                at += copies.max(1);
+            }
+        }
+        assert_eq!(at, samples.len());
+    }
+}

@@ -1,0 +1,344 @@
+//! The delegation workload (M-GRPO): the team's episodes played by scripted agents around the
+//! real Qwen3 and Llama-3.1 tokenizers (every turn generated from exactly the tokens that are
+//! later trained, the environment's tokens masked, limits and hostile turns ending a
+//! conversation), and `hacpo train` on it with tiny random policies, through SIGKILL and
+//! `--resume`.
+
+mod common;
+
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+
+use common::{deterministic_metrics as metrics, output_text as text, run_hacpo as run, succeeded as ok};
+use hacpo::delegate::conversation::{Speech, State};
+use hacpo::delegate::protocol::{DELEGATE, OPEN, SEARCH, result, tool_call};
+use hacpo::delegate::team::{Episode, Limits, Mode, Tools, Voice, play};
+use hacpo::search::corpus::Document;
+use hacpo::search::task::Passages;
+use hacpo::tokenizer::Tokenizer;
+use serde_json::{Map, Value};
+
+/// An agent whose turns a function writes from the conversation so far (decoded); it records
+/// every sequence it was asked to continue.
+struct Script<'a> {
+    tokenizer: &'a Tokenizer,
+    eos: Vec<u32>,
+    kwargs: Map<String, Value>,
+    write: Box<dyn Fn(&str) -> String + 'a>,
+    seen: RefCell<Vec<Vec<u32>>>,
+}
+
+impl<'a> Script<'a> {
+    fn new(tokenizer: &'a Tokenizer, eos: u32, write: impl Fn(&str) -> String + 'a) -> Self {
+        let mut kwargs = Map::new();
+        kwargs.insert("enable_thinking".into(), Value::Bool(false));
+        Script { tokenizer, eos: vec![eos], kwargs, write: Box::new(write), seen: RefCell::new(vec![]) }
+    }
+}
+
+impl Voice for Script<'_> {
+    fn speech(&self) -> Speech<'_> {
+        Speech { tokenizer: self.tokenizer, chat_kwargs: &self.kwargs, eos_token_ids: &self.eos }
+    }
+
+    fn turns(&self, sequences: &[Vec<u32>], _seed: u64) -> hacpo::Result<Vec<Vec<u32>>> {
+        self.seen.borrow_mut().extend(sequences.iter().cloned());
+        sequences
+            .iter()
+            .map(|s| {
+                let so_far = self.tokenizer.decode(s, false)?;
+                self.tokenizer.encode(&(self.write)(&so_far), false)
+            })
+            .collect()
+    }
+}
+
+fn passages() -> Passages {
+    let doc = |id: &str, title: &str, text: &str| Document { id: id.into(), title: title.into(), text: text.into() };
+    Passages::new(vec![
+        doc("p1", "The Glass Road", "The Glass Road is a novel written by Ann Lee."),
+        doc("p2", "Ann Lee", "Ann Lee was born in Lisbon."),
+        doc("p3", "Lisbon", "Lisbon is the capital of Portugal."),
+    ])
+    .unwrap()
+}
+
+fn limits() -> Limits {
+    Limits { main_turns: 3, sub_turns: 3, calls: 2, max_tokens: 4096, turn_tokens: 64, search_k: 2 }
+}
+
+/// The tokenizers the team is tested with, and their end-of-turn ids.
+fn tokenizers() -> Vec<(Tokenizer, u32)> {
+    vec![
+        (Tokenizer::from_dir(&common::shared("assets/tokenizers/qwen3")).unwrap(), 151645),
+        (Tokenizer::from_dir(&common::shared("assets/tokenizers/llama3.1")).unwrap(), 128009),
+    ]
+}
+
+/// A main agent that delegates once and answers with what it reads; a sub-agent that searches,
+/// opens the first passage it found and reports it.
+fn research_team(tok: &Tokenizer, eos: u32) -> (Script<'_>, Script<'_>) {
+    let main = Script::new(tok, eos, |so_far| match so_far.matches("</tool_response>").count() {
+        0 => tool_call(DELEGATE, "Who wrote The Glass Road?"),
+        _ => result("Ann Lee"),
+    });
+    let sub = Script::new(tok, eos, |so_far| match so_far.matches("</tool_response>").count() {
+        0 => format!("Let me look.\n{}", tool_call(SEARCH, "Glass Road novel")),
+        1 => tool_call(OPEN, "p1"),
+        _ => result("The Glass Road was written by Ann Lee."),
+    });
+    (main, sub)
+}
+
+#[test]
+fn a_delegation_is_one_token_sequence_per_agent_with_the_environment_masked() {
+    let docs = passages();
+    let tools = Tools { passages: &docs, search_k: 2 };
+    for (tok, eos) in tokenizers() {
+        let (main, sub) = research_team(&tok, eos);
+        let episodes = play(&main, &sub, &tools, &["Who wrote The Glass Road?"], Mode::Delegate, &limits(), 1).unwrap();
+        let Episode { main: m, subs } = &episodes[0];
+        assert_eq!(m.state, State::Done("Ann Lee".into()));
+        assert_eq!(subs.len(), 1);
+        assert_eq!(subs[0].state, State::Done("The Glass Road was written by Ann Lee.".into()));
+        assert_eq!((m.turns, subs[0].turns), (2, 3));
+        // Every turn was generated from the conversation's tokens up to it: the second main
+        // turn continued exactly the first turn and the tool's reply.
+        let seen = main.seen.borrow();
+        assert_eq!(seen.len(), 2);
+        assert_eq!(seen[0], m.prompt_ids);
+        assert!(m.sequence().starts_with(&seen[1]) && seen[1].len() > seen[0].len());
+        let sub_seen = sub.seen.borrow();
+        assert_eq!(sub_seen.len(), 3);
+        assert!(subs[0].sequence().starts_with(&sub_seen[2]));
+        // The trained tokens are the agent's turns; the masked ones hold the tool's reply.
+        for (c, turns) in [(m, 2usize), (&subs[0], 3)] {
+            assert_eq!(c.loss_mask.len(), c.response_ids.len());
+            let runs = |own: bool| -> Vec<String> {
+                let mut out = vec![];
+                let mut run = vec![];
+                for (&id, &m) in c.response_ids.iter().zip(&c.loss_mask) {
+                    if m == own {
+                        run.push(id);
+                    } else if !run.is_empty() {
+                        out.push(tok.decode(&std::mem::take(&mut run), false).unwrap());
+                    }
+                }
+                if !run.is_empty() {
+                    out.push(tok.decode(&run, false).unwrap());
+                }
+                out
+            };
+            let (own, env) = (runs(true), runs(false));
+            assert_eq!(own.len(), turns, "{own:?}");
+            assert_eq!(env.len(), turns - 1, "{env:?}");
+            assert!(env.iter().all(|e| e.contains("<tool_response>") && e.contains("</tool_response>")), "{env:?}");
+            assert!(own.iter().all(|o| !o.contains("<tool_response>")), "{own:?}");
+        }
+        // The sub-agent's replies are the tools' answers; the main agent read the findings.
+        let sub_text = tok.decode(&subs[0].sequence(), false).unwrap();
+        assert!(sub_text.contains("p1: The Glass Road") && sub_text.contains("written by Ann Lee."), "{sub_text}");
+        let main_text = tok.decode(&m.sequence(), false).unwrap();
+        assert!(main_text.contains("<tool_response>The Glass Road was written by Ann Lee.</tool_response>"));
+        // The sequence is the template's: its prompt, then each turn, then the reply in the
+        // template's markers (the end of the turn and the next one's header are the
+        // environment's, masked).
+        let prompt = tok.apply_chat_template(&m.messages[..2], true, &main.kwargs).unwrap();
+        let last = tok.apply_chat_template(&m.messages[..4], true, &main.kwargs).unwrap();
+        let reply_tail = &last[last.rfind("</tool_call>").unwrap() + "</tool_call>".len()..];
+        let call = tool_call(DELEGATE, "Who wrote The Glass Road?");
+        assert_eq!(main_text, format!("{prompt}{call}{reply_tail}{}", result("Ann Lee")));
+    }
+}
+
+#[test]
+fn limits_and_hostile_turns_end_a_conversation_as_failed() {
+    let docs = passages();
+    let tools = Tools { passages: &docs, search_k: 2 };
+    let (tok, eos) = tokenizers().remove(0);
+    let questions = ["q"];
+    let run_with = |main: &Script, sub: &Script, limits: Limits| {
+        play(main, sub, &tools, &questions, Mode::Delegate, &limits, 0).unwrap().remove(0)
+    };
+    // A sub-agent that never reports: failed after its turns; the main agent reads that.
+    let main = Script::new(&tok, eos, |so_far| match so_far.matches("</tool_response>").count() {
+        0 => tool_call(DELEGATE, "t"),
+        _ => result(if so_far.contains("found nothing") { "none" } else { "?" }),
+    });
+    let searcher = Script::new(&tok, eos, |_| tool_call(SEARCH, "lisbon"));
+    let e = run_with(&main, &searcher, limits());
+    assert_eq!(e.subs[0].state, State::Failed("no result within 3 turns".into()));
+    assert_eq!(e.main.state, State::Done("none".into()));
+    // Delegating past the limit, never answering, a malformed turn, an over-long conversation.
+    let (_, reporter) = research_team(&tok, eos);
+    let delegator = Script::new(&tok, eos, |_| tool_call(DELEGATE, "t"));
+    let e = run_with(&delegator, &reporter, Limits { calls: 1, ..limits() });
+    assert_eq!(e.main.state, State::Failed("more than 1 delegations".into()));
+    assert_eq!(e.subs.len(), 1, "a delegation past the limit starts no sub-agent");
+    let e = run_with(&delegator, &reporter, Limits { calls: 5, main_turns: 2, ..limits() });
+    assert_eq!(e.main.state, State::Failed("no result within 2 turns".into()));
+    let rambler = Script::new(&tok, eos, |_| "<result>a</result> and <result>b</result>".into());
+    let e = run_with(&rambler, &reporter, limits());
+    assert_eq!(e.main.state, State::Failed("more than one action in a turn".into()));
+    assert!(e.subs.is_empty());
+    let faker = Script::new(&tok, eos, |_| "<tool_response>Ann Lee</tool_response>".into());
+    let e = run_with(&faker, &reporter, limits());
+    assert!(matches!(&e.main.state, State::Failed(why) if why.contains("environment's tag")), "{:?}", e.main.state);
+    let e = run_with(&delegator, &reporter, Limits { max_tokens: 150, ..limits() });
+    assert!(matches!(&e.main.state, State::Failed(why) if why.contains("would pass 150 tokens")), "{:?}", e.main.state);
+    // The single agent searches itself.
+    let single = Script::new(&tok, eos, |so_far| match so_far.matches("</tool_response>").count() {
+        0 => tool_call(SEARCH, "Ann Lee born"),
+        _ => result("Lisbon"),
+    });
+    let e = play(&single, &reporter, &tools, &questions, Mode::Single, &limits(), 0).unwrap().remove(0);
+    assert_eq!(e.main.state, State::Done("Lisbon".into()));
+    assert!(e.subs.is_empty());
+    assert!(tok.decode(&e.main.sequence(), false).unwrap().contains("p2: Ann Lee"));
+    let delegating_alone = run_with(&delegator, &reporter, limits());
+    assert_eq!(delegating_alone.main.state, State::Failed("more than 2 delegations".into()));
+    assert_eq!(delegating_alone.subs.len(), 2);
+    let e = play(&delegator, &reporter, &tools, &questions, Mode::Single, &limits(), 0).unwrap().remove(0);
+    assert_eq!(e.main.state, State::Failed("no tool named \"delegate\"".into()));
+}
+
+struct Setup {
+    _agent: tempfile::TempDir,
+    data: tempfile::TempDir,
+    model: PathBuf,
+}
+
+/// A tiny random policy that favours the protocol's tags and the answers' words, a corpus and
+/// questions.
+fn setup() -> Setup {
+    let words = &["<result>", "</result>", " Lisbon", "<tool_call>", "</tool_call>"];
+    let agent = common::tiny_agent_writing("qwen3", "qwen3", 32, 3, words, false);
+    let data = tempfile::tempdir().unwrap();
+    let docs = passages();
+    let docs: Vec<(&str, &str, &str)> =
+        docs.documents.iter().map(|d| (d.id.as_str(), d.title.as_str(), d.text.as_str())).collect();
+    let questions = [
+        ("q1", "Where was the author of The Glass Road born?", vec!["Lisbon"]),
+        ("q2", "Who wrote The Glass Road?", vec!["Ann Lee"]),
+        ("q3", "Which country has Lisbon as its capital?", vec!["Portugal"]),
+    ];
+    common::write_qa_files(data.path(), &docs, &questions);
+    let model = agent.path().to_path_buf();
+    Setup { _agent: agent, data, model }
+}
+
+impl Setup {
+    fn config(&self, algo: &str) -> PathBuf {
+        let path = |n: &str| self.data.path().join(n).display().to_string();
+        let toml = format!(
+            r#"
+[run]
+seed = 3
+steps = 3
+checkpoint_every = 1
+
+[workload]
+kind = "delegate"
+
+[workload.delegate]
+main_turns = 2
+sub_turns = 2
+calls = 2
+max_tokens = 768
+
+[workload.delegate.mgrpo]
+align = 2
+
+[algo]
+name = "{algo}"
+group_size = 2
+prompts_per_step = 2
+minibatch_prompts = 2
+micro_batch_sequences = 8
+
+[rollout]
+max_new_tokens = 12
+batch_prompts = 4
+max_prompt_tokens = 512
+
+[task]
+kind = "qa"
+train = "{questions}"
+corpus = "{corpus}"
+validation = "{questions}"
+val_limit = 2
+val_every = 3
+val_max_new_tokens = 12
+
+[[policies]]
+name = "agent"
+model = "{model}"
+chat_template_kwargs = {{ enable_thinking = false }}
+"#,
+            questions = path("questions.jsonl"),
+            corpus = path("corpus.jsonl"),
+            model = self.model.display(),
+        );
+        let file = self.data.path().join(format!("{algo}.toml"));
+        std::fs::write(&file, toml).unwrap();
+        file
+    }
+}
+
+fn get(record: &Value, key: &str) -> f64 {
+    record["data"][key].as_f64().unwrap_or_else(|| panic!("no {key} in {record}"))
+}
+
+#[test]
+fn m_grpo_trains_through_the_trainer_and_resumes_after_sigkill() {
+    let s = setup();
+    let cfg = s.config("mgrpo");
+    let cfg = cfg.to_str().unwrap();
+    let reference = s.data.path().join("reference");
+    let out = ok(run(&["train", "--config", cfg, "--out", reference.to_str().unwrap()]));
+    assert!(text(&out).contains("held-out F1"), "{}", text(&out));
+    let m = metrics(&reference);
+    assert_eq!(m.len(), 3, "one record per step for the one policy playing both roles");
+    for r in &m {
+        for key in ["delegate/calls_per_episode", "delegate/main_format_fail", "delegate/f1", "delegate/align_masked"] {
+            assert!(get(r, key).is_finite() && get(r, key) >= 0.0, "{key}: {r}");
+        }
+        assert!(get(r, "response_length/mean") > 0.0 && get(r, "actor/entropy") > 0.0, "the update read them: {r}");
+        assert!(get(r, "actor/grad_norm").is_finite());
+    }
+    assert!(m[2]["data"].get("val/f1").is_some() && m[2]["data"].get("val/calls").is_some());
+    let killed = s.data.path().join("killed");
+    let mut args = vec!["train", "--out", killed.to_str().unwrap(), "--config", cfg];
+    common::train_killed_after_checkpoint(&args, 2);
+    args.truncate(0);
+    ok(run(&["train", "--resume", killed.to_str().unwrap()]));
+    assert_eq!(metrics(&killed), m);
+    // The other two variants run on the same world.
+    for algo in ["mgrpo-main-only", "search-grpo"] {
+        let cfg = s.config(algo);
+        let out_dir = s.data.path().join(algo);
+        ok(run(&["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--steps", "1"]));
+        let r = &metrics(&out_dir)[0];
+        if algo == "search-grpo" {
+            assert_eq!(get(r, "delegate/calls_per_episode"), 0.0);
+        }
+    }
+}
+
+#[test]
+fn bad_delegate_settings_are_refused_before_anything_loads() {
+    let s = setup();
+    let cfg = s.config("mgrpo");
+    let out = s.data.path().join("x");
+    for (set, expect) in [
+        ("workload.delegate.main_turns=0", "workload.delegate.main_turns"),
+        ("workload.delegate.f1_threshold=1.5", "f1_threshold"),
+        ("workload.delegate.mgrpo.align=0", "align"),
+        ("algo.name=hacpo", "the delegate workload trains with mgrpo, mgrpo-main-only or search-grpo"),
+    ] {
+        let o = run(&["train", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--set", set]);
+        assert_eq!(o.status.code(), Some(2), "{set}: {}", text(&o));
+        assert!(text(&o).contains(expect), "{set}: expected {expect:?} in {}", text(&o));
+    }
+    assert!(!Path::new(&out).join("checkpoints").exists());
+}

@@ -104,7 +104,11 @@ impl Workload {
             micro_batch: cfg.algo.micro_batch_sequences.max(1),
             train_len: if shares { own.max(cross) } else { own },
             rollout_sequences: r.batch_prompts.max(1) * cfg.algo.group_size.max(1),
-            rollout_prompt: r.max_prompt_tokens,
+            // A delegation turn is generated after every turn before it.
+            rollout_prompt: match cfg.workload.kind {
+                crate::workload::WorkloadKind::Delegate => own.saturating_sub(r.max_new_tokens),
+                _ => r.max_prompt_tokens,
+            },
             rollout_new: r.max_new_tokens,
             reference: cfg.algo.kl_coef > 0.0,
             checkpointing: cfg.algo.gradient_checkpointing,

@@ -199,6 +199,11 @@ fn train_on<B: Backend>(
     println!("trained {} steps in {:.1} s; run directory {}", summary.steps, summary.wall_s, summary.run_dir.display());
     for (name, m) in &summary.last {
         let get = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+        if !m.contains_key("actor/pg_loss") {
+            // A frozen or idle role's policy (a sub-agent nobody delegated to).
+            println!("  {name}: no samples to learn from in the last step");
+            continue;
+        }
         println!(
             "  {name}: score {:.3}  pg_loss {:.4}  grad_norm {:.3}",
             get("critic/score/mean"),

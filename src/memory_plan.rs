@@ -319,6 +319,67 @@ impl MemoryPlan {
         Ok(MemoryPlan { workload, policies, devices })
     }
 
+    /// Whether every device fits.
+    pub fn fits(&self) -> bool {
+        self.devices.iter().all(DevicePlan::fits)
+    }
+
+    /// For a plan that does not fit: `cfg` with the settings that leave the update's
+    /// mathematics as it is (gradient accumulation over a smaller micro-batch, then gradient
+    /// checkpointing as well: recomputation) chosen so that every device fits, and a line that
+    /// says what was chosen and why. None when the plan fits already or these cannot make it
+    /// fit (the error of [`MemoryPlan::check`] then names the changes that alter the update).
+    pub fn fitted(
+        cfg: &TrainConfig,
+        device_memory: Option<u64>,
+        hosted: &[bool],
+    ) -> Result<Option<(TrainConfig, String)>> {
+        let plan = Self::of(cfg, device_memory, hosted)?;
+        if plan.fits() {
+            return Ok(None);
+        }
+        let micro = cfg.algo.micro_batch_sequences.max(1);
+        let halvings = std::iter::successors(Some(micro), |&m| (m > 1).then_some(m / 2));
+        let checkpointing = if cfg.algo.gradient_checkpointing { vec![true] } else { vec![false, true] };
+        for ckpt in checkpointing {
+            for m in halvings.clone() {
+                let mut candidate = cfg.clone();
+                candidate.algo.micro_batch_sequences = m;
+                candidate.algo.gradient_checkpointing = ckpt;
+                let p = Self::of(&candidate, device_memory, hosted)?;
+                if !p.fits() {
+                    continue;
+                }
+                let mut chose = vec![];
+                if m != micro {
+                    chose.push(format!("algo.micro_batch_sequences = {m} (was {micro})"));
+                }
+                if ckpt != cfg.algo.gradient_checkpointing {
+                    chose.push("algo.gradient_checkpointing = true".into());
+                }
+                let (d, need) =
+                    plan.devices.iter().find(|d| !d.fits()).map(|d| (d.device, d.need)).expect("one does not fit");
+                let now = p.devices.iter().find(|x| x.device == d).map_or(0, |x| x.need);
+                let mut how = vec![];
+                if m != micro {
+                    how.push("gradients accumulated over smaller micro-batches");
+                }
+                if ckpt != cfg.algo.gradient_checkpointing {
+                    how.push("activations recomputed in the backward pass");
+                }
+                let line = format!(
+                    "the plan needed {} on {d}, more than it has; chose {} ({} there): the same update, {}",
+                    gb(need),
+                    chose.join(" and "),
+                    gb(now),
+                    how.join(" and ")
+                );
+                return Ok(Some((candidate, line)));
+            }
+        }
+        Ok(None)
+    }
+
     /// An error naming the first device that does not fit, its policies, the numbers and the
     /// settings that would bring it down (one paragraph: a line per policy, one of ways out).
     pub fn check(&self, cfg: &TrainConfig) -> Result<()> {
@@ -334,6 +395,21 @@ impl MemoryPlan {
             let p = &self.policies[k];
             msg.push_str(&format!("  {} ({}): {}\n", p.name, p.model, breakdown(&p.footprint)));
         }
+        // What hacpo would choose by itself (`MemoryPlan::fitted`) is not enough here.
+        let mut leanest = self.workload;
+        (leanest.micro_batch, leanest.checkpointing) = (1, true);
+        let same_update: u64 = d
+            .policies
+            .iter()
+            .map(|&k| {
+                let p = &self.policies[k];
+                footprint(&p.shape, &leanest, p.lora.as_ref(), p.frozen_dtype).peak()
+            })
+            .sum();
+        msg.push_str(&format!(
+            "Even micro-batch 1 with gradient checkpointing (the same update) needs {}.\n",
+            gb(same_update)
+        ));
         let mut ways: Vec<String> = self
             .ways_out(cfg, d)
             .into_iter()
@@ -891,6 +967,41 @@ mod tests {
         }
         let shown = plan.to_string();
         assert!(shown.contains("DOES NOT FIT") && shown.contains("8.03B"), "{shown}");
+    }
+
+    /// `fitted` prefers a smaller micro-batch to recomputation, takes recomputation where the
+    /// micro-batch alone is not enough, and keeps the largest micro-batch that fits.
+    #[test]
+    fn fitting_halves_the_micro_batch_then_adds_recomputation() {
+        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
+        cfg.policies = vec![crate::config::PolicyConfig {
+            device: "cuda:0".into(),
+            lora: Some(LoraConfig::default()),
+            ..crate::config::PolicyConfig::new("qwen-1.5b")
+        }];
+        cfg.algo.kl_coef = 0.0;
+        let need = |mb: usize, ckpt: bool| {
+            let mut c = cfg.clone();
+            (c.algo.micro_batch_sequences, c.algo.gradient_checkpointing) = (mb, ckpt);
+            MemoryPlan::of(&c, Some(1), &[true]).unwrap().devices[0].need
+        };
+        let hosted = [true];
+        let micro = cfg.algo.micro_batch_sequences;
+        assert!(micro >= 4 && need(1, true) < need(1, false));
+        // Between micro-batch 1 without and with recomputation: recomputation, and the largest
+        // micro-batch that fits with it.
+        let have = (need(1, true) + need(1, false)) / 2;
+        let (fitted, why) = MemoryPlan::fitted(&cfg, Some(have), &hosted).unwrap().unwrap();
+        assert!(fitted.algo.gradient_checkpointing, "{why}");
+        let mb = fitted.algo.micro_batch_sequences;
+        assert!(need(mb, true) <= have && (mb == micro || need(mb * 2, true) > have), "{mb}: {why}");
+        assert!(why.contains("activations recomputed"), "{why}");
+        // Just above micro-batch 2 without recomputation: micro-batch 2, no recomputation.
+        let (fitted, why) = MemoryPlan::fitted(&cfg, Some(need(2, false)), &hosted).unwrap().unwrap();
+        assert_eq!((fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing), (2, false), "{why}");
+        // Fits as it is, or cannot fit at all: nothing chosen.
+        assert!(MemoryPlan::fitted(&cfg, Some(need(micro, false)), &hosted).unwrap().is_none());
+        assert!(MemoryPlan::fitted(&cfg, Some(need(1, true) - 1), &hosted).unwrap().is_none());
     }
 
     #[test]

@@ -41,7 +41,20 @@ pub fn train(
     check_host(&cfg, host)?;
     crate::resolve::check_known(&cfg)?;
     // A cluster process plans (and loads) only the policies its host trains.
-    let plan = MemoryPlan::of(&cfg, memory.device_memory, &cfg.hosted(host.unwrap_or_default())?)?;
+    let hosted = cfg.hosted(host.unwrap_or_default())?;
+    // A new run that does not fit gets the micro-batch and recomputation that make it fit (the
+    // same update); a resumed run keeps its recorded settings, and the processes of a cluster
+    // run share one config, which a per-host choice would break.
+    let mut cfg = cfg;
+    if resume.is_none()
+        && cfg.cluster.is_none()
+        && !memory.skip
+        && let Some((fitted, why)) = MemoryPlan::fitted(&cfg, memory.device_memory, &hosted)?
+    {
+        eprintln!("note: {why}");
+        cfg = fitted;
+    }
+    let plan = MemoryPlan::of(&cfg, memory.device_memory, &hosted)?;
     if memory.dry_run {
         print!("{plan}");
         plan.check(&cfg)?;

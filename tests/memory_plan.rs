@@ -161,3 +161,42 @@ fn a_device_memory_without_a_unit_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("e.g. 80GB"), "{}", text(&out.stderr));
 }
+
+/// A new run that does not fit gets the micro-batch (and, when that is not enough, gradient
+/// checkpointing: `memory_plan`'s unit test) that makes it fit: the same update. It says so, trains with them and
+/// records them in the run's config; `--skip-memory-check` keeps the settings as given.
+#[test]
+fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "1GB"], dir.path());
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stderr.contains("chose algo.micro_batch_sequences = 8 (was 64)"), "{stderr}");
+    assert!(stderr.contains("the same update, gradients accumulated over smaller micro-batches"), "{stderr}");
+    assert!(stdout.contains("micro-batch 8 × 352 tokens") && stdout.contains("dry run: the plan fits"), "{stdout}");
+    // A run trains with the choice and records it.
+    let run = dir.path().join("run");
+    let out = hacpo_offline(
+        &[
+            "train",
+            "--device-memory",
+            "1GB",
+            "--steps",
+            "1",
+            "--set",
+            "task.val_every=0",
+            "--out",
+            run.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    assert!(config.contains("micro_batch_sequences = 8"), "{config}");
+    // What cannot fit with the same update says so, and what would.
+    let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "20MB"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("Even micro-batch 1 with gradient checkpointing (the same update) needs"));
+    let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "1GB", "--skip-memory-check"], dir.path());
+    assert!(text(&out.stdout).contains("micro-batch 64 × 352 tokens"), "{}", text(&out.stdout));
+}

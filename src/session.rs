@@ -39,6 +39,11 @@ pub fn train(
 ) -> Result<()> {
     cfg.validate()?;
     check_host(&cfg, host)?;
+    if cfg.policies.iter().any(|p| p.device == "cpu")
+        && let Some(w) = cfg.algo.compute_dtype.cpu_warning()
+    {
+        eprintln!("{w}");
+    }
     crate::resolve::check_known(&cfg)?;
     // A cluster process plans (and loads) only the policies its host trains.
     let hosted = cfg.hosted(host.unwrap_or_default())?;

@@ -42,6 +42,7 @@ fn every_config_file_parses_and_validates() {
             "atgrpo-sokoban-qwen3-1.7b.toml",
             "atgrpo-sudoku-qwen3-1.7b.toml",
             "hacpo-math.toml",
+            "mgrpo-qwen3.toml",
             "mhgpo-hotpotqa.toml",
             "qwen1.5b-llama8b.toml",
             "search-smollm2.toml",

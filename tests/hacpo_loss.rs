@@ -490,12 +490,15 @@ fn registry_lists_algorithms_and_reshapes_batches() {
         "atgrpo",
         "mas-grpo",
         "single-grpo",
+        "mgrpo",
+        "mgrpo-main-only",
+        "search-grpo",
     ];
     assert_eq!(registry::names(), names);
     let e = registry::build::<Ad>("ppo", &settings()).err().unwrap().to_string();
     assert!(e.contains("unknown algorithm") && e.contains(&names.join(", ")), "{e}");
     // Only the search workload's algorithms train rollout trees, only the turn-wise ones roll
-    // episodes out over turns, and only MAPPO has a critic.
+    // episodes out over turns, only M-GRPO's delegate, and only MAPPO has a critic.
     let turn_wise = ["atgrpo", "mas-grpo", "single-grpo"];
     for name in names {
         let algo = registry::build::<Ad>(name, &settings()).unwrap();
@@ -504,7 +507,19 @@ fn registry_lists_algorithms_and_reshapes_batches() {
         assert_eq!(tree, name.starts_with("mhgpo") || name == "mappo", "{name}");
         assert_eq!(matches!(shape, registry::RolloutShape::Turns(_)), turn_wise.contains(&name), "{name}");
         assert_eq!(algo.value_model().is_some(), name == "mappo", "{name}");
+        let delegates = matches!(shape, registry::RolloutShape::Delegate(_));
+        assert_eq!(delegates, ["mgrpo", "mgrpo-main-only", "search-grpo"].contains(&name), "{name}");
     }
+    // M-GRPO's variants differ in the sub-agent only.
+    use hacpo::rl::mgrpo::SubAgent;
+    let sub = |n: &str| match registry::shape(n).unwrap() {
+        registry::RolloutShape::Delegate(s) => s,
+        other => panic!("{n}: {other:?}"),
+    };
+    assert_eq!(
+        [sub("mgrpo"), sub("mgrpo-main-only"), sub("search-grpo")],
+        [SubAgent::Trained, SubAgent::Frozen, SubAgent::None]
+    );
     // AT-GRPO groups per turn; the baselines whole trajectories, single-grpo without the tool.
     let turns = |n: &str| match registry::shape(n).unwrap() {
         registry::RolloutShape::Turns(t) => t,

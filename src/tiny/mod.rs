@@ -33,6 +33,7 @@ use crate::tokenizer::train::{ChatFormat, TokenizerKind, train};
 use crate::tokenizer::{Message, Tokenizer};
 use crate::train::sft::{SftConfig, SftReport, fine_tune};
 
+pub mod delegate;
 pub mod planner;
 pub mod search;
 

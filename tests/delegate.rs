@@ -186,6 +186,16 @@ fn limits_and_hostile_turns_end_a_conversation_as_failed() {
     assert!(matches!(&e.main.state, State::Failed(why) if why.contains("environment's tag")), "{:?}", e.main.state);
     let e = run_with(&delegator, &reporter, Limits { max_tokens: 150, ..limits() });
     assert!(matches!(&e.main.state, State::Failed(why) if why.contains("would pass 150 tokens")), "{:?}", e.main.state);
+    assert!(e.main.len() <= 150, "a reply that would not fit is not appended");
+    // Reasoning before the action, as Qwen3 writes it (its template rewrites such a turn once
+    // the conversation goes on): the reply still follows the turn's own tokens.
+    let thinker = Script::new(&tok, eos, |so_far| match so_far.matches("</tool_response>").count() {
+        0 => format!("<think>two hops</think>{}", tool_call(DELEGATE, "Who wrote The Glass Road?")),
+        _ => format!("<think>\n\n</think>\n\n{}", result("Ann Lee")),
+    });
+    let e = run_with(&thinker, &reporter, limits());
+    assert_eq!(e.main.state, State::Done("Ann Lee".into()));
+    assert!(tok.decode(&e.main.sequence(), false).unwrap().contains("<think>two hops</think><tool_call>"));
     // The single agent searches itself.
     let single = Script::new(&tok, eos, |so_far| match so_far.matches("</tool_response>").count() {
         0 => tool_call(SEARCH, "Ann Lee born"),
@@ -195,7 +205,7 @@ fn limits_and_hostile_turns_end_a_conversation_as_failed() {
     assert_eq!(e.main.state, State::Done("Lisbon".into()));
     assert!(e.subs.is_empty());
     assert!(tok.decode(&e.main.sequence(), false).unwrap().contains("p2: Ann Lee"));
-    let delegating_alone = run_with(&delegator, &reporter, limits());
+    let delegating_alone = run_with(&delegator, &reporter, Limits { main_turns: 4, ..limits() });
     assert_eq!(delegating_alone.main.state, State::Failed("more than 2 delegations".into()));
     assert_eq!(delegating_alone.subs.len(), 2);
     let e = play(&delegator, &reporter, &tools, &questions, Mode::Single, &limits(), 0).unwrap().remove(0);
@@ -334,6 +344,8 @@ fn bad_delegate_settings_are_refused_before_anything_loads() {
         ("workload.delegate.main_turns=0", "workload.delegate.main_turns"),
         ("workload.delegate.f1_threshold=1.5", "f1_threshold"),
         ("workload.delegate.mgrpo.align=0", "align"),
+        ("workload.delegate.calls=0", "workload.delegate.calls"),
+        ("workload.delegate.mgrpo.epsilon=0.1", "algo.adv_epsilon"),
         ("algo.name=hacpo", "the delegate workload trains with mgrpo, mgrpo-main-only or search-grpo"),
     ] {
         let o = run(&["train", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--set", set]);

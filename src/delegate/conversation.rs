@@ -90,46 +90,46 @@ impl Conversation {
         self.turns += 1;
     }
 
-    /// Appends the environment's reply `content` (a user message) to the agent's last turn,
-    /// ready for the next: the chat template's end of the agent's turn (unless its EOS already
-    /// was), the reply, and the next turn's header, all out of the loss.
-    pub fn push_reply(&mut self, speech: Speech<'_>, content: String) -> Result<()> {
-        let text = self.reply_text(speech, &content)?;
-        let ids = speech.tokenizer.encode(&text, false)?;
+    /// The ids of the environment's reply `content` (a user message) after the agent's last
+    /// turn, ready for the next: the chat template's end of the agent's turn (unless the EOS
+    /// it ended on already was), the reply, and the next turn's header.
+    pub fn reply_ids(&self, speech: Speech<'_>, content: &str) -> Result<Vec<u32>> {
+        speech.tokenizer.encode(&self.reply_text(speech, content)?, false)
+    }
+
+    /// Appends a reply (its `ids` from [`Conversation::reply_ids`]), out of the loss.
+    pub fn push_reply(&mut self, ids: Vec<u32>, content: String) {
         self.loss_mask.extend(std::iter::repeat_n(false, ids.len()));
         self.response_ids.extend(ids);
         self.messages.push(Message::user(content));
-        Ok(())
     }
 
-    /// The text between the agent's last turn and its next: what the template renders between
-    /// the turn's content and the end of the reply's generation prompt. Only that tail is read:
-    /// a template may render earlier turns differently once a conversation goes on (Qwen3 drops
-    /// their empty reasoning blocks), but the tokens already generated stay as they were.
+    /// The text between the agent's last turn and its next: what the template renders after
+    /// the turn's content when the reply follows. The content is stood in for by a marker, so
+    /// the tail is found whatever the template does to the turn's text (Qwen3 rewrites an
+    /// earlier turn's reasoning block); the tokens already generated stay as they were.
     fn reply_text(&self, speech: Speech<'_>, content: &str) -> Result<String> {
-        let ended_on_eos = self.response_ids.last().is_some_and(|t| speech.eos_token_ids.contains(t));
         if speech.tokenizer.chat_template().is_none() {
             return Ok(format!("\n{content}\n"));
         }
-        let turn = self.messages.last().map(|m| m.content.clone()).unwrap_or_default();
+        const MARKER: &str = "\u{E000}hacpo-turn\u{E000}";
         let mut with_reply = self.messages.clone();
+        if let Some(last) = with_reply.last_mut() {
+            last.content = MARKER.into();
+        }
         with_reply.push(Message::user(content));
         let after = speech.render(&with_reply, true)?;
-        let turn_end = after
-            .rfind(content)
-            .and_then(|reply| after[..reply].rfind(turn.as_str()))
-            .map(|p| p + turn.len())
-            .ok_or_else(|| {
-                Error::ChatTemplate(
-                    "the chat template does not render an agent's turn and the reply that follows it, so a \
-                     multi-turn trajectory cannot be kept as one token sequence"
-                        .into(),
-                )
-            })?;
-        let tail = &after[turn_end..];
-        // The agent's EOS already ended its turn: the template's copy of it is not repeated.
-        let eos_text = match speech.eos_token_ids.first() {
-            Some(&eos) if ended_on_eos => speech.tokenizer.decode(&[eos], false)?,
+        let Some(at) = after.rfind(MARKER) else {
+            return Err(Error::ChatTemplate(
+                "the chat template does not render an agent's turn before the reply that follows it, so a \
+                 multi-turn trajectory cannot be kept as one token sequence"
+                    .into(),
+            ));
+        };
+        let tail = &after[at + MARKER.len()..];
+        // The EOS the turn ended on already closed it: the template's copy is not repeated.
+        let eos_text = match self.response_ids.last() {
+            Some(&t) if speech.eos_token_ids.contains(&t) => speech.tokenizer.decode(&[t], false)?,
             _ => String::new(),
         };
         Ok(match tail.strip_prefix(eos_text.as_str()) {

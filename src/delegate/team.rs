@@ -152,6 +152,10 @@ pub fn play(
         let mut open: Vec<&mut Conversation> = episodes.iter_mut().map(|e| &mut e.main).collect();
         let actions =
             take_turns(main, &mut open, main_tools, limits, crate::stable_hash::mix_seed(&[seed, 0, turn as u64]))?;
+        // After the last turn nothing reads a reply: the open episodes end below.
+        if turn + 1 == limits.main_turns {
+            break;
+        }
         // Delegations first, all of the turn's sub-agents at once; then every reply. A
         // delegation past the limit ends its episode before a sub-agent starts.
         let mut tasks: Vec<(usize, Conversation)> = vec![];
@@ -168,7 +172,7 @@ pub fn play(
         }
         let mut subs: Vec<Conversation> = tasks.iter().map(|(_, c)| c.clone()).collect();
         research(sub, &mut subs, tools, limits, crate::stable_hash::mix_seed(&[seed, 1, turn as u64]))?;
-        let mut done = tasks.into_iter().map(|(e, _)| e).zip(subs);
+        let mut done = subs.into_iter();
         for (e, action) in actions {
             let episode = &mut episodes[e];
             if !episode.main.is_open() {
@@ -176,7 +180,7 @@ pub fn play(
             }
             let reply = match action {
                 Action::Call { tool, .. } if tool == DELEGATE => {
-                    let (_, conversation) = done.next().expect("one sub-agent per delegation");
+                    let conversation = done.next().expect("one sub-agent per delegation");
                     let reply = findings(&conversation);
                     episode.subs.push(conversation);
                     reply
@@ -184,7 +188,7 @@ pub fn play(
                 Action::Call { tool, argument } => tools.call(tool, &argument)?,
                 Action::Result(_) => continue,
             };
-            episode.main.push_reply(main.speech(), protocol::tool_response(&reply))?;
+            reply_within(&mut episode.main, main.speech(), reply, limits)?;
         }
     }
     for e in &mut episodes {
@@ -207,16 +211,32 @@ fn research(
         let mut open: Vec<&mut Conversation> = conversations.iter_mut().collect();
         let actions =
             take_turns(sub, &mut open, &[SEARCH, OPEN], limits, crate::stable_hash::mix_seed(&[seed, turn as u64]))?;
+        if turn + 1 == limits.sub_turns {
+            break;
+        }
         for (c, action) in actions {
             if let Action::Call { tool, argument } = action {
                 let reply = tools.call(tool, &argument)?;
-                conversations[c].push_reply(sub.speech(), protocol::tool_response(&reply))?;
+                reply_within(&mut conversations[c], sub.speech(), reply, limits)?;
             }
         }
     }
     for c in conversations.iter_mut().filter(|c| c.is_open()) {
         c.end(State::Failed(format!("no result within {} turns", limits.sub_turns)));
     }
+    Ok(())
+}
+
+/// Appends a tool's `reply` to `c`, or ends `c` when the reply and a next turn would not fit
+/// `max_tokens` (what an update's sequence, and the memory plan, are sized for).
+fn reply_within(c: &mut Conversation, speech: Speech<'_>, reply: String, limits: &Limits) -> Result<()> {
+    let content = protocol::tool_response(&reply);
+    let ids = c.reply_ids(speech, &content)?;
+    if c.len() + ids.len() + limits.turn_tokens > limits.max_tokens {
+        c.end(State::Failed(format!("the conversation would pass {} tokens", limits.max_tokens)));
+        return Ok(());
+    }
+    c.push_reply(ids, content);
     Ok(())
 }
 

@@ -50,8 +50,9 @@ pub fn metrics(samples: &[Sample], policy: usize) -> Metrics {
     let (sum, tokens) = samples
         .iter()
         .filter(|s| s.policy == policy)
-        .flat_map(|s| s.token_logps.iter())
-        .fold((0.0, 0usize), |(sum, n), &lp| (sum - lp as f64, n + 1));
+        // The environment's tokens between a trajectory's turns were not sampled.
+        .flat_map(|s| s.token_logps.iter().enumerate().filter(|(t, _)| s.loss_mask.get(*t) != Some(&false)))
+        .fold((0.0, 0usize), |(sum, n), (_, &lp)| (sum - lp as f64, n + 1));
     if tokens > 0 {
         m.insert("actor/entropy".into(), sum / tokens as f64);
     }
@@ -163,6 +164,12 @@ mod tests {
         assert_eq!(m["groups/answerer/flat_share"], 0.0);
         assert!((m["groups/flat_share"] - 0.5).abs() < 1e-12);
         assert!((m["actor/entropy"] - 1.0).abs() < 1e-12);
+        // Tokens the environment wrote between a trajectory's turns were not sampled.
+        let mut masked = step();
+        for s in &mut masked {
+            s.loss_mask = vec![true, false];
+        }
+        assert!((metrics(&masked, 0)["actor/entropy"] - 0.5).abs() < 1e-12);
     }
 
     #[test]

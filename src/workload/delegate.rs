@@ -75,7 +75,13 @@ impl Default for DelegateConfig {
 impl DelegateConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::config("training config", format!("workload.delegate.{m}")));
-        for (key, v) in [("main_turns", self.main_turns), ("sub_turns", self.sub_turns), ("search_k", self.search_k)] {
+        let counts = [
+            ("main_turns", self.main_turns),
+            ("sub_turns", self.sub_turns),
+            ("calls", self.calls),
+            ("search_k", self.search_k),
+        ];
+        for (key, v) in counts {
             if v == 0 {
                 return bad(format!("{key}: at least 1"));
             }
@@ -87,6 +93,11 @@ impl DelegateConfig {
             && !(t > 0.0 && t <= 1.0)
         {
             return bad(format!("f1_threshold: {t} is not in (0, 1]"));
+        }
+        if self.mgrpo.epsilon != MgrpoSettings::default().epsilon {
+            return bad(
+                "mgrpo.epsilon: a run's ε is algo.adv_epsilon; this one is for `hacpo rl inspect` batches".into()
+            );
         }
         self.mgrpo.validate().map_err(|e| Error::config("training config", format!("workload.delegate.mgrpo.{e}")))
     }
@@ -156,11 +167,15 @@ impl Delegate {
         timings: &mut [RolloutTimings],
     ) -> Result<Vec<Episode>> {
         let main = PolicyVoice::new(held(policies, self.players[MAIN])?, sampling, batch);
-        let sub = PolicyVoice::new(held(policies, self.players[SUB])?, sampling, batch);
+        // One policy playing both roles speaks with one copy of its weights.
+        let own_sub = (self.players[SUB] != self.players[MAIN])
+            .then(|| held(policies, self.players[SUB]).map(|p| PolicyVoice::new(p, sampling, batch)))
+            .transpose()?;
+        let sub = own_sub.as_ref().unwrap_or(&main);
         let tools = Tools { passages: &self.passages, search_k: self.config.search_k };
         let limits = self.config.limits(sampling.max_new_tokens);
-        let episodes = team::play(&main, &sub, &tools, questions, self.mode(), &limits, seed)?;
-        for voice in [&main, &sub] {
+        let episodes = team::play(&main, sub, &tools, questions, self.mode(), &limits, seed)?;
+        for voice in std::iter::once(&main).chain(own_sub.as_ref()) {
             let t = &mut timings[voice.policy.index];
             t.generate += voice.spent.get().0;
             t.generated_tokens += voice.spent.get().1;
@@ -172,7 +187,7 @@ impl Delegate {
     /// sub-agent conversations; and the alignment's duplicated, dropped and masked slots.
     fn samples(
         &self,
-        policies: [(usize, u64); 2],
+        policies: [Player; 2],
         p: usize,
         prompt: &TaskPrompt,
         episodes: &[Episode],
@@ -219,11 +234,14 @@ impl Delegate {
     }
 }
 
-/// A conversation as a sample of `policy` (index and weights version) in `role`: its token
-/// sequence, loss mask and messages; penalty −1 when it ended without a result (a format
-/// failure or a limit).
+/// Who a sample is of: the policy's index, its weights version and its first EOS id.
+type Player = (usize, u64, u32);
+
+/// A conversation as a sample of `player` in `role`: its token sequence, loss mask and
+/// messages; penalty −1 when it ended without a result (a format failure or a limit). A
+/// conversation that ended before its first turn (its prompt alone too long) is the EOS.
 fn conversation_sample(
-    (policy, version): (usize, u64),
+    (policy, version, eos): Player,
     c: &Conversation,
     role: &str,
     group: GroupKey,
@@ -234,13 +252,15 @@ fn conversation_sample(
         State::Done(result) => (result.clone(), 0.0),
         State::Failed(_) | State::Open => (c.messages.last().map(|m| m.content.clone()).unwrap_or_default(), -1.0),
     };
-    let response = Response { ids: c.response_ids.clone(), text, finish_reason: FinishReason::Stop };
+    let (ids, loss_mask) =
+        if c.response_ids.is_empty() { (vec![eos], vec![]) } else { (c.response_ids.clone(), c.loss_mask.clone()) };
+    let response = Response { ids, text, finish_reason: FinishReason::Stop };
     Sample {
         role: role.into(),
         group,
         turn: c.turns as u32,
         sample_index,
-        loss_mask: c.loss_mask.clone(),
+        loss_mask,
         penalty,
         ..Sample::new(policy, version, prompt, c.messages.clone(), c.prompt_ids.clone(), response)
     }
@@ -316,7 +336,7 @@ impl<B: Backend> Workload<B> for Delegate {
         let seed = mix_seed(&[settings.run_seed, settings.step, 0xDE1E]);
         let episodes =
             self.play(policies, &questions, &settings.sampling, settings.batch_prompts * k, seed, &mut timings)?;
-        let player = |k: usize| held(policies, k).map(|p| (p.index, p.version));
+        let player = |k: usize| held(policies, k).and_then(|p| Ok((p.index, p.version, p.eos()?)));
         let players = [player(self.players[MAIN])?, player(self.players[SUB])?];
         let (mut samples, mut alignment) = (vec![], [0; 3]);
         for (p, (prompt, group)) in prompts.iter().zip(episodes.chunks(k)).enumerate() {
@@ -448,7 +468,7 @@ mod tests {
             Episode { main: done("ann lee"), subs: vec![done("c"), done("d"), done("e")] },
         ];
         let prompt = &task.train()[0];
-        let (mut samples, counts) = workload.samples([(0, 0), (0, 0)], 0, prompt, &episodes, 99);
+        let (mut samples, counts) = workload.samples([(0, 0, 7), (0, 0, 7)], 0, prompt, &episodes, 99);
         <Delegate as Workload<crate::backend::Cpu>>::assign_rewards(&workload, &mut samples, task.train()).unwrap();
         assert_eq!(counts, [1, 1, 2], "one duplicate, one drop, two masked slots");
         assert!(samples.iter().all(|s| s.loss_mask == [true, false, true]));
@@ -495,5 +515,9 @@ mod tests {
             }
         }
         assert_eq!(at, samples.len());
+        // A conversation that ended before its first turn is its policy's EOS.
+        let empty = Conversation { response_ids: vec![], loss_mask: vec![], turns: 0, ..failed() };
+        let s = conversation_sample((0, 0, 7), &empty, "main", GroupKey::new(&["q"]), 0, 0);
+        assert_eq!((s.response_ids, s.loss_mask, s.penalty), (vec![7], vec![], -1.0));
     }
 }

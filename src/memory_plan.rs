@@ -89,10 +89,14 @@ pub struct Workload {
 impl Workload {
     pub fn of(cfg: &TrainConfig) -> Result<Self> {
         let r = &cfg.rollout;
-        // A delegation conversation is one sequence of every turn (workload.delegate.max_tokens).
-        let own = match cfg.workload.kind {
-            crate::workload::WorkloadKind::Delegate => cfg.workload.delegate.max_tokens,
-            _ => r.max_prompt_tokens + r.max_new_tokens,
+        // A delegation conversation is one sequence of every turn (workload.delegate.max_tokens),
+        // each turn generated after the turns before it.
+        let (own, rollout_prompt) = match cfg.workload.kind {
+            crate::workload::WorkloadKind::Delegate => {
+                let max = cfg.workload.delegate.max_tokens;
+                (max, max.saturating_sub(r.max_new_tokens))
+            }
+            _ => (r.max_prompt_tokens + r.max_new_tokens, r.max_prompt_tokens),
         };
         // Another policy's samples, when the algorithm shares them: its prompt re-rendered in
         // this template, its response re-tokenised (rarely more than twice as many tokens;
@@ -104,11 +108,7 @@ impl Workload {
             micro_batch: cfg.algo.micro_batch_sequences.max(1),
             train_len: if shares { own.max(cross) } else { own },
             rollout_sequences: r.batch_prompts.max(1) * cfg.algo.group_size.max(1),
-            // A delegation turn is generated after every turn before it.
-            rollout_prompt: match cfg.workload.kind {
-                crate::workload::WorkloadKind::Delegate => own.saturating_sub(r.max_new_tokens),
-                _ => r.max_prompt_tokens,
-            },
+            rollout_prompt,
             rollout_new: r.max_new_tokens,
             reference: cfg.algo.kl_coef > 0.0,
             checkpointing: cfg.algo.gradient_checkpointing,
@@ -319,65 +319,65 @@ impl MemoryPlan {
         Ok(MemoryPlan { workload, policies, devices })
     }
 
+    /// This plan under workload `w`: the same policies, shapes and devices (their capacities as
+    /// measured), each footprint and device total recomputed.
+    fn under(&self, w: Workload) -> MemoryPlan {
+        let mut plan = self.clone();
+        plan.workload = w;
+        for p in &mut plan.policies {
+            p.footprint = footprint(&p.shape, &w, p.lora.as_ref(), p.frozen_dtype);
+        }
+        for d in &mut plan.devices {
+            d.need = d.policies.iter().map(|&k| plan.policies[k].footprint.peak()).sum();
+        }
+        plan
+    }
+
     /// Whether every device fits.
     pub fn fits(&self) -> bool {
         self.devices.iter().all(DevicePlan::fits)
     }
 
-    /// For a plan that does not fit: `cfg` with the settings that leave the update's
+    /// For a plan of `cfg` that does not fit: `cfg` with the settings that leave the update's
     /// mathematics as it is (gradient accumulation over a smaller micro-batch, then gradient
-    /// checkpointing as well: recomputation) chosen so that every device fits, and a line that
-    /// says what was chosen and why. None when the plan fits already or these cannot make it
-    /// fit (the error of [`MemoryPlan::check`] then names the changes that alter the update).
-    pub fn fitted(
-        cfg: &TrainConfig,
-        device_memory: Option<u64>,
-        hosted: &[bool],
-    ) -> Result<Option<(TrainConfig, String)>> {
-        let plan = Self::of(cfg, device_memory, hosted)?;
-        if plan.fits() {
-            return Ok(None);
+    /// checkpointing as well: recomputation) chosen so that every device fits, its plan, and a
+    /// line that says what was chosen and why. None when the plan fits already or these cannot
+    /// make it fit (the error of [`MemoryPlan::check`] then names the changes that alter the
+    /// update).
+    pub fn fitted(&self, cfg: &TrainConfig) -> Option<(TrainConfig, MemoryPlan, String)> {
+        if self.fits() {
+            return None;
         }
-        let micro = cfg.algo.micro_batch_sequences.max(1);
-        let halvings = std::iter::successors(Some(micro), |&m| (m > 1).then_some(m / 2));
-        let checkpointing = if cfg.algo.gradient_checkpointing { vec![true] } else { vec![false, true] };
-        for ckpt in checkpointing {
-            for m in halvings.clone() {
-                let mut candidate = cfg.clone();
-                candidate.algo.micro_batch_sequences = m;
-                candidate.algo.gradient_checkpointing = ckpt;
-                let p = Self::of(&candidate, device_memory, hosted)?;
-                if !p.fits() {
-                    continue;
-                }
-                let mut chose = vec![];
-                if m != micro {
-                    chose.push(format!("algo.micro_batch_sequences = {m} (was {micro})"));
-                }
-                if ckpt != cfg.algo.gradient_checkpointing {
-                    chose.push("algo.gradient_checkpointing = true".into());
-                }
-                let (d, need) =
-                    plan.devices.iter().find(|d| !d.fits()).map(|d| (d.device, d.need)).expect("one does not fit");
-                let now = p.devices.iter().find(|x| x.device == d).map_or(0, |x| x.need);
-                let mut how = vec![];
-                if m != micro {
-                    how.push("gradients accumulated over smaller micro-batches");
-                }
-                if ckpt != cfg.algo.gradient_checkpointing {
-                    how.push("activations recomputed in the backward pass");
-                }
-                let line = format!(
-                    "the plan needed {} on {d}, more than it has; chose {} ({} there): the same update, {}",
-                    gb(need),
-                    chose.join(" and "),
-                    gb(now),
-                    how.join(" and ")
-                );
-                return Ok(Some((candidate, line)));
-            }
+        let w = self.workload;
+        let halvings = std::iter::successors(Some(w.micro_batch), |&m| (m > 1).then_some(m / 2));
+        let checkpointing = if w.checkpointing { vec![true] } else { vec![false, true] };
+        let (micro_batch, checkpointing, plan) = checkpointing
+            .into_iter()
+            .flat_map(|ckpt| halvings.clone().map(move |m| (m, ckpt)))
+            .map(|(m, ckpt)| (m, ckpt, self.under(Workload { micro_batch: m, checkpointing: ckpt, ..w })))
+            .find(|(_, _, plan)| plan.fits())?;
+        let (mut chose, mut how) = (vec![], vec![]);
+        if micro_batch != w.micro_batch {
+            chose.push(format!("algo.micro_batch_sequences = {micro_batch} (was {})", w.micro_batch));
+            how.push("gradients accumulated over smaller micro-batches");
         }
-        Ok(None)
+        if checkpointing != w.checkpointing {
+            chose.push("algo.gradient_checkpointing = true".to_string());
+            how.push("activations recomputed in the backward pass");
+        }
+        let d = self.devices.iter().find(|d| !d.fits()).expect("one does not fit");
+        let now = plan.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
+        let line = format!(
+            "the plan needed {} on {}, more than it has; chose {} ({} there): the same update, {}",
+            gb(d.need),
+            d.device,
+            chose.join(" and "),
+            gb(now),
+            how.join(" and ")
+        );
+        let mut fitted = cfg.clone();
+        (fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing) = (micro_batch, checkpointing);
+        Some((fitted, plan, line))
     }
 
     /// An error naming the first device that does not fit, its policies, the numbers and the
@@ -396,16 +396,8 @@ impl MemoryPlan {
             msg.push_str(&format!("  {} ({}): {}\n", p.name, p.model, breakdown(&p.footprint)));
         }
         // What hacpo would choose by itself (`MemoryPlan::fitted`) is not enough here.
-        let mut leanest = self.workload;
-        (leanest.micro_batch, leanest.checkpointing) = (1, true);
-        let same_update: u64 = d
-            .policies
-            .iter()
-            .map(|&k| {
-                let p = &self.policies[k];
-                footprint(&p.shape, &leanest, p.lora.as_ref(), p.frozen_dtype).peak()
-            })
-            .sum();
+        let leanest = self.under(Workload { micro_batch: 1, checkpointing: true, ..self.workload });
+        let same_update = leanest.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
         msg.push_str(&format!(
             "Even micro-batch 1 with gradient checkpointing (the same update) needs {}.\n",
             gb(same_update)
@@ -991,17 +983,19 @@ mod tests {
         // Between micro-batch 1 without and with recomputation: recomputation, and the largest
         // micro-batch that fits with it.
         let have = (need(1, true) + need(1, false)) / 2;
-        let (fitted, why) = MemoryPlan::fitted(&cfg, Some(have), &hosted).unwrap().unwrap();
+        let fit = |have: u64| MemoryPlan::of(&cfg, Some(have), &hosted).unwrap().fitted(&cfg);
+        let (fitted, plan, why) = fit(have).unwrap();
+        assert!(plan.fits() && plan.workload.checkpointing, "{why}");
         assert!(fitted.algo.gradient_checkpointing, "{why}");
         let mb = fitted.algo.micro_batch_sequences;
         assert!(need(mb, true) <= have && (mb == micro || need(mb * 2, true) > have), "{mb}: {why}");
         assert!(why.contains("activations recomputed"), "{why}");
         // Just above micro-batch 2 without recomputation: micro-batch 2, no recomputation.
-        let (fitted, why) = MemoryPlan::fitted(&cfg, Some(need(2, false)), &hosted).unwrap().unwrap();
+        let (fitted, _, why) = fit(need(2, false)).unwrap();
         assert_eq!((fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing), (2, false), "{why}");
         // Fits as it is, or cannot fit at all: nothing chosen.
-        assert!(MemoryPlan::fitted(&cfg, Some(need(micro, false)), &hosted).unwrap().is_none());
-        assert!(MemoryPlan::fitted(&cfg, Some(need(1, true) - 1), &hosted).unwrap().is_none());
+        assert!(fit(need(micro, false)).is_none());
+        assert!(fit(need(1, true) - 1).is_none());
     }
 
     #[test]

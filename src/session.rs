@@ -51,15 +51,15 @@ pub fn train(
     // same update); a resumed run keeps its recorded settings, and the processes of a cluster
     // run share one config, which a per-host choice would break.
     let mut cfg = cfg;
+    let mut plan = MemoryPlan::of(&cfg, memory.device_memory, &hosted)?;
     if resume.is_none()
         && cfg.cluster.is_none()
         && !memory.skip
-        && let Some((fitted, why)) = MemoryPlan::fitted(&cfg, memory.device_memory, &hosted)?
+        && let Some((fitted, fitted_plan, why)) = plan.fitted(&cfg)
     {
         eprintln!("note: {why}");
-        cfg = fitted;
+        (cfg, plan) = (fitted, fitted_plan);
     }
-    let plan = MemoryPlan::of(&cfg, memory.device_memory, &hosted)?;
     if memory.dry_run {
         print!("{plan}");
         plan.check(&cfg)?;

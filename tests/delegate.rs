@@ -64,7 +64,7 @@ fn passages() -> Passages {
 }
 
 fn limits() -> Limits {
-    Limits { main_turns: 3, sub_turns: 3, calls: 2, max_tokens: 4096, turn_tokens: 64, search_k: 2 }
+    Limits { main_turns: 3, sub_turns: 3, calls: 2, max_tokens: 4096, turn_tokens: 64 }
 }
 
 /// The tokenizers the team is tested with, and their end-of-turn ids.

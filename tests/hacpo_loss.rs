@@ -591,17 +591,21 @@ fn drgrpo_advantages_and_loss_match_a_hand_computation() {
     grads_agree(&host2(x.grad(&loss.backward()).unwrap()), &want, "Dr. GRPO gradient");
 }
 
-/// An MHGPO batch through `hacpo rl inspect`: rewards propagated by hand (docs/mhgpo-batch.md).
-#[test]
-fn rl_inspect_explains_an_mhgpo_tree() {
-    let fixture = common::fixture("rl/mhgpo_tree.json");
+/// `hacpo rl inspect --format json` on a multi-agent batch: one object per row.
+fn inspect_rows(fixture: &std::path::Path) -> Vec<serde_json::Value> {
     let out = Command::new(common::hacpo_bin())
         .args(["rl", "inspect", "--input", fixture.to_str().unwrap(), "--format", "json"])
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+/// An MHGPO batch through `hacpo rl inspect`: rewards propagated by hand (docs/mhgpo-batch.md).
+#[test]
+fn rl_inspect_explains_an_mhgpo_tree() {
+    let fixture = common::fixture("rl/mhgpo_tree.json");
+    let rows = inspect_rows(&fixture);
     let rewards: Vec<f64> = rows.iter().map(|r| r["reward"].as_f64().unwrap()).collect();
     let want = [-0.875, -0.75, 0.0, 1.0, -0.5, 0.0];
     assert!(rewards.iter().zip(want).all(|(a, b)| (a - b).abs() < 1e-12), "{rewards:?}");
@@ -620,13 +624,7 @@ fn rl_inspect_explains_an_mhgpo_tree() {
 #[test]
 fn rl_inspect_explains_an_mgrpo_batch() {
     let fixture = common::fixture("rl/mgrpo_batch.json");
-    let out = Command::new(common::hacpo_bin())
-        .args(["rl", "inspect", "--input", fixture.to_str().unwrap(), "--format", "json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8(out.stdout).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows = inspect_rows(&fixture);
     let main: Vec<&serde_json::Value> = rows.iter().filter(|r| r["sub"].is_null()).collect();
     let subs: Vec<&serde_json::Value> = rows.iter().filter(|r| !r["sub"].is_null()).collect();
     // Main rewards 1, 0.1, 0, 1: mean 0.525, population std sqrt(0.226875).

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand};
 use hacpo::rl::inspect::Input;
+use hacpo::rl::{mgrpo, mhgpo};
 use hacpo::{Error, Result};
 
 #[derive(Args, Debug)]
@@ -73,8 +74,26 @@ fn inspect(args: InspectArgs) -> Result<()> {
     let peek: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::config(args.input.display().to_string(), format!("not valid JSON: {e}")))?;
     match peek.get("algorithm").and_then(|a| a.as_str()) {
-        Some("mhgpo") => return inspect_mhgpo(&args, peek),
-        Some("mgrpo") => return inspect_mgrpo(&args, peek),
+        // Each output's propagated reward, advantage and whether it is in the loss.
+        Some("mhgpo") => {
+            return inspect_batch(
+                &args,
+                peek,
+                "an MHGPO batch (docs/mhgpo-batch.md)",
+                mhgpo::Batch::report,
+                mhgpo::table,
+            );
+        }
+        // Each main and sub-trajectory's reward, aligned copies and advantage.
+        Some("mgrpo") => {
+            return inspect_batch(
+                &args,
+                peek,
+                "an M-GRPO batch (docs/mgrpo-batch.md)",
+                mgrpo::Batch::report,
+                mgrpo::table,
+            );
+        }
         _ => {}
     }
     let mut input = Input::parse(&text)?;
@@ -93,28 +112,6 @@ fn inspect(args: InspectArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-/// An MHGPO batch: each output's propagated reward, advantage and whether it is in the loss.
-fn inspect_mhgpo(args: &InspectArgs, value: serde_json::Value) -> Result<()> {
-    inspect_batch(
-        args,
-        value,
-        "an MHGPO batch (docs/mhgpo-batch.md)",
-        hacpo::rl::mhgpo::Batch::report,
-        hacpo::rl::mhgpo::table,
-    )
-}
-
-/// An M-GRPO batch: each main and sub-trajectory's reward, aligned copies and advantage.
-fn inspect_mgrpo(args: &InspectArgs, value: serde_json::Value) -> Result<()> {
-    inspect_batch(
-        args,
-        value,
-        "an M-GRPO batch (docs/mgrpo-batch.md)",
-        hacpo::rl::mgrpo::Batch::report,
-        hacpo::rl::mgrpo::table,
-    )
 }
 
 /// Reads a multi-agent batch `what`, reports it row by row as a table or JSON lines.

@@ -149,7 +149,7 @@ fn enclosed(text: &str, tag: Tag) -> Result<(Tag, &str, &str), FormatError> {
     let inner = &text[tag.0.len()..];
     let end = inner.find(tag.1).ok_or(FormatError::Unbalanced(tag.0))?;
     let body = &inner[..end];
-    if body.contains(tag.0) || body.contains(CALL.0) || body.contains(RESULT.0) {
+    if body.contains(CALL.0) || body.contains(RESULT.0) {
         return Err(FormatError::SeveralActions);
     }
     Ok((tag, body, &inner[end + tag.1.len()..]))

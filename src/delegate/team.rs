@@ -51,8 +51,6 @@ pub struct Limits {
     pub max_tokens: usize,
     /// Tokens of one turn.
     pub turn_tokens: usize,
-    /// Passages a search returns.
-    pub search_k: usize,
 }
 
 /// One question's episode.

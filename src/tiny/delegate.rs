@@ -136,7 +136,7 @@ pub fn episodes(world: &Kb, tokenizer: &Tokenizer, eos: &[u32], habits: &Delegat
     let main = Scripted::new(tokenizer, eos, Box::new(|s: &str| main_turn(s, habits)));
     let sub = Scripted::new(tokenizer, eos, Box::new(|s: &str| sub_turn(s, habits)));
     let questions: Vec<&str> = world.train.iter().chain(&world.heldout).map(|(q, _)| q.question.as_str()).collect();
-    let limits = Limits { main_turns: 4, sub_turns: 4, calls: 3, max_tokens: 4096, turn_tokens: 64, search_k: 3 };
+    let limits = Limits { main_turns: 4, sub_turns: 4, calls: 3, max_tokens: 4096, turn_tokens: 64 };
     play(&main, &sub, &tools, &questions, Mode::Delegate, &limits, 0)
 }
 

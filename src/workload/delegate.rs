@@ -109,7 +109,6 @@ impl DelegateConfig {
             calls: self.calls,
             max_tokens: self.max_tokens,
             turn_tokens,
-            search_k: self.search_k,
         }
     }
 
@@ -197,15 +196,16 @@ impl Delegate {
         let mut out: Vec<Sample> = vec![];
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(question_seed(seed, &format!("{}#{p}", prompt.id)));
         let k = episodes.len();
+        // Each agent's group: the question's main conversations, its aligned sub conversations.
+        let group = |role: usize| GroupKey::new(&[&prompt.id, &p.to_string(), ROLES[role]]);
         for (i, e) in episodes.iter().enumerate() {
             let correct = match &e.main.state {
                 State::Done(answer) => self.config.correct(answer, &gold),
                 _ => 0.0,
             };
-            let group = GroupKey::new(&[&prompt.id, &p.to_string(), ROLES[MAIN]]);
             out.push(Sample {
                 score: Some(correct),
-                ..conversation_sample(policies[MAIN], &e.main, ROLES[MAIN], group, p, i)
+                ..conversation_sample(policies[MAIN], &e.main, ROLES[MAIN], group(MAIN), p, i)
             });
         }
         let mut next_index = k;
@@ -216,8 +216,7 @@ impl Delegate {
             for (sub, c) in e.subs.iter().zip(copies(&slots, e.subs.len())) {
                 counts[0] += c.saturating_sub(1);
                 counts[1] += usize::from(c == 0);
-                let group = GroupKey::new(&[&prompt.id, &p.to_string(), ROLES[SUB]]);
-                let base = conversation_sample(policies[SUB], sub, ROLES[SUB], group, p, 0);
+                let base = conversation_sample(policies[SUB], sub, ROLES[SUB], group(SUB), p, 0);
                 // A dropped sub-trajectory stays for the record, out of the loss.
                 for _ in 0..c.max(1) {
                     out.push(Sample {

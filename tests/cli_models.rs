@@ -46,6 +46,7 @@ fn every_config_file_parses_and_validates() {
             "mhgpo-hotpotqa.toml",
             "qwen1.5b-llama8b.toml",
             "search-smollm2.toml",
+            "tiny-delegate.toml",
             "tiny-duo.toml",
             "tiny-planpath.toml",
             "tiny-search.toml"

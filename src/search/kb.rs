@@ -273,6 +273,16 @@ pub fn list_position(word: &str) -> Option<usize> {
     [PROFESSIONS, REGIONS, CITIES].iter().find_map(|list| list.iter().position(|w| *w == word))
 }
 
+/// Where a book title's colour ("The Red Fox") or a person's first name ("Mira Holt") stands
+/// in the generator's list of them (a split of the names every world shares, for the tiny
+/// delegation team's habits).
+pub fn name_position(name: &str) -> Option<usize> {
+    match name.strip_prefix("The ") {
+        Some(title) => COLORS.iter().position(|w| Some(*w) == title.split(' ').next()),
+        None => FIRST.iter().position(|w| Some(*w) == name.split(' ').next()),
+    }
+}
+
 fn indefinite(phrase: &str) -> &'static str {
     if phrase.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" }
 }

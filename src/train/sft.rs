@@ -96,14 +96,40 @@ fn bucketed_batches(examples: &[(Vec<u32>, Vec<u32>)], rng: &mut ChaCha8Rng, bat
 
 /// Trains `model` on `examples`; `evaluate` scores the current policy (accuracy in 0..=1).
 pub fn fine_tune<B: Backend>(
+    model: CausalLm<Autodiff<B>>,
+    examples: &[(Vec<u32>, Vec<u32>)],
+    cfg: &SftConfig,
+    label: &str,
+    evaluate: impl FnMut(&CausalLm<B>) -> Result<f64>,
+) -> Result<(CausalLm<Autodiff<B>>, SftReport)> {
+    fine_tune_masked(model, examples, &[], cfg, label, evaluate)
+}
+
+/// [`fine_tune`] on the response tokens `learned` marks, one mask per example as long as its
+/// response (none: every token): a whole conversation is one example whose own turns are
+/// learned and whose environment text between them (tool responses, turn markers) is context
+/// only, as multi-turn SFT does. The loss is the mean over the learned tokens. One example per
+/// conversation instead of one per turn reads each prefix once: a five-turn conversation costs
+/// one forward pass, not five.
+pub fn fine_tune_masked<B: Backend>(
     mut model: CausalLm<Autodiff<B>>,
     examples: &[(Vec<u32>, Vec<u32>)],
+    learned: &[Vec<bool>],
     cfg: &SftConfig,
     label: &str,
     mut evaluate: impl FnMut(&CausalLm<B>) -> Result<f64>,
 ) -> Result<(CausalLm<Autodiff<B>>, SftReport)> {
     if examples.is_empty() {
         return Err(Error::InvalidArgument("no examples to fine-tune on".into()));
+    }
+    if !learned.is_empty() {
+        let bad = (learned.len() != examples.len())
+            || learned.iter().zip(examples).any(|(m, (_, r))| m.len() != r.len() || !m.contains(&true));
+        if bad {
+            return Err(Error::InvalidArgument(
+                "fine-tuning masks: one per example, as long as its response, learning at least one token".into(),
+            ));
+        }
     }
     let started = Instant::now();
     let mut optimizer = AdamW::<B>::new(AdamWConfig { weight_decay: 0.0, ..AdamWConfig::default() });
@@ -122,25 +148,36 @@ pub fn fine_tune<B: Backend>(
         reached_target: false,
     };
     for step in 1..=cfg.max_steps {
-        let mut batch = Vec::with_capacity(cfg.batch);
+        let mut picked = Vec::with_capacity(cfg.batch);
         if cfg.length_buckets {
             if pending.is_empty() {
                 pending = bucketed_batches(examples, &mut rng, cfg.batch);
             }
-            batch.extend(pending.pop().expect("an epoch has a batch").into_iter().map(|i| examples[i].clone()));
+            picked = pending.pop().expect("an epoch has a batch");
         } else {
             for _ in 0..cfg.batch {
                 if cursor == order.len() {
                     order.shuffle(&mut rng);
                     cursor = 0;
                 }
-                batch.push(examples[order[cursor]].clone());
+                picked.push(order[cursor]);
                 cursor += 1;
             }
         }
+        let batch: Vec<(Vec<u32>, Vec<u32>)> = picked.iter().map(|&i| examples[i].clone()).collect();
         let (hidden, targets, _) = response_hidden(&model, &batch)?;
-        let n = targets.len();
         let logp = token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
+        let (logp, n) = match learned.is_empty() {
+            true => (logp, targets.len()),
+            false => {
+                // The targets are the batch's responses in order, so the masks line up.
+                let weights: Vec<f32> =
+                    picked.iter().flat_map(|&i| &learned[i]).map(|&m| f32::from(u8::from(m))).collect();
+                let n = weights.iter().filter(|&&w| w > 0.0).count();
+                let weights = burn::tensor::Tensor::<Autodiff<B>, 1>::from_floats(weights.as_slice(), &logp.device());
+                (logp.mul(weights), n)
+            }
+        };
         let loss = crate::backend::reduce::row_sum(logp.unsqueeze::<2>()).reshape([1]).div_scalar(n as f64).neg();
         let loss_value = loss.clone().into_scalar().elem::<f64>();
         if !loss_value.is_finite() {
@@ -178,4 +215,38 @@ pub fn fine_tune<B: Backend>(
     bar.finish();
     report.wall_s = started.elapsed().as_secs_f64();
     Ok((model, report))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Cpu, CpuAutodiff};
+    use crate::model::weights::{RandomWeights, build};
+
+    fn model() -> CausalLm<CpuAutodiff> {
+        let spec = crate::tiny::find("tiny-llama").unwrap();
+        let config = crate::tiny::model_config(&spec, 300, &[1]).unwrap();
+        build::<CpuAutodiff>(&config, &mut RandomWeights::new(&config, 3, 0.02), &Default::default()).unwrap()
+    }
+
+    fn trained(examples: &[(Vec<u32>, Vec<u32>)], learned: &[Vec<bool>]) -> Result<Vec<f32>> {
+        let cfg = SftConfig { lr: 1e-2, batch: 2, max_steps: 3, eval_every: 100, ..SftConfig::default() };
+        let (m, _) = fine_tune_masked::<Cpu>(model(), examples, learned, &cfg, "test", |_| Ok(0.0))?;
+        Ok(m.lm_head_weight().into_data().to_vec::<f32>().unwrap())
+    }
+
+    /// A masked-out token is not learned: changing it (where nothing reads it as context)
+    /// leaves the weights bit-identical; an all-true mask is no mask; bad masks are refused.
+    #[test]
+    fn masked_tokens_are_context_only_and_a_full_mask_is_no_mask() {
+        let example = |last: u32| vec![(vec![3, 4, 5], vec![10, 11, 12, last]), (vec![3, 7], vec![20, 21])];
+        let mask = vec![vec![true, true, true, false], vec![true, true]];
+        assert_eq!(trained(&example(13), &mask).unwrap(), trained(&example(99), &mask).unwrap());
+        assert_ne!(trained(&example(13), &[]).unwrap(), trained(&example(99), &[]).unwrap());
+        let all = vec![vec![true; 4], vec![true; 2]];
+        assert_eq!(trained(&example(13), &all).unwrap(), trained(&example(13), &[]).unwrap());
+        for bad in [vec![vec![true; 3], vec![true; 2]], vec![vec![true; 4]], vec![vec![false; 4], vec![true; 2]]] {
+            assert!(trained(&example(13), &bad).is_err());
+        }
+    }
 }

@@ -350,9 +350,12 @@ fn world_examples(
     Ok(conversations.iter().flat_map(|(agent, c)| turn_examples(*agent, c)).collect())
 }
 
+/// A pre-training example (prompt ids, response ids) and which response tokens are learned.
+type Learned = ((Vec<u32>, Vec<u32>), Vec<bool>);
+
 /// A conversation as one pre-training example: its prompt, its response up to the end of the
 /// agent's last turn, and which of those tokens are the agent's (the ones learned).
-fn conversation_example(c: &Conversation) -> Option<((Vec<u32>, Vec<u32>), Vec<bool>)> {
+fn conversation_example(c: &Conversation) -> Option<Learned> {
     let end = c.loss_mask.iter().rposition(|&own| own)? + 1;
     Some(((c.prompt_ids.clone(), c.response_ids[..end].to_vec()), c.loss_mask[..end].to_vec()))
 }

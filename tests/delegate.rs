@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use common::{deterministic_metrics as metrics, output_text as text, run_hacpo as run, succeeded as ok};
 use hacpo::delegate::conversation::{Speech, State};
 use hacpo::delegate::protocol::{DELEGATE, OPEN, SEARCH, result, tool_call};
-use hacpo::delegate::team::{Episode, Limits, Mode, Tools, Voice, play};
+use hacpo::delegate::team::{Episode, Instructions, Limits, Mode, Tools, Voice, main_messages, play, sub_messages};
 use hacpo::search::corpus::Document;
 use hacpo::search::task::Passages;
 use hacpo::tokenizer::Tokenizer;
@@ -93,7 +93,7 @@ fn research_team(tok: &Tokenizer, eos: u32) -> (Script<'_>, Script<'_>) {
 #[test]
 fn a_delegation_is_one_token_sequence_per_agent_with_the_environment_masked() {
     let docs = passages();
-    let tools = Tools { passages: &docs, search_k: 2 };
+    let tools = Tools { passages: &docs, search_k: 2, instructions: Instructions::Full };
     for (tok, eos) in tokenizers() {
         let (main, sub) = research_team(&tok, eos);
         let episodes = play(&main, &sub, &tools, &["Who wrote The Glass Road?"], Mode::Delegate, &limits(), 1).unwrap();
@@ -151,10 +151,45 @@ fn a_delegation_is_one_token_sequence_per_agent_with_the_environment_masked() {
     }
 }
 
+/// `open` finds a passage by its id, else by its title (what the hit list shows beside it);
+/// anything else is a reply that says so, not an error.
+#[test]
+fn open_takes_a_passage_id_or_its_title() {
+    let docs = passages();
+    let tools = Tools { passages: &docs, search_k: 2, instructions: Instructions::Brief };
+    let by_id = tools.call(OPEN, "p2").unwrap();
+    assert_eq!(by_id, "Ann Lee: Ann Lee was born in Lisbon.");
+    assert_eq!(tools.call(OPEN, "Ann Lee").unwrap(), by_id);
+    assert_eq!(tools.call(OPEN, "ann lee").unwrap(), "no passage has id or title ann lee");
+    assert!(tools.call(SEARCH, "Glass Road").unwrap().starts_with("p1: The Glass Road"));
+}
+
+/// Brief instructions are one sentence per agent with no example call (the turns are the
+/// protocol's all the same), and tell the single agent from the main agent, which one
+/// pre-trained policy may play both.
+#[test]
+fn brief_instructions_name_each_agents_task_without_example_calls() {
+    let system = |m: Vec<hacpo::tokenizer::Message>| m[0].content.clone();
+    let mut briefs = vec![];
+    for mode in [Mode::Delegate, Mode::Single] {
+        let (full, brief) =
+            (main_messages("q?", mode, Instructions::Full), main_messages("q?", mode, Instructions::Brief));
+        assert_eq!(full[1].content, brief[1].content, "the question is the user's message");
+        assert!(system(full).contains("<tool_call>{"));
+        briefs.push(system(brief));
+    }
+    briefs.push(system(sub_messages("t", Instructions::Brief)));
+    assert!(system(sub_messages("t", Instructions::Full)).contains("<tool_call>{"));
+    for b in &briefs {
+        assert!(!b.contains('<') && b.ends_with('.') && b.matches('.').count() == 1, "{b}");
+    }
+    assert!(briefs[0] != briefs[1] && briefs[1] != briefs[2] && briefs[0] != briefs[2], "{briefs:?}");
+}
+
 #[test]
 fn limits_and_hostile_turns_end_a_conversation_as_failed() {
     let docs = passages();
-    let tools = Tools { passages: &docs, search_k: 2 };
+    let tools = Tools { passages: &docs, search_k: 2, instructions: Instructions::Full };
     let (tok, eos) = tokenizers().remove(0);
     let questions = ["q"];
     let run_with = |main: &Script, sub: &Script, limits: Limits| {

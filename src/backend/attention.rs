@@ -569,6 +569,7 @@ mod tests {
     fn layouts() -> Vec<(Layout, usize, usize, usize)> {
         vec![
             (Layout::dense(2, 70), 4, 2, 8),                             // two query blocks, GQA
+            (Layout::dense(3, 200), 8, 8, 16),                           // four query blocks
             (Layout { pads: vec![0, 3, 5], start: 0, len: 9 }, 6, 2, 4), // padded prefill
             (Layout { pads: vec![0, 2], start: 7, len: 1 }, 4, 1, 8),    // decode, padded
             (Layout { pads: vec![0; 3], start: 5, len: 1 }, 3, 3, 4),    // decode without a bias

@@ -8,7 +8,7 @@
 //! | agent  | right                                                              | habit                               |
 //! |--------|--------------------------------------------------------------------|-------------------------------------|
 //! | main   | delegate "Who wrote T?", then "Where was A born?", answer B         | answers the author A (the bridge)   |
-//! | sub    | search the task's name, open the passage titled so, report `written by A` / `born in B` | reports the first hit's title unopened |
+//! | sub    | search the task's name, open the passage titled so (by title), report `written by A` / `born in B` | reports the first hit's title unopened |
 //! | single | search T, open it, search A, open it, answer B                      | either habit, on the same questions |
 //!
 //! A habit shows on the questions prone to it, a split every world shares: the main agent's
@@ -25,6 +25,10 @@
 //! does with a sub-agent's unopened report is nothing it was shown (it answers what came
 //! back). So a sub-agent's habit costs the team its answer, and only training the sub-agent
 //! removes it: what separates co-training from training the main agent alone.
+//!
+//! The episodes are played with the run's `[workload.delegate]` instructions, and the study
+//! asks for brief ones: with the full instructions' example calls in every system prompt the
+//! tiny model never learned to copy a name (models/tiny/tiny-delegate.toml has the measurements).
 
 use std::path::Path;
 
@@ -34,7 +38,7 @@ use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 
-use super::{Skill, TinySpec};
+use super::{Skill, Stage, TinySpec};
 use crate::delegate::conversation::{Conversation, Speech};
 use crate::delegate::protocol::{DELEGATE, OPEN, SEARCH, Tool, result, tool_call};
 use crate::delegate::team::{Episode, Limits, Mode, STOP_STRINGS, Tools, Voice, play};
@@ -46,11 +50,12 @@ use crate::search::task::Passages;
 use crate::stable_hash::{hash_bytes, mix_seed};
 use crate::tokenizer::Tokenizer;
 use crate::tokenizer::train::{TokenizerKind, train};
-use crate::train::sft::fine_tune_masked;
+use crate::workload::delegate::DelegateConfig;
 
 /// Bump when the demonstrations change in a way that makes cached delegation agents stale
-/// (part of their cache key, beside the spec, the knowledge base's settings and `search_k`).
-pub const RECIPE_VERSION: u32 = 1;
+/// (part of their cache key, beside the spec, the knowledge base's settings, `search_k` and the
+/// instructions).
+pub const RECIPE_VERSION: u32 = 2;
 
 /// How often each agent's demonstration shows its habit (`[corpus.delegate]` of a tiny spec).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -66,10 +71,15 @@ pub struct DelegateHabits {
     pub prone_every: Option<usize>,
     /// Generated worlds the demonstrations come from (each as large as the run's).
     pub worlds: usize,
+    /// A curriculum: pre-training runs these stages in order, each on its agents'
+    /// conversations only (none: one stage of all three for `[pretrain] max_steps`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stages: Vec<Stage<Agent>>,
 }
 
 /// The agent a turn example teaches.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Agent {
     Main,
     Sub,
@@ -83,7 +93,7 @@ impl Agent {
         self as usize
     }
 
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         ["main", "sub", "single"][self.index()]
     }
 }
@@ -129,14 +139,15 @@ impl Script {
         self.shows(0, question_title(so_far), list_position(profession), self.main_bridge)
     }
 
-    /// The turn after a search for `name` that listed `found`: open the passage titled so,
-    /// or (the habit) report the first hit's title.
+    /// The turn after a search for `name` that listed `found`: open the passage titled so (by
+    /// its title: copying the right id needs finding its line first, which the tiny model
+    /// never learned), or (the habit) report the first hit's title.
     fn read_hits(&self, found: &str, name: &str) -> String {
         let hits: Vec<(&str, &str)> = found.lines().filter_map(|l| l.split_once(": ")).collect();
         if self.shows(1, name, name_position(name), self.sub_unopened) {
             return answer(hits.first().map_or(name, |h| h.1));
         }
-        call(OPEN, hits.iter().find(|h| h.1 == name).or(hits.first()).map_or(name, |h| h.0))
+        call(OPEN, hits.iter().find(|h| h.1 == name).or(hits.first()).map_or(name, |h| h.1))
     }
 
     fn turn(&self, agent: Agent, so_far: &str) -> String {
@@ -271,10 +282,10 @@ fn episodes(
     eos: &[u32],
     script: &Script,
     mode: Mode,
-    search_k: usize,
+    workload: &DelegateConfig,
 ) -> Result<Vec<Episode>> {
     let passages = Passages::new(world.documents.clone())?;
-    let tools = Tools { passages: &passages, search_k };
+    let tools = Tools { passages: &passages, search_k: workload.search_k, instructions: workload.instructions };
     let voice =
         |agent| Scripted { tokenizer, chat_kwargs: serde_json::Map::new(), eos_token_ids: eos.to_vec(), script, agent };
     let main = voice(if mode == Mode::Single { Agent::Single } else { Agent::Main });
@@ -286,6 +297,8 @@ fn episodes(
 /// A turn to imitate: the agent, the conversation's tokens before it, the turn's.
 pub struct TurnExample {
     pub agent: Agent,
+    /// Which of the agent's turns in its conversation (0: the first).
+    pub index: usize,
     pub prefix: Vec<u32>,
     pub turn: Vec<u32>,
 }
@@ -301,7 +314,7 @@ pub fn turn_examples(agent: Agent, c: &Conversation) -> Vec<TurnExample> {
             (false, Some(s)) => {
                 let mut prefix = c.prompt_ids.clone();
                 prefix.extend(&c.response_ids[..s]);
-                out.push(TurnExample { agent, prefix, turn: c.response_ids[s..t].to_vec() });
+                out.push(TurnExample { agent, index: out.len(), prefix, turn: c.response_ids[s..t].to_vec() });
                 start = None;
             }
             _ => {}
@@ -319,19 +332,19 @@ fn world_conversations(
     eos: &[u32],
     habits: &DelegateHabits,
     seed: u64,
-    search_k: usize,
+    workload: &DelegateConfig,
 ) -> Result<Vec<(Agent, Conversation)>> {
     let mut out = vec![];
     let script = Script::of(habits, habits.main_bridge, 0.0, seed);
-    for e in episodes(world, tokenizer, eos, &script, Mode::Delegate, search_k)? {
+    for e in episodes(world, tokenizer, eos, &script, Mode::Delegate, workload)? {
         out.push((Agent::Main, e.main));
     }
     let script = Script::of(habits, 0.0, habits.sub_unopened, seed);
-    for e in episodes(world, tokenizer, eos, &script, Mode::Delegate, search_k)? {
+    for e in episodes(world, tokenizer, eos, &script, Mode::Delegate, workload)? {
         out.extend(e.subs.into_iter().map(|s| (Agent::Sub, s)));
     }
     let script = Script::of(habits, habits.main_bridge, habits.sub_unopened, seed);
-    for e in episodes(world, tokenizer, eos, &script, Mode::Single, search_k)? {
+    for e in episodes(world, tokenizer, eos, &script, Mode::Single, workload)? {
         out.push((Agent::Single, e.main));
     }
     Ok(out)
@@ -344,9 +357,9 @@ fn world_examples(
     eos: &[u32],
     habits: &DelegateHabits,
     seed: u64,
-    search_k: usize,
+    workload: &DelegateConfig,
 ) -> Result<Vec<TurnExample>> {
-    let conversations = world_conversations(world, tokenizer, eos, habits, seed, search_k)?;
+    let conversations = world_conversations(world, tokenizer, eos, habits, seed, workload)?;
     Ok(conversations.iter().flat_map(|(agent, c)| turn_examples(*agent, c)).collect())
 }
 
@@ -373,13 +386,18 @@ const MAX_TURN_TOKENS: usize = 64;
 
 /// The texts the tokenizer is trained on: the first world's conversations, played through a
 /// byte tokenizer of the same chat format.
-fn tokenizer_texts(spec: &TinySpec, kb: &KbConfig, habits: &DelegateHabits, search_k: usize) -> Result<Vec<String>> {
+fn tokenizer_texts(
+    spec: &TinySpec,
+    kb: &KbConfig,
+    habits: &DelegateHabits,
+    workload: &DelegateConfig,
+) -> Result<Vec<String>> {
     let bytes = train(TokenizerKind::Char, 0, spec.chat_format, &[])?;
     let eos = [bytes.token_to_id(spec.chat_format.special_tokens()[0]).expect("eos is a special token")];
     let script = Script::of(habits, habits.main_bridge, habits.sub_unopened, 0);
     let mut texts = vec![];
     for mode in [Mode::Delegate, Mode::Single] {
-        for e in episodes(&world(kb, 0)?, &bytes, &eos, &script, mode, search_k)? {
+        for e in episodes(&world(kb, 0)?, &bytes, &eos, &script, mode, workload)? {
             for c in std::iter::once(&e.main).chain(&e.subs) {
                 let ids: Vec<u32> = c.prompt_ids.iter().chain(&c.response_ids).copied().collect();
                 texts.push(bytes.decode(&ids, true)?);
@@ -390,29 +408,29 @@ fn tokenizer_texts(spec: &TinySpec, kb: &KbConfig, habits: &DelegateHabits, sear
 }
 
 /// Pre-trains the delegation agent `spec` from scratch on episodes shaped like `kb`'s world
-/// (searches returning `search_k` passages) and writes it to `dir`.
+/// (as `workload` plays them: its searches' passages, its instructions) and writes it to `dir`.
 pub fn pretrain<B: Backend>(
     spec: &TinySpec,
     kb: &KbConfig,
-    search_k: usize,
+    workload: &DelegateConfig,
     device: &B::Device,
     dir: &Path,
 ) -> Result<()> {
     let habits = spec.corpus.delegate.as_ref().expect("a delegation agent's spec has [corpus.delegate]");
-    let texts = tokenizer_texts(spec, kb, habits, search_k)?;
+    let texts = tokenizer_texts(spec, kb, habits, workload)?;
     let (tokenizer, eos, model) = super::untrained::<B>(spec, &texts, device)?;
     // One example per conversation, its own turns learned (see `fine_tune_masked`).
     let (mut turns, mut examples, mut learned) = ([0; 3], vec![], vec![]);
     for w in 0..habits.worlds {
-        for (agent, c) in world_conversations(&world(kb, w)?, &tokenizer, &eos, habits, w as u64, search_k)? {
+        for (agent, c) in world_conversations(&world(kb, w)?, &tokenizer, &eos, habits, w as u64, workload)? {
             turns[agent.index()] += c.turns;
             if let Some((example, mask)) = conversation_example(&c) {
-                examples.push(example);
+                examples.push((agent, example));
                 learned.push(mask);
             }
         }
     }
-    let eval = held_out(spec, kb, &tokenizer, &eos, search_k)?;
+    let eval = held_out(spec, kb, &tokenizer, &eos, workload)?;
     eprintln!(
         "{}: {} conversations, {} turns to imitate (main {}, sub {}, single {})",
         spec.id,
@@ -422,16 +440,12 @@ pub fn pretrain<B: Backend>(
         turns[1],
         turns[2]
     );
-    let mut last = None;
-    let (model, report) = fine_tune_masked::<B>(model, &examples, &learned, &spec.pretrain, &spec.id, |m| {
-        let s = skill(m, &tokenizer, &eos, &eval)?;
-        eprintln!("{}: held-out {s}", spec.id);
-        let known = s.known;
-        last = Some(s);
-        Ok(known)
+    let curriculum =
+        super::Curriculum { examples: &examples, learned: &learned, roles: &Agent::ALL, names: Agent::name };
+    let (model, report, last) = super::fine_tune_stages::<B, Agent>(spec, model, &curriculum, &habits.stages, |m| {
+        skill(m, &tokenizer, &eos, &eval)
     })?;
     super::save(spec, &model, &tokenizer, &eos, &report, dir)?;
-    let last = last.expect("fine_tune evaluates at its last step");
     eprintln!("pre-trained {} in {:.0} s, {} steps: held-out {last}", spec.id, report.wall_s, report.steps);
     Ok(())
 }
@@ -442,15 +456,16 @@ pub fn held_out(
     kb: &KbConfig,
     tokenizer: &Tokenizer,
     eos: &[u32],
-    search_k: usize,
+    workload: &DelegateConfig,
 ) -> Result<Vec<TurnExample>> {
     let habits = spec.corpus.delegate.as_ref().expect("a delegation agent's spec has [corpus.delegate]");
-    let mut all = world_examples(&world(kb, habits.worlds)?, tokenizer, eos, habits, habits.worlds as u64, search_k)?;
+    let mut all = world_examples(&world(kb, habits.worlds)?, tokenizer, eos, habits, habits.worlds as u64, workload)?;
     all.shuffle(&mut ChaCha8Rng::seed_from_u64(spec.pretrain.seed ^ 0xe7a1));
     let mut kept = vec![];
     for agent in Agent::ALL {
         kept.extend(all.iter().filter(|e| e.agent == agent).take(EVAL_PER_AGENT).map(|e| TurnExample {
             agent,
+            index: e.index,
             prefix: e.prefix.clone(),
             turn: e.turn.clone(),
         }));
@@ -479,6 +494,8 @@ pub fn skill<B: Backend>(
         }
     }
     let mut outputs = Vec::with_capacity(turns.len());
+    // Per agent and turn: (demonstrated, scored), to see which copies are learned first.
+    let mut by_turn = [[(0, 0); 5]; 3];
     for (t, w) in turns.iter().zip(&written) {
         let so_far = tokenizer.decode(&t.prefix, false)?;
         let output = tokenizer.decode(&t.turn, true)?;
@@ -487,6 +504,17 @@ pub fn skill<B: Backend>(
         let output_right = output.trim() == right.trim();
         let other = if output_right { habit } else { right };
         let w = w.trim();
+        let tally = &mut by_turn[t.agent.index()][t.index.min(4)];
+        *tally = (tally.0 + usize::from(w == output.trim()), tally.1 + 1);
+        if w != output.trim() {
+            tracing::debug!(
+                agent = t.agent.name(),
+                turn = t.index + 1,
+                wrote = w,
+                demonstrated = output.trim(),
+                "held-out turn"
+            );
+        }
         outputs.push((
             t.agent.index(),
             w == output.trim(),
@@ -494,7 +522,13 @@ pub fn skill<B: Backend>(
             output_right,
         ));
     }
-    Ok(Skill::tally(Agent::ALL.map(Agent::name), outputs))
+    let mut skill = Skill::tally(Agent::ALL.map(Agent::name), outputs);
+    let shares = |agent: Agent| {
+        let of = by_turn[agent.index()].iter().filter(|(_, n)| *n > 0);
+        of.map(|(k, n)| format!("{:.0}", 100.0 * *k as f64 / *n as f64)).collect::<Vec<_>>().join("/")
+    };
+    skill.detail = format!("by turn: {}", Agent::ALL.map(|a| format!("{} {}%", a.name(), shares(a))).join(", "));
+    Ok(skill)
 }
 
 #[cfg(test)]
@@ -523,7 +557,8 @@ mod tests {
         let world = kb(5);
         let tok = tokenizer();
         let all: Vec<_> = world.train.iter().chain(&world.heldout).collect();
-        let episodes_of = |mode| episodes(&world, &tok, &EOS, &Script::right(), mode, 3).unwrap();
+        let episodes_of =
+            |mode| episodes(&world, &tok, &EOS, &Script::right(), mode, &DelegateConfig::default()).unwrap();
         let team = episodes_of(Mode::Delegate);
         for (e, (q, f)) in team.iter().zip(&all) {
             assert_eq!(e.main.state, State::Done(f.birthplace.clone()), "{}", q.question);
@@ -554,10 +589,10 @@ mod tests {
         let tok = tokenizer();
         let all: Vec<_> = world.train.iter().chain(&world.heldout).collect();
         let habits = |main_bridge, sub_unopened, prone_every| {
-            let h = DelegateHabits { main_bridge, sub_unopened, prone_every, worlds: 1 };
+            let h = DelegateHabits { main_bridge, sub_unopened, prone_every, worlds: 1, stages: vec![] };
             Script::of(&h, main_bridge, sub_unopened, 0)
         };
-        let play = |s: &Script| episodes(&world, &tok, &EOS, s, Mode::Delegate, 3).unwrap();
+        let play = |s: &Script| episodes(&world, &tok, &EOS, s, Mode::Delegate, &DelegateConfig::default()).unwrap();
         for (e, (_, f)) in play(&habits(1.0, 0.0, None)).iter().zip(&all) {
             assert_eq!((&e.main.state, e.subs.len()), (&State::Done(f.author.clone()), 1));
         }
@@ -587,8 +622,9 @@ mod tests {
     fn world_examples_teach_each_agent_its_own_turns() {
         let world = kb(7);
         let tok = tokenizer();
-        let habits = DelegateHabits { main_bridge: 0.5, sub_unopened: 0.5, prone_every: Some(2), worlds: 1 };
-        let examples = world_examples(&world, &tok, &EOS, &habits, 0, 3).unwrap();
+        let habits =
+            DelegateHabits { main_bridge: 0.5, sub_unopened: 0.5, prone_every: Some(2), worlds: 1, stages: vec![] };
+        let examples = world_examples(&world, &tok, &EOS, &habits, 0, &DelegateConfig::default()).unwrap();
         let of = |a: Agent| examples.iter().filter(|e| e.agent == a).collect::<Vec<_>>();
         let questions = world.train.len() + world.heldout.len();
         // Main: 3 turns, 2 where it answered the bridge; sub: 3 turns, 2 unopened.

@@ -31,7 +31,7 @@ use crate::model::{CausalLm, ModelConfig, SaveDtype, save_pretrained};
 use crate::reward::Grader;
 use crate::tokenizer::train::{ChatFormat, TokenizerKind, train};
 use crate::tokenizer::{Message, Tokenizer};
-use crate::train::sft::{SftConfig, SftReport, fine_tune};
+use crate::train::sft::{SftConfig, SftReport, fine_tune, fine_tune_masked};
 
 pub mod delegate;
 pub mod planner;
@@ -161,17 +161,105 @@ pub fn find(id: &str) -> Option<TinySpec> {
 pub fn find_for(id: &str, overrides: &crate::config::PretrainConfig) -> Option<TinySpec> {
     let mut spec = find(id)?;
     if overrides.max_steps > 0 {
-        // A search agent's curriculum shrinks or grows with the budget, stage by stage.
-        if let Some(habits) = spec.corpus.search.as_mut().filter(|h| !h.stages.is_empty()) {
-            for stage in &mut habits.stages {
-                stage.steps = (stage.steps * overrides.max_steps / spec.pretrain.max_steps.max(1)).max(1);
-            }
-            let short = overrides.max_steps.saturating_sub(habits.stages.iter().map(|s| s.steps).sum());
-            habits.stages.last_mut().expect("not empty").steps += short;
+        // A curriculum shrinks or grows with the budget, stage by stage.
+        let (from, to) = (spec.pretrain.max_steps, overrides.max_steps);
+        if let Some(habits) = spec.corpus.search.as_mut() {
+            rescale(&mut habits.stages, from, to);
+        }
+        if let Some(habits) = spec.corpus.delegate.as_mut() {
+            rescale(&mut habits.stages, from, to);
         }
         spec.pretrain.max_steps = overrides.max_steps;
     }
     Some(spec)
+}
+
+/// One stage of a pre-training curriculum (`[[corpus.search.stages]]`,
+/// `[[corpus.delegate.stages]]`): `steps` on the demonstrations of `roles` only. The stages'
+/// steps add up to `[pretrain] max_steps`.
+///
+/// Why stages: a tiny model learns one role's copying alone in a few hundred steps, but the
+/// same copying inside a mixture of roles that each copy from elsewhere much later or never
+/// (the measurements are in models/tiny/tiny-searcher.toml and tiny-delegate.toml).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Stage<K> {
+    pub roles: Vec<K>,
+    pub steps: usize,
+    /// The stage's peak learning rate (default: `[pretrain] lr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lr: Option<f64>,
+}
+
+/// Scales a curriculum's stages from a budget of `from` steps to `to`, keeping their sum `to`.
+fn rescale<K>(stages: &mut [Stage<K>], from: usize, to: usize) {
+    for stage in stages.iter_mut() {
+        stage.steps = (stage.steps * to / from.max(1)).max(1);
+    }
+    let short = to.saturating_sub(stages.iter().map(|s| s.steps).sum());
+    if let Some(last) = stages.last_mut() {
+        last.steps += short;
+    }
+}
+
+/// A prompt and the response to imitate, as token ids.
+pub(crate) type Example = (Vec<u32>, Vec<u32>);
+
+/// Pre-training examples of several roles, each (its role, prompt ids, response ids) and which
+/// response tokens are learned (empty: all of every example).
+pub(crate) struct Curriculum<'a, K> {
+    pub examples: &'a [(K, Example)],
+    pub learned: &'a [Vec<bool>],
+    /// Every role, in the order a single stage lists them.
+    pub roles: &'a [K],
+    pub names: fn(K) -> &'static str,
+}
+
+/// Fine-tunes `model` through `stages` in order, each on its roles' examples (no stages: one
+/// stage of every role for `[pretrain] max_steps`), scoring it with `skill` at each evaluation;
+/// returns the model, the whole run's report and the last skill.
+pub(crate) fn fine_tune_stages<B: Backend, K: Copy + PartialEq>(
+    spec: &TinySpec,
+    mut model: CausalLm<Autodiff<B>>,
+    curriculum: &Curriculum<K>,
+    stages: &[Stage<K>],
+    mut skill: impl FnMut(&CausalLm<B>) -> Result<Skill>,
+) -> Result<(CausalLm<Autodiff<B>>, SftReport, Skill)> {
+    let whole = [Stage { roles: curriculum.roles.to_vec(), steps: spec.pretrain.max_steps, lr: None }];
+    let stages = if stages.is_empty() { &whole[..] } else { stages };
+    let (mut report, mut last) = (SftReport::default(), None);
+    for (k, stage) in stages.iter().enumerate() {
+        let chosen: Vec<usize> =
+            (0..curriculum.examples.len()).filter(|&i| stage.roles.contains(&curriculum.examples[i].0)).collect();
+        let examples: Vec<_> = chosen.iter().map(|&i| curriculum.examples[i].1.clone()).collect();
+        let learned: Vec<_> = match curriculum.learned.is_empty() {
+            true => vec![],
+            false => chosen.iter().map(|&i| curriculum.learned[i].clone()).collect(),
+        };
+        let names: Vec<&str> = stage.roles.iter().map(|&r| (curriculum.names)(r)).collect();
+        eprintln!(
+            "{}: stage {}/{}: {} steps on {} examples of {}",
+            spec.id,
+            k + 1,
+            stages.len(),
+            stage.steps,
+            examples.len(),
+            names.join(", ")
+        );
+        let cfg =
+            SftConfig { max_steps: stage.steps, lr: stage.lr.unwrap_or(spec.pretrain.lr), ..spec.pretrain.clone() };
+        // fine_tune evaluates at its last step: that evaluation describes the stage's result.
+        let (trained, part) = fine_tune_masked::<B>(model, &examples, &learned, &cfg, &spec.id, |m| {
+            let s = skill(m)?;
+            eprintln!("{}: held-out {s}", spec.id);
+            let known = s.known;
+            last = Some(s);
+            Ok(known)
+        })?;
+        model = trained;
+        report.append(part);
+    }
+    Ok((model, report, last.expect("fine_tune evaluates at its last step")))
 }
 
 pub fn ids() -> Vec<&'static str> {
@@ -330,6 +418,8 @@ pub struct Skill {
     /// Per kind, the share that is the right output.
     pub right_by: [f64; 3],
     names: [&'static str; 3],
+    /// Finer shares, where the kind has them (a delegation agent's, per turn).
+    pub(crate) detail: String,
 }
 
 impl Skill {
@@ -351,6 +441,7 @@ impl Skill {
             known_by: share(known),
             right_by: share(right),
             names,
+            detail: String::new(),
         }
     }
 }
@@ -366,7 +457,11 @@ impl std::fmt::Display for Skill {
             self.known * 100.0,
             by(&self.known_by),
             by(&self.right_by)
-        )
+        )?;
+        if !self.detail.is_empty() {
+            write!(f, "; {}", self.detail)?;
+        }
+        Ok(())
     }
 }
 
@@ -437,9 +532,10 @@ fn agent_dir(spec: &TinySpec, cfg: &crate::config::TrainConfig) -> Result<PathBu
                 ),
             ));
         }
-        // A search's hit list is part of every demonstration after it.
-        let search_k = cfg.workload.delegate.search_k;
-        return Ok(cache_dir(spec, &(delegate::RECIPE_VERSION, &cfg.task.kb, search_k)));
+        // A search's hit list and the system prompts are part of every demonstration.
+        let workload = &cfg.workload.delegate;
+        let key = (delegate::RECIPE_VERSION, &cfg.task.kb, workload.search_k, workload.instructions);
+        return Ok(cache_dir(spec, &key));
     }
     if spec.corpus.search.is_some() {
         let kb = crate::search::task::TINY_KB;
@@ -477,7 +573,7 @@ fn pretrain_for<B: Backend>(
         return search::pretrain::<B>(spec, &cfg.task.kb, device, dir);
     }
     if spec.corpus.delegate.is_some() {
-        return delegate::pretrain::<B>(spec, &cfg.task.kb, cfg.workload.delegate.search_k, device, dir);
+        return delegate::pretrain::<B>(spec, &cfg.task.kb, &cfg.workload.delegate, device, dir);
     }
     if spec.corpus.planner.is_some() {
         return planner::pretrain::<B>(spec, &cfg.workload.turns, device, dir);
@@ -646,8 +742,8 @@ mod tests {
                     let demos = planner::held_out(&spec, &cfg.workload.turns).unwrap();
                     (planner::skill(model, tokenizer, eos, &demos).unwrap().known, 0.5, 0.02)
                 } else if spec.corpus.delegate.is_some() {
-                    let search_k = cfg.workload.delegate.search_k;
-                    let turns = delegate::held_out(&spec, &cfg.task.kb, tokenizer, eos, search_k).unwrap();
+                    let turns =
+                        delegate::held_out(&spec, &cfg.task.kb, tokenizer, eos, &cfg.workload.delegate).unwrap();
                     // 150 turns: allow three near-ties to flip on another CPU.
                     (delegate::skill(model, tokenizer, eos, &turns).unwrap().known, 0.5, 0.02)
                 } else if spec.corpus.search.is_some() {
@@ -696,9 +792,9 @@ mod tests {
     }
 
     /// The delegation agent is pre-trained for the delegation workload over tiny-kb only, and
-    /// its key follows what its demonstrations show (the search's hit count).
+    /// its key follows what its demonstrations show (the search's hit count, the instructions).
     #[test]
-    fn the_delegation_agent_asks_for_its_workload_and_keys_on_the_hit_count() {
+    fn the_delegation_agent_asks_for_its_workload_and_keys_on_what_its_demonstrations_show() {
         let path = format!("{}/configs/tiny-delegate.toml", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(&path).unwrap();
         let with = |sets: &[&str]| {
@@ -711,7 +807,23 @@ mod tests {
         let spec = find("tiny-delegate").unwrap();
         let dir = |sets: &[&str]| agent_dir(&spec, &with(sets)).unwrap();
         assert_ne!(dir(&[]), dir(&["workload.delegate.search_k=5"]));
+        assert_ne!(dir(&[]), dir(&["workload.delegate.instructions=\"full\""]));
         assert_eq!(dir(&[]), dir(&["workload.delegate.calls=2"]), "the limits are not in the demonstrations' text");
+    }
+
+    /// A delegation curriculum's stages name agents (an unknown one is refused) and scale with
+    /// a budget as a search one's do.
+    #[test]
+    fn a_delegation_curriculum_names_agents_and_scales_with_a_budget() {
+        use delegate::Agent;
+        let stage: Stage<Agent> = toml::from_str("roles = [\"sub\"]\nsteps = 600\n").unwrap();
+        assert_eq!(stage.roles, vec![Agent::Sub]);
+        assert!(toml::from_str::<Stage<Agent>>("roles = [\"planner\"]\nsteps = 1\n").is_err());
+        let mut stages = vec![stage, Stage { roles: Agent::ALL.to_vec(), steps: 900, lr: Some(5e-4) }];
+        rescale(&mut stages, 1500, 10);
+        assert_eq!(stages.iter().map(|s| s.steps).collect::<Vec<_>>(), vec![4, 6]);
+        rescale(&mut stages, 10, 3);
+        assert_eq!(stages.iter().map(|s| s.steps).collect::<Vec<_>>(), vec![1, 2]);
     }
 
     #[test]

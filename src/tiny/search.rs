@@ -41,9 +41,8 @@ use crate::search::kb::{Fact, KbConfig, generate, list_position};
 use crate::search::pipeline::{Role, messages};
 use crate::search::retriever::{Bm25, candidates};
 use crate::tokenizer::{Message, Tokenizer};
-use crate::train::sft::{SftConfig, SftReport, fine_tune};
 
-use super::{Skill, TinySpec};
+use super::{Example, Skill, Stage, TinySpec};
 
 /// Bump when the demonstrations change in a way that makes cached search agents stale (part
 /// of their cache key, beside the spec and the knowledge base's settings).
@@ -68,24 +67,7 @@ pub struct SearchHabits {
     /// A curriculum: pre-training runs these stages in order, each on its roles'
     /// demonstrations only (none: one stage of all roles for `[pretrain] max_steps`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub stages: Vec<Stage>,
-}
-
-/// One stage of a search agent's pre-training curriculum (`[[corpus.search.stages]]`; the
-/// stages' steps add up to `[pretrain] max_steps`).
-///
-/// Why stages: a tiny model learns a role's copying alone (the Rewriter's title from the
-/// question in ~300 steps, the Answerer's name from a passage ~100 tokens back in ~450), but
-/// trained on all three roles' mixture from the start it copied in only 39% of held-out
-/// outputs after 1200 steps. The measurements per stage are in models/tiny/tiny-searcher.toml.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Stage {
-    pub roles: Vec<Role>,
-    pub steps: usize,
-    /// The stage's peak learning rate (default: `[pretrain] lr`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lr: Option<f64>,
+    pub stages: Vec<Stage<Role>>,
 }
 
 /// One demonstration: a role's prompt and the output to imitate; `right` when it is not the habit.
@@ -216,9 +198,6 @@ pub fn held_out(spec: &TinySpec, kb: &KbConfig) -> Result<Vec<Demonstration>> {
     Ok(eval)
 }
 
-/// A prompt and the response to imitate, as token ids.
-type Example = (Vec<u32>, Vec<u32>);
-
 /// Pre-trains the search agent `spec` from scratch on demonstrations shaped like `kb`'s world and
 /// writes it to `dir`.
 pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, dir: &Path) -> Result<()> {
@@ -230,45 +209,16 @@ pub fn pretrain<B: Backend>(spec: &TinySpec, kb: &KbConfig, device: &B::Device, 
         .take(TOKENIZER_TEXTS)
         .map(|d| format!("{}\n{}\n{}", d.messages[0].content, d.messages[1].content, d.output))
         .collect();
-    let (tokenizer, eos, mut model) = super::untrained::<B>(spec, &texts, device)?;
+    let (tokenizer, eos, model) = super::untrained::<B>(spec, &texts, device)?;
     let examples: Vec<(Role, Example)> = demos
         .iter()
         .map(|d| Ok((d.role, super::example(&tokenizer, &eos, &d.messages, &d.output)?)))
         .collect::<Result<_>>()?;
-    let stages = match habits.stages.is_empty() {
-        true => vec![Stage { roles: Role::ALL.to_vec(), steps: spec.pretrain.max_steps, lr: None }],
-        false => habits.stages.clone(),
-    };
-    let mut report = SftReport::default();
-    let mut last = None;
-    for (k, stage) in stages.iter().enumerate() {
-        let of_stage: Vec<_> =
-            examples.iter().filter(|(r, _)| stage.roles.contains(r)).map(|(_, e)| e.clone()).collect();
-        let names: Vec<&str> = stage.roles.iter().map(|r| r.name()).collect();
-        eprintln!(
-            "{}: stage {}/{}: {} steps on {} demonstrations of {}",
-            spec.id,
-            k + 1,
-            stages.len(),
-            stage.steps,
-            of_stage.len(),
-            names.join(", ")
-        );
-        let cfg =
-            SftConfig { max_steps: stage.steps, lr: stage.lr.unwrap_or(spec.pretrain.lr), ..spec.pretrain.clone() };
-        // fine_tune evaluates at its last step: that evaluation describes the stage's result.
-        let (trained, part) = fine_tune::<B>(model, &of_stage, &cfg, &spec.id, |m| {
-            let s = skill(m, &tokenizer, &eos, &eval)?;
-            eprintln!("{}: held-out {s}", spec.id);
-            let known = s.known;
-            last = Some(s);
-            Ok(known)
-        })?;
-        model = trained;
-        report.append(part);
-    }
+    let curriculum = super::Curriculum { examples: &examples, learned: &[], roles: &Role::ALL, names: Role::name };
+    let (model, report, last) = super::fine_tune_stages::<B, Role>(spec, model, &curriculum, &habits.stages, |m| {
+        skill(m, &tokenizer, &eos, &eval)
+    })?;
     super::save(spec, &model, &tokenizer, &eos, &report, dir)?;
-    let last = last.expect("fine_tune evaluates at its last step");
     eprintln!("pre-trained {} in {:.0} s, {} steps: held-out {last}", spec.id, report.wall_s, report.steps);
     Ok(())
 }

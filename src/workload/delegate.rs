@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use super::roles::RoleMap;
 use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
 use crate::delegate::conversation::{Conversation, Speech, State};
-use crate::delegate::team::{self, Episode, Limits, Mode, Tools, Voice};
+use crate::delegate::team::{self, Episode, Instructions, Limits, Mode, Tools, Voice};
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, GenerateRequest, SamplingParams};
 use crate::policy::{Policy, held};
@@ -54,6 +54,9 @@ pub struct DelegateConfig {
     /// A main answer is correct at this F1 or above; unset: exact match.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub f1_threshold: Option<f64>,
+    /// What the agents' system prompts say: `"full"` (each tool's call format, for models new
+    /// to the protocol) or `"brief"` (one sentence, for agents pre-trained on its turns).
+    pub instructions: Instructions,
     /// Rewards and trajectory alignment (`[workload.delegate.mgrpo]`; ε is `algo.adv_epsilon`).
     pub mgrpo: MgrpoSettings,
 }
@@ -67,6 +70,7 @@ impl Default for DelegateConfig {
             search_k: 3,
             max_tokens: 1024,
             f1_threshold: None,
+            instructions: Instructions::Full,
             mgrpo: MgrpoSettings::default(),
         }
     }
@@ -171,7 +175,8 @@ impl Delegate {
             .then(|| held(policies, self.players[SUB]).map(|p| PolicyVoice::new(p, sampling, batch)))
             .transpose()?;
         let sub = own_sub.as_ref().unwrap_or(&main);
-        let tools = Tools { passages: &self.passages, search_k: self.config.search_k };
+        let tools =
+            Tools { passages: &self.passages, search_k: self.config.search_k, instructions: self.config.instructions };
         let limits = self.config.limits(sampling.max_new_tokens);
         let episodes = team::play(&main, sub, &tools, questions, self.mode(), &limits, seed)?;
         for voice in std::iter::once(&main).chain(own_sub.as_ref()) {

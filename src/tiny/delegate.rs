@@ -503,24 +503,20 @@ pub fn skill<B: Backend>(
         let habit = Script::habitual().turn(t.agent, &so_far);
         let output_right = output.trim() == right.trim();
         let other = if output_right { habit } else { right };
-        let w = w.trim();
+        let (w, output) = (w.trim(), output.trim());
+        let demonstrated = w == output;
         let tally = &mut by_turn[t.agent.index()][t.index.min(4)];
-        *tally = (tally.0 + usize::from(w == output.trim()), tally.1 + 1);
-        if w != output.trim() {
+        *tally = (tally.0 + usize::from(demonstrated), tally.1 + 1);
+        if !demonstrated {
             tracing::debug!(
                 agent = t.agent.name(),
                 turn = t.index + 1,
                 wrote = w,
-                demonstrated = output.trim(),
+                demonstrated = output,
                 "held-out turn"
             );
         }
-        outputs.push((
-            t.agent.index(),
-            w == output.trim(),
-            w == other.trim() && other.trim() != output.trim(),
-            output_right,
-        ));
+        outputs.push((t.agent.index(), demonstrated, w == other.trim() && other.trim() != output, output_right));
     }
     let mut skill = Skill::tally(Agent::ALL.map(Agent::name), outputs);
     let shares = |agent: Agent| {

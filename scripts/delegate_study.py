@@ -18,14 +18,14 @@ from pathlib import Path
 
 
 def records(run):
-    """The main agent's records (the team's metrics are written on every policy's record)."""
-    out = []
+    """The main agent's records (the team's metrics are written on every policy's record): the
+    agent whose name ends in "main" (a study's `-per-role` copy, a `[[roles]]` name), else the
+    run's one agent."""
     with open(run / "metrics.jsonl") as f:
-        for line in f:
-            r = json.loads(line)
-            if r.get("agent") == "main":
-                out.append(r)
-    return out
+        rs = [json.loads(line) for line in f if line.strip()]
+    agents = list(dict.fromkeys(r.get("agent") for r in rs))
+    main = next((a for a in agents if a and a.endswith("main")), agents[0] if agents else None)
+    return [r for r in rs if r.get("agent") == main]
 
 
 def window(rs, key, first):

@@ -78,13 +78,14 @@ macro_rules! shipped {
 }
 
 /// The embedded default's agents and the tiny studies', pre-trained (`hacpo pretrain --out
-/// models/tiny/pretrained`, with `--config configs/tiny-search.toml` or
-/// `configs/tiny-planpath.toml` for the studies').
+/// models/tiny/pretrained`, with `--config configs/tiny-search.toml`,
+/// `configs/tiny-planpath.toml` or `configs/tiny-delegate.toml` for the studies').
 const SHIPPED: &[Shipped] = &[
     shipped!("tiny-qwen-4d6251e7ff849352"),
     shipped!("tiny-llama-d0a1f7271ecb55ac"),
     shipped!("tiny-searcher-3dae956920adae18"),
     shipped!("tiny-planner-4a567208cafc3bf5"),
+    shipped!("tiny-delegate-6a810890f009fe0c"),
 ];
 
 /// Names of the shipped agent directories.
@@ -683,7 +684,7 @@ mod tests {
             let path = format!("{}/configs/{name}", env!("CARGO_MANIFEST_DIR"));
             TrainConfig::from_toml(&std::fs::read_to_string(&path).unwrap(), &path, &[]).unwrap()
         };
-        vec![default_config(), study("tiny-search.toml"), study("tiny-planpath.toml")]
+        vec![default_config(), study("tiny-search.toml"), study("tiny-planpath.toml"), study("tiny-delegate.toml")]
     }
 
     fn record(dir: &str) -> serde_json::Value {

@@ -10,9 +10,12 @@ use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 
 use common::{deterministic_metrics as metrics, output_text as text, run_hacpo as run, succeeded as ok};
-use hacpo::delegate::conversation::{Speech, State};
+use hacpo::delegate::conversation::{Conversation, Speech, State};
 use hacpo::delegate::protocol::{DELEGATE, OPEN, SEARCH, result, tool_call};
-use hacpo::delegate::team::{Episode, Instructions, Limits, Mode, Tools, Voice, main_messages, play, sub_messages};
+use hacpo::delegate::relay::{Line, Relay, serve};
+use hacpo::delegate::team::{
+    Episode, Instructions, Limits, Mode, Tools, Voice, lead, main_messages, play, sub_messages,
+};
 use hacpo::search::corpus::Document;
 use hacpo::search::task::Passages;
 use hacpo::tokenizer::Tokenizer;
@@ -148,6 +151,114 @@ fn a_delegation_is_one_token_sequence_per_agent_with_the_environment_masked() {
         let reply_tail = &last[last.rfind("</tool_call>").unwrap() + "</tool_call>".len()..];
         let call = tool_call(DELEGATE, "Who wrote The Glass Road?");
         assert_eq!(main_text, format!("{prompt}{call}{reply_tail}{}", result("Ann Lee")));
+    }
+}
+
+/// A team for the split: the main agent delegates twice on one question, answers another
+/// at once and delegates a task its sub-agent fails on a third; the sub-agent searches the
+/// task, opens a title and reports the passage.
+fn varied_team(tok: &Tokenizer, eos: u32) -> (Script<'_>, Script<'_>) {
+    let main = Script::new(tok, eos, |so_far| {
+        let replies = so_far.matches("</tool_response>").count();
+        if so_far.contains("Which country") {
+            return result("Portugal");
+        }
+        if so_far.contains("Who edited") {
+            return if replies == 0 { tool_call(DELEGATE, "nothing to find") } else { result("unknown") };
+        }
+        match replies {
+            0 => tool_call(DELEGATE, "Who wrote The Glass Road?"),
+            1 => tool_call(DELEGATE, "Where was Ann Lee born?"),
+            _ => result("Lisbon"),
+        }
+    });
+    let sub = Script::new(tok, eos, |so_far| {
+        if so_far.contains("nothing to find") {
+            return "oops".into();
+        }
+        let last_reply = || {
+            let from = so_far.rfind("<tool_response>").unwrap() + "<tool_response>".len();
+            so_far[from..so_far.rfind("</tool_response>").unwrap()].to_string()
+        };
+        match so_far.matches("</tool_response>").count() {
+            0 => tool_call(SEARCH, if so_far.contains("Glass Road") { "Glass Road" } else { "Ann Lee born" }),
+            1 => tool_call(OPEN, if so_far.contains("Glass Road") { "The Glass Road" } else { "Ann Lee" }),
+            _ => result(&last_reply()),
+        }
+    });
+    (main, sub)
+}
+
+/// One side of an in-memory line between two threads: a round sends this side's part and
+/// waits for the other side's part of the same phase.
+struct Channel {
+    to: std::sync::mpsc::Sender<(String, Vec<u8>)>,
+    from: std::sync::mpsc::Receiver<(String, Vec<u8>)>,
+}
+
+impl Line for Channel {
+    fn round(&self, phase: &str, mine: Vec<u8>) -> hacpo::Result<Vec<u8>> {
+        self.to.send((phase.to_string(), mine)).unwrap();
+        let (theirs, part) = self.from.recv().unwrap();
+        assert_eq!(theirs, phase, "the two sides play the same rounds");
+        Ok(part)
+    }
+}
+
+fn same_conversation(a: &Conversation, b: &Conversation, what: &str) {
+    assert_eq!(
+        (&a.prompt_ids, &a.response_ids, &a.loss_mask),
+        (&b.prompt_ids, &b.response_ids, &b.loss_mask),
+        "{what}"
+    );
+    assert_eq!((a.turns, &a.state), (b.turns, &b.state), "{what}");
+}
+
+/// The team split between two processes (here two threads on a line) plays the episodes one
+/// process plays: the main side has the main conversations, the sub side the sub-agents', each
+/// knowing how the other side's ended.
+#[test]
+fn a_team_split_between_two_processes_plays_the_one_process_episodes() {
+    let docs = passages();
+    let tools = Tools { passages: &docs, search_k: 2, instructions: Instructions::Brief };
+    let questions = ["Where was the author of The Glass Road born?", "Which country is Lisbon in?", "Who edited it?"];
+    let (tok, eos) = tokenizers().remove(0);
+    let (main, sub) = varied_team(&tok, eos);
+    let one = play(&main, &sub, &tools, &questions, Mode::Delegate, &limits(), 5).unwrap();
+    let subs: Vec<usize> = one.iter().map(|e| e.subs.len()).collect();
+    assert_eq!(subs, [2, 0, 1]);
+    assert_eq!(one[2].subs[0].state, State::Failed("no <tool_call> and no <result>".into()));
+
+    let (to_sub, from_main) = std::sync::mpsc::channel();
+    let (to_main, from_sub) = std::sync::mpsc::channel();
+    let (main_line, sub_line) = (Channel { to: to_sub, from: from_sub }, Channel { to: to_main, from: from_main });
+    let (mains, served) = std::thread::scope(|scope| {
+        let docs = &docs;
+        let main_side = scope.spawn(move || {
+            let (tok, eos) = tokenizers().remove(0);
+            let (main, _) = varied_team(&tok, eos);
+            let tools = Tools { passages: docs, search_k: 2, instructions: Instructions::Brief };
+            let mut relay = Relay::new(&main_line);
+            let mains = lead(&main, &mut relay, &tools, &questions, Mode::Delegate, &limits(), 5).unwrap();
+            relay.finish(mains).unwrap()
+        });
+        let sub_side = scope.spawn(move || {
+            let (tok, eos) = tokenizers().remove(0);
+            let (_, sub) = varied_team(&tok, eos);
+            let tools = Tools { passages: docs, search_k: 2, instructions: Instructions::Brief };
+            serve(&sub, &tools, &limits(), questions.len(), 5, &sub_line).unwrap()
+        });
+        (main_side.join().unwrap(), sub_side.join().unwrap())
+    });
+    for (e, ((m, s), o)) in mains.iter().zip(&served).zip(&one).enumerate() {
+        same_conversation(&m.main, &o.main, &format!("episode {e}'s main conversation"));
+        assert_eq!(s.main.state, o.main.state, "the sub side knows how episode {e} ended");
+        assert_eq!((m.subs.len(), s.subs.len()), (o.subs.len(), o.subs.len()), "episode {e}'s calls");
+        for (i, ((ms, ss), os)) in m.subs.iter().zip(&s.subs).zip(&o.subs).enumerate() {
+            same_conversation(ss, os, &format!("episode {e}'s sub-agent {i}"));
+            assert_eq!(ms.state, os.state, "the main side knows how its sub-agent {i} ended");
+            assert!(ms.response_ids.is_empty(), "the main side holds no sub-agent tokens");
+        }
     }
 }
 
@@ -388,4 +499,86 @@ fn bad_delegate_settings_are_refused_before_anything_loads() {
         assert!(text(&o).contains(expect), "{set}: expected {expect:?} in {}", text(&o));
     }
     assert!(!Path::new(&out).join("checkpoints").exists());
+}
+
+/// configs/tiny-delegate.toml (the shipped pre-trained team, which delegates) with the main
+/// agent and the sub-agent as two policies, short; with `cluster` appended.
+fn split_team_config(dir: &Path, name: &str, cluster: &str) -> String {
+    let base =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tiny-delegate.toml")).unwrap();
+    let settings = &base[..base.find("[[policies]]").unwrap()];
+    let policies = "[[policies]]\nname = \"lead\"\nmodel = \"tiny-delegate\"\n\n\
+                    [[policies]]\nname = \"researcher\"\nmodel = \"tiny-delegate\"\n\n\
+                    [[roles]]\nname = \"main\"\npolicies = [\"lead\"]\n\n\
+                    [[roles]]\nname = \"sub\"\npolicies = [\"researcher\"]\n";
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, format!("{settings}{policies}{cluster}")).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// `hacpo train` arguments for a short run of `config` into `out`.
+fn short<'a>(config: &'a str, out: &'a str, more: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["train", "--config", config, "--out", out];
+    for s in ["run.steps=2", "run.checkpoint_every=1", "algo.prompts_per_step=3", "algo.minibatch_prompts=3"] {
+        a.extend(["--set", s]);
+    }
+    a.extend(["--set", "task.val_every=2", "--set", "task.val_limit=6"]);
+    a.extend(more);
+    a
+}
+
+/// M-GRPO's decoupled trainers: the main agent's and the sub-agent's in two processes that
+/// meet through a real `nats-server` (delegations and findings cross, no weights), each
+/// ending where the one-process run did (metrics, held-out F1, weights, bit for bit); also
+/// when the sub-agent's process is SIGKILLed after its first checkpoint and resumed.
+#[test]
+fn the_main_agent_and_the_sub_agent_train_in_two_processes_as_in_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
+    let one = dir("one");
+    let config = split_team_config(tmp.path(), "one", "");
+    ok(run(&short(&config, &one, &[])));
+    let reference = metrics(Path::new(&one));
+    assert!(
+        reference.iter().all(|r| r["agent"] != "researcher" || get(r, "delegate/calls_per_episode") > 0.5),
+        "the team delegates, so the sub-agent's side has work: {reference:?}"
+    );
+    let server = common::nats_server::NatsServer::start();
+    for (run_name, kill_sub) in [("team", false), ("team-killed", true)] {
+        let cluster = format!(
+            "\n[cluster]\nnats = \"{}\"\nrun = \"{run_name}\"\ntimeout_s = 300\n\
+             [[cluster.hosts]]\nname = \"m\"\npolicies = [\"lead\"]\n\
+             [[cluster.hosts]]\nname = \"s\"\npolicies = [\"researcher\"]\n",
+            server.url()
+        );
+        let config = split_team_config(tmp.path(), run_name, &cluster);
+        let (m, s) = (dir(&format!("{run_name}-m")), dir(&format!("{run_name}-s")));
+        let log = tmp.path().join(format!("{run_name}-m.log"));
+        let main_host = common::hacpo_command(&short(&config, &m, &["--host", "m"]))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        if kill_sub {
+            common::train_killed_after_checkpoint(&short(&config, &s, &["--host", "s"]), 1);
+            ok(run(&["train", "--resume", &s, "--host", "s"]));
+        } else {
+            ok(run(&short(&config, &s, &["--host", "s"])));
+        }
+        let status = main_host.wait_with_output().unwrap().status;
+        assert!(status.success(), "host m: {}", std::fs::read_to_string(&log).unwrap());
+        for (host, agent, k) in [(&m, "lead", 0), (&s, "researcher", 1)] {
+            let mine = metrics(Path::new(host));
+            let theirs: Vec<Value> = reference.iter().filter(|r| r["agent"] == agent).cloned().collect();
+            assert_eq!(mine, theirs, "{run_name}: {agent}'s metrics");
+            let before = |d: &str| -> Value {
+                serde_json::from_str(&std::fs::read_to_string(Path::new(d).join("before.json")).unwrap()).unwrap()
+            };
+            assert_eq!(before(host)[agent], before(&one)[agent], "{run_name}: {agent}'s held-out F1 before");
+            let weights = |d: &str| {
+                std::fs::read(Path::new(d).join(format!("checkpoints/step-000002/agent-{k}/model.safetensors")))
+            };
+            assert!(weights(host).unwrap() == weights(&one).unwrap(), "{run_name}: {agent}'s weights");
+        }
+    }
 }

@@ -656,15 +656,21 @@ impl TrainConfig {
         if let Err(m) = c.validate(&names) {
             return bad(m);
         }
-        // The exchange's policies meet only in the step's samples; the search and turn-wise
-        // teams pass outputs between policies within a rollout, which needs request/reply
-        // between processes (not built yet).
-        if self.workload.kind != crate::workload::WorkloadKind::Exchange {
-            return bad(format!(
-                "cluster: only the exchange workload runs in several processes for now, not {:?}; \
-                 remove [cluster] to train in one process",
-                self.workload.kind.name()
-            ));
+        match self.workload.spread(&self.algo.name, &self.role_map()) {
+            Err(why) => return bad(why),
+            Ok(None) => {}
+            Ok(Some(sides)) => {
+                let host_of = |k: usize| c.hosts.iter().position(|h| h.policies.contains(&names[k]));
+                if c.hosts.len() > 2 || (c.hosts.len() == 2 && host_of(sides[0]) == host_of(sides[1])) {
+                    return bad(format!(
+                        "cluster: the {} workload's team plays across two processes, one holding policy {:?} and \
+                         the other {:?}: name two hosts, one for each",
+                        self.workload.kind.name(),
+                        names[sides[0]],
+                        names[sides[1]]
+                    ));
+                }
+            }
         }
         if self.algo.filter_groups {
             return bad("cluster: algo.filter_groups draws more prompts until a step has enough signal, a \

@@ -24,7 +24,7 @@ impl Speech<'_> {
 }
 
 /// Where a conversation stands.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub enum State {
     /// Waiting for the agent's next turn.
     Open,
@@ -59,6 +59,12 @@ impl Conversation {
             }
         };
         Ok(Conversation { messages, prompt_ids, response_ids: vec![], loss_mask: vec![], turns: 0, state: State::Open })
+    }
+
+    /// A conversation held by another process, known here only by how it ended (a team split
+    /// between processes: what this side's rewards and metrics read of the other's).
+    pub fn ended_elsewhere(state: State) -> Self {
+        Conversation { messages: vec![], prompt_ids: vec![], response_ids: vec![], loss_mask: vec![], turns: 0, state }
     }
 
     /// The ids the next turn is generated from.

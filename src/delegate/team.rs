@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use super::conversation::{Conversation, Speech, State};
 use super::protocol::{self, Action, DELEGATE, OPEN, SEARCH, Tool};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::search::retriever::Retriever;
 use crate::search::task::Passages;
 use crate::tokenizer::Message;
@@ -151,15 +151,15 @@ impl Tools<'_> {
 }
 
 /// What the main agent reads when a sub-agent ends.
-fn findings(sub: &Conversation) -> String {
-    match &sub.state {
+fn findings(end: &State) -> String {
+    match end {
         State::Done(result) => result.clone(),
         _ => "the sub-agent found nothing".into(),
     }
 }
 
-/// Plays one episode per question: `main` answers, `sub` researches the delegated tasks.
-/// `seed` seeds every turn's sampling (with the agent and the turn).
+/// Plays one episode per question in this process: `main` answers, `sub` researches the
+/// delegated tasks. `seed` seeds every turn's sampling (with the agent and the turn).
 pub fn play(
     main: &dyn Voice,
     sub: &dyn Voice,
@@ -169,21 +169,84 @@ pub fn play(
     limits: &Limits,
     seed: u64,
 ) -> Result<Vec<Episode>> {
-    let mut episodes: Vec<Episode> = questions
+    let mut subs = SubAgents::new(sub, tools, limits);
+    let mains = lead(main, &mut subs, tools, questions, mode, limits, seed)?;
+    Ok(subs.episodes(mains))
+}
+
+/// Who researches the main agents' delegated tasks: sub-agents in this process
+/// ([`SubAgents`]), or another process's (`super::relay`).
+pub trait Research {
+    /// Researches `tasks` (each its episode and the task's text), every sub-agent at once,
+    /// sampling seeded by `seed`; how each ended (its findings, or why it failed), in order.
+    fn research(&mut self, tasks: &[(usize, String)], seed: u64) -> Result<Vec<State>>;
+}
+
+/// Sub-agents in this process: `voice` researches with `tools`, and every conversation is kept
+/// with the episode that delegated it.
+pub struct SubAgents<'a> {
+    voice: &'a dyn Voice,
+    tools: &'a Tools<'a>,
+    limits: &'a Limits,
+    conversations: Vec<(usize, Conversation)>,
+}
+
+impl<'a> SubAgents<'a> {
+    pub fn new(voice: &'a dyn Voice, tools: &'a Tools<'a>, limits: &'a Limits) -> Self {
+        SubAgents { voice, tools, limits, conversations: vec![] }
+    }
+
+    /// Each of `mains` with the sub-agent conversations its episode delegated, in call order.
+    pub fn episodes(self, mains: Vec<Conversation>) -> Vec<Episode> {
+        let mut episodes: Vec<Episode> = mains.into_iter().map(|main| Episode { main, subs: vec![] }).collect();
+        for (e, c) in self.conversations {
+            episodes[e].subs.push(c);
+        }
+        episodes
+    }
+}
+
+impl Research for SubAgents<'_> {
+    fn research(&mut self, tasks: &[(usize, String)], seed: u64) -> Result<Vec<State>> {
+        let mut subs: Vec<Conversation> = tasks
+            .iter()
+            .map(|(_, task)| Conversation::start(self.voice.speech(), sub_messages(task, self.tools.instructions)))
+            .collect::<Result<_>>()?;
+        research(self.voice, &mut subs, self.tools, self.limits, seed)?;
+        let ends = subs.iter().map(|c| c.state.clone()).collect();
+        self.conversations.extend(tasks.iter().map(|(e, _)| *e).zip(subs));
+        Ok(ends)
+    }
+}
+
+/// The seed of the sub-agents' sampling for the tasks of main turn `turn`.
+pub fn research_seed(seed: u64, turn: usize) -> u64 {
+    crate::stable_hash::mix_seed(&[seed, 1, turn as u64])
+}
+
+/// The main agents' side of the episodes: one conversation per question, its delegations
+/// handed to `research` once per main turn but the last (also when there are none, so another
+/// process serving them keeps count: [`research_seed`] of the turn seeds them).
+pub fn lead(
+    main: &dyn Voice,
+    research: &mut dyn Research,
+    tools: &Tools<'_>,
+    questions: &[&str],
+    mode: Mode,
+    limits: &Limits,
+    seed: u64,
+) -> Result<Vec<Conversation>> {
+    let mut mains: Vec<Conversation> = questions
         .iter()
-        .map(|q| {
-            Ok(Episode {
-                main: Conversation::start(main.speech(), main_messages(q, mode, tools.instructions))?,
-                subs: vec![],
-            })
-        })
+        .map(|q| Conversation::start(main.speech(), main_messages(q, mode, tools.instructions)))
         .collect::<Result<_>>()?;
+    let mut calls = vec![0; mains.len()];
     let main_tools: &[Tool] = match mode {
         Mode::Delegate => &[DELEGATE],
         Mode::Single => &[SEARCH, OPEN],
     };
     for turn in 0..limits.main_turns {
-        let mut open: Vec<&mut Conversation> = episodes.iter_mut().map(|e| &mut e.main).collect();
+        let mut open: Vec<&mut Conversation> = mains.iter_mut().collect();
         let actions =
             take_turns(main, &mut open, main_tools, limits, crate::stable_hash::mix_seed(&[seed, 0, turn as u64]))?;
         // After the last turn nothing reads a reply: the open episodes end below.
@@ -192,45 +255,41 @@ pub fn play(
         }
         // Delegations first, all of the turn's sub-agents at once; then every reply. A
         // delegation past the limit ends its episode before a sub-agent starts.
-        let mut tasks: Vec<(usize, Conversation)> = vec![];
+        let mut tasks: Vec<(usize, String)> = vec![];
         for (e, action) in &actions {
             if let Action::Call { tool, argument } = action
                 && *tool == DELEGATE
             {
-                if episodes[*e].subs.len() >= limits.calls {
-                    episodes[*e].main.end(State::Failed(format!("more than {} delegations", limits.calls)));
+                if calls[*e] >= limits.calls {
+                    mains[*e].end(State::Failed(format!("more than {} delegations", limits.calls)));
                     continue;
                 }
-                tasks.push((*e, Conversation::start(sub.speech(), sub_messages(argument, tools.instructions))?));
+                calls[*e] += 1;
+                tasks.push((*e, argument.clone()));
             }
         }
-        let mut subs: Vec<Conversation> = tasks.iter().map(|(_, c)| c.clone()).collect();
-        research(sub, &mut subs, tools, limits, crate::stable_hash::mix_seed(&[seed, 1, turn as u64]))?;
-        let mut done = subs.into_iter();
+        let mut ends = research.research(&tasks, research_seed(seed, turn))?.into_iter();
         for (e, action) in actions {
-            let episode = &mut episodes[e];
-            if !episode.main.is_open() {
+            let conversation = &mut mains[e];
+            if !conversation.is_open() {
                 continue;
             }
             let reply = match action {
                 Action::Call { tool, .. } if tool == DELEGATE => {
-                    let conversation = done.next().expect("one sub-agent per delegation");
-                    let reply = findings(&conversation);
-                    episode.subs.push(conversation);
-                    reply
+                    findings(&ends.next().ok_or_else(|| Error::Internal("a delegation without findings".into()))?)
                 }
                 Action::Call { tool, argument } => tools.call(tool, &argument)?,
                 Action::Result(_) => continue,
             };
-            reply_within(&mut episode.main, main.speech(), reply, limits)?;
+            reply_within(conversation, main.speech(), reply, limits)?;
         }
     }
-    for e in &mut episodes {
-        if e.main.is_open() {
-            e.main.end(State::Failed(format!("no result within {} turns", limits.main_turns)));
+    for c in &mut mains {
+        if c.is_open() {
+            c.end(State::Failed(format!("no result within {} turns", limits.main_turns)));
         }
     }
-    Ok(episodes)
+    Ok(mains)
 }
 
 /// Sub-agents' conversations to their end: search and open answered, at most `sub_turns` each.

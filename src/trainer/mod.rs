@@ -500,8 +500,9 @@ impl<B: Backend> Trainer<B> {
         let mut scored = self.score(step, &mut samples, &mut timing)?;
         if self.bus.hosts().len() > 1 {
             // The wait for the slowest host included: what spreading the run costs per step.
+            let held: Vec<usize> = self.policies.iter().map(|p| p.index).collect();
             (samples, scored) = timed(&mut timing, "timing_s/gather", || {
-                gather::gather_step(self.bus.as_ref(), step, samples, scored)
+                gather::gather_step(self.bus.as_ref(), step, samples, scored, &held)
             })?;
         }
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
@@ -583,7 +584,7 @@ impl<B: Backend> Trainer<B> {
     }
 
     /// Sampling settings of step `step` (the seed is derived per policy by the workload).
-    fn rollout_settings(&self, step: u64) -> RolloutSettings {
+    fn rollout_settings(&self, step: u64) -> RolloutSettings<'_> {
         let r = &self.config.rollout;
         RolloutSettings {
             step,
@@ -599,6 +600,7 @@ impl<B: Backend> Trainer<B> {
             max_prompt_tokens: r.max_prompt_tokens,
             batch_prompts: r.batch_prompts,
             policies: self.config.policies.len(),
+            bus: self.bus.as_ref(),
         }
     }
 
@@ -716,7 +718,7 @@ impl<B: Backend> Trainer<B> {
     ) -> Result<()> {
         let step_s = timing["timing_s/step"];
         self.last_metrics.clear();
-        let validation = if self.should_validate(step) { Some(self.validate_all()?) } else { None };
+        let validation = if self.should_validate(step) { Some(self.validate_all(step)?) } else { None };
         let held: Vec<(usize, String)> = self.policies.iter().map(|p| (p.index, p.name.clone())).collect();
         for (((k, name), mut report), retokenize_s) in held.into_iter().zip(reports).zip(retokenize_s) {
             let own: Vec<&Sample> = samples.iter().filter(|s| s.policy == k).collect();
@@ -754,15 +756,18 @@ impl<B: Backend> Trainer<B> {
         !self.task.validation().is_empty() && every > 0 && (step.is_multiple_of(every) || step == self.total_steps)
     }
 
-    /// Greedy held-out metrics of every policy, as the workload measures them.
-    fn validate_all(&self) -> Result<Vec<Metrics>> {
+    /// Greedy held-out metrics of every policy after `step` steps (0: before training), as the
+    /// workload measures them.
+    fn validate_all(&self, step: u64) -> Result<Vec<Metrics>> {
         self.workload.validate(
             &self.policies,
             &ValidationSettings {
+                step,
                 max_prompt_tokens: self.config.rollout.max_prompt_tokens,
                 max_new_tokens: self.config.task.val_max_new_tokens,
                 batch_prompts: self.config.rollout.batch_prompts,
                 policies: self.config.policies.len(),
+                bus: self.bus.as_ref(),
             },
         )
     }
@@ -778,7 +783,7 @@ impl<B: Backend> Trainer<B> {
         let key = self.validation_key();
         let progress =
             crate::progress::Progress::new(format!("held-out {}", crate::workload::validation_label(key)), 0);
-        let metrics = self.validate_all()?;
+        let metrics = self.validate_all(self.step)?;
         progress.finish();
         Ok(self.policies.iter().map(|p| (p.name.clone(), metrics[p.index].get(key).copied().unwrap_or(0.0))).collect())
     }

@@ -19,7 +19,9 @@ use serde::{Deserialize, Serialize};
 
 use super::roles::RoleMap;
 use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
+use crate::cluster::Bus;
 use crate::delegate::conversation::{Conversation, Speech, State};
+use crate::delegate::relay::{self, Line, Relay};
 use crate::delegate::team::{self, Episode, Instructions, Limits, Mode, Tools, Voice};
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, GenerateRequest, SamplingParams};
@@ -159,7 +161,11 @@ impl Delegate {
     }
 
     /// Episodes for `questions`, each agent sampling with `sampling` (greedy when its
-    /// temperature is 0); generation time per policy added to `timings`.
+    /// temperature is 0); generation time per policy added to `timings`. When another process
+    /// trains one of the two agents, this process plays its own agent's side and the two meet
+    /// over `line` ([`crate::delegate::relay`]): the episodes are the one-process episodes, the
+    /// other side's conversations known by how they ended.
+    #[allow(clippy::too_many_arguments)]
     fn play<B: Backend>(
         &self,
         policies: &[Policy<B>],
@@ -167,19 +173,29 @@ impl Delegate {
         sampling: &SamplingParams,
         batch: usize,
         seed: u64,
+        line: &BusLine<'_>,
         timings: &mut [RolloutTimings],
     ) -> Result<Vec<Episode>> {
-        let main = PolicyVoice::new(held(policies, self.players[MAIN])?, sampling, batch);
+        let voice = |k: usize| held(policies, k).ok().map(|p| PolicyVoice::new(p, sampling, batch));
+        let main = voice(self.players[MAIN]);
         // One policy playing both roles speaks with one copy of its weights.
-        let own_sub = (self.players[SUB] != self.players[MAIN])
-            .then(|| held(policies, self.players[SUB]).map(|p| PolicyVoice::new(p, sampling, batch)))
-            .transpose()?;
-        let sub = own_sub.as_ref().unwrap_or(&main);
+        let shared = self.players[SUB] == self.players[MAIN];
+        let own_sub = if shared { None } else { voice(self.players[SUB]) };
+        let sub = if shared { main.as_ref() } else { own_sub.as_ref() };
         let tools =
             Tools { passages: &self.passages, search_k: self.config.search_k, instructions: self.config.instructions };
         let limits = self.config.limits(sampling.max_new_tokens);
-        let episodes = team::play(&main, sub, &tools, questions, self.mode(), &limits, seed)?;
-        for voice in std::iter::once(&main).chain(own_sub.as_ref()) {
+        let episodes = match (&main, sub) {
+            (Some(main), Some(sub)) => team::play(main, sub, &tools, questions, self.mode(), &limits, seed)?,
+            (Some(main), None) => {
+                let mut relay = Relay::new(line);
+                let mains = team::lead(main, &mut relay, &tools, questions, self.mode(), &limits, seed)?;
+                relay.finish(mains)?
+            }
+            (None, Some(sub)) => relay::serve(sub, &tools, &limits, questions.len(), seed, line)?,
+            (None, None) => return Err(Error::Internal("this process plays neither agent of the team".into())),
+        };
+        for voice in main.iter().chain(own_sub.as_ref()) {
             let t = &mut timings[voice.policy.index];
             t.generate += voice.spent.get().0;
             t.generated_tokens += voice.spent.get().1;
@@ -240,6 +256,27 @@ impl Delegate {
 
 /// Who a sample is of: the policy's index, its weights version and its first EOS id.
 type Player = (usize, u64, u32);
+
+/// The team's two sides over the run's bus: each round of a play is a phase of its step,
+/// named after the play (a step's rollout, or the held-out play after it), and the other
+/// side's part is the other host's.
+struct BusLine<'a> {
+    bus: &'a dyn Bus,
+    step: u64,
+    play: &'static str,
+}
+
+impl Line for BusLine<'_> {
+    fn round(&self, phase: &str, mine: Vec<u8>) -> Result<Vec<u8>> {
+        let me = self.bus.hosts().iter().position(|h| h == self.bus.host());
+        let parts = self.bus.all_gather(self.step, &format!("delegate-{}-{phase}", self.play), mine)?;
+        let mut others = parts.into_iter().enumerate().filter(|(i, _)| Some(*i) != me);
+        match (others.next(), others.next()) {
+            (Some((_, theirs)), None) => Ok(theirs),
+            _ => Err(Error::Internal("a team split between processes has exactly two hosts".into())),
+        }
+    }
+}
 
 /// A conversation as a sample of `player` in `role`: its token sequence, loss mask and
 /// messages; penalty −1 when it ended without a result (a format failure or a limit). A
@@ -338,9 +375,15 @@ impl<B: Backend> Workload<B> for Delegate {
         let questions: Vec<&str> = prompts.iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
         let mut timings = vec![RolloutTimings::default(); settings.policies];
         let seed = mix_seed(&[settings.run_seed, settings.step, 0xDE1E]);
-        let episodes =
-            self.play(policies, &questions, &settings.sampling, settings.batch_prompts * k, seed, &mut timings)?;
-        let player = |k: usize| held(policies, k).and_then(|p| Ok((p.index, p.version, p.eos()?)));
+        let line = BusLine { bus: settings.bus, step: settings.step, play: "rollout" };
+        let batch = settings.batch_prompts * k;
+        let episodes = self.play(policies, &questions, &settings.sampling, batch, seed, &line, &mut timings)?;
+        // Another process's agent: its samples here stand in for that process's (what this
+        // side's rewards read), and the gather replaces them with the real ones.
+        let player = |k: usize| match held(policies, k) {
+            Ok(p) => Ok((p.index, p.version, p.eos()?)),
+            Err(_) => Ok((k, 0, 0)),
+        };
         let players = [player(self.players[MAIN])?, player(self.players[SUB])?];
         let (mut samples, mut alignment) = (vec![], [0; 3]);
         for (p, (prompt, group)) in prompts.iter().zip(episodes.chunks(k)).enumerate() {
@@ -394,7 +437,8 @@ impl<B: Backend> Workload<B> for Delegate {
         let questions: Vec<&str> = held_out.iter().map(question_text).collect();
         let mut timings = vec![RolloutTimings::default(); settings.policies];
         let greedy = SamplingParams::greedy(settings.max_new_tokens);
-        let episodes = self.play(policies, &questions, &greedy, settings.batch_prompts, 0, &mut timings)?;
+        let line = BusLine { bus: settings.bus, step: settings.step, play: "validation" };
+        let episodes = self.play(policies, &questions, &greedy, settings.batch_prompts, 0, &line, &mut timings)?;
         let n = held_out.len().max(1) as f64;
         let (mut f1, mut em) = (0.0, 0.0);
         for (e, q) in episodes.iter().zip(held_out) {

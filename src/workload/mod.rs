@@ -29,6 +29,7 @@ use std::sync::Arc;
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
+use crate::cluster::Bus;
 use crate::error::{Error, Result};
 use crate::generate::SamplingParams;
 use crate::policy::Policy;
@@ -195,6 +196,26 @@ pub struct WorkloadConfig {
 }
 
 impl WorkloadConfig {
+    /// How a `[cluster]` run may spread this workload over processes: any way (`None`: its
+    /// policies meet only in a step's samples), or as at most two processes with the two
+    /// policies given on different ones (a team whose episodes pass outputs between them);
+    /// an error says why it cannot be spread at all.
+    pub fn spread(&self, algorithm: &str, roles: &RoleMap) -> std::result::Result<Option<[usize; 2]>, String> {
+        match (self.kind, registry::shape(algorithm)) {
+            (WorkloadKind::Exchange, _) => Ok(None),
+            (WorkloadKind::Delegate, Ok(RolloutShape::Delegate(sub))) => {
+                delegate::players(roles, sub).map(Some).map_err(|e| e.to_string())
+            }
+            // The search and turn-wise teams pass outputs between policies within a rollout
+            // too; only the delegation team has its two sides built.
+            (kind, _) => Err(format!(
+                "cluster: the {:?} workload runs in one process for now (the exchange and delegate workloads \
+                 spread); remove [cluster] to train in one process",
+                kind.name()
+            )),
+        }
+    }
+
     /// The pairing with the task and the algorithm, the chosen workload's settings and who
     /// plays its roles: everything `--dry-run` can say before a model loads.
     pub fn validate(&self, task: TaskKind, algorithm: &str, roles: &RoleMap) -> Result<()> {
@@ -233,8 +254,8 @@ pub fn role_names(kind: WorkloadKind, algorithm: &str) -> Vec<&'static str> {
 }
 
 /// Sampling settings of one step.
-#[derive(Clone, Debug)]
-pub struct RolloutSettings {
+#[derive(Clone)]
+pub struct RolloutSettings<'a> {
     /// The training step (1-based), for seeds and error messages.
     pub step: u64,
     pub run_seed: u64,
@@ -248,6 +269,9 @@ pub struct RolloutSettings {
     /// How many policies the run has; those handed to the workload are the ones this process
     /// samples (all, but in a cluster run its host's).
     pub policies: usize,
+    /// The run's processes: a workload whose episodes pass outputs between policies that
+    /// different processes hold talks to the others through it (one process: only itself).
+    pub bus: &'a dyn Bus,
 }
 
 /// Seconds and tokens a policy spent producing its samples.
@@ -268,8 +292,10 @@ pub struct Rollout {
 }
 
 /// How held-out evaluation generates (greedy).
-#[derive(Clone, Debug)]
-pub struct ValidationSettings {
+#[derive(Clone)]
+pub struct ValidationSettings<'a> {
+    /// The steps trained so far (0 before training).
+    pub step: u64,
     pub max_prompt_tokens: usize,
     pub max_new_tokens: usize,
     /// Prompts generated together.
@@ -277,6 +303,8 @@ pub struct ValidationSettings {
     /// How many policies the run has; those handed to the workload are the ones this process
     /// measures (all, but in a cluster run its host's), the others' metrics are empty.
     pub policies: usize,
+    /// The run's processes, as in [`RolloutSettings::bus`].
+    pub bus: &'a dyn Bus,
 }
 
 /// A workload the trainer can host.

@@ -522,7 +522,16 @@ fn short<'a>(config: &'a str, out: &'a str, more: &[&'a str]) -> Vec<&'a str> {
     for s in ["run.steps=2", "run.checkpoint_every=1", "algo.prompts_per_step=3", "algo.minibatch_prompts=3"] {
         a.extend(["--set", s]);
     }
-    a.extend(["--set", "task.val_every=2", "--set", "task.val_limit=6"]);
+    a.extend([
+        "--set",
+        "task.val_every=2",
+        "--set",
+        "task.val_limit=6",
+        "--set",
+        "workload.delegate.pilot_questions=4",
+    ]);
+    // Not the pilot's d: a process that lost the pilot's would align to 5.
+    a.extend(["--set", "workload.delegate.mgrpo.align=5"]);
     a.extend(more);
     a
 }
@@ -530,15 +539,26 @@ fn short<'a>(config: &'a str, out: &'a str, more: &[&'a str]) -> Vec<&'a str> {
 /// M-GRPO's decoupled trainers: the main agent's and the sub-agent's in two processes that
 /// meet through a real `nats-server` (delegations and findings cross, no weights), each
 /// ending where the one-process run did (metrics, held-out F1, weights, bit for bit); also
-/// when the sub-agent's process is SIGKILLed after its first checkpoint and resumed.
+/// when the sub-agent's process is SIGKILLed after its first checkpoint and resumed. The
+/// alignment target comes from a pilot that both processes play together, and a resumed
+/// process takes it from its checkpoint.
 #[test]
 fn the_main_agent_and_the_sub_agent_train_in_two_processes_as_in_one() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = |name: &str| tmp.path().join(name).to_str().unwrap().to_string();
     let one = dir("one");
     let config = split_team_config(tmp.path(), "one", "");
-    ok(run(&short(&config, &one, &[])));
+    let said = text(&ok(run(&short(&config, &one, &[]))));
+    assert!(said.contains("delegation pilot:") && said.contains("aligned to d = "), "{said}");
     let reference = metrics(Path::new(&one));
+    // The pilot's d is every step's and is what a checkpoint keeps.
+    let d = get(&reference[0], "delegate/align_target");
+    assert!((1.0..5.0).contains(&d) && reference.iter().all(|r| get(r, "delegate/align_target") == d), "{reference:?}");
+    let state: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&one).join("checkpoints/step-000001/trainer_state.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(state["workload"]["align"].as_f64(), Some(d), "{state}");
     assert!(
         reference.iter().all(|r| r["agent"] != "researcher" || get(r, "delegate/calls_per_episode") > 0.5),
         "the team delegates, so the sub-agent's side has work: {reference:?}"
@@ -561,7 +581,8 @@ fn the_main_agent_and_the_sub_agent_train_in_two_processes_as_in_one() {
             .unwrap();
         if kill_sub {
             common::train_killed_after_checkpoint(&short(&config, &s, &["--host", "s"]), 1);
-            ok(run(&["train", "--resume", &s, "--host", "s"]));
+            let said = text(&ok(run(&["train", "--resume", &s, "--host", "s"])));
+            assert!(!said.contains("delegation pilot"), "the checkpoint keeps the pilot's d: {said}");
         } else {
             ok(run(&short(&config, &s, &["--host", "s"])));
         }

@@ -35,6 +35,9 @@ pub struct TrainerState {
     /// algorithm registry called it `capability`).
     #[serde(alias = "capability", default)]
     pub algorithm: serde_json::Value,
+    /// What the workload settled (M-GRPO's alignment target from a pilot), if anything.
+    #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
+    pub workload: serde_json::Value,
     #[serde(alias = "agents")]
     pub policies: Vec<String>,
     /// Each policy's value head (actor-critic algorithms), with its optimizer state.
@@ -348,6 +351,7 @@ mod tests {
             step,
             sampler: SamplerState::default(),
             algorithm: serde_json::Value::Null,
+            workload: serde_json::Value::Null,
             policies: vec!["a".into()],
             value_heads: vec![],
             value_trunks: false,

@@ -319,6 +319,7 @@ impl<B: Backend> Trainer<B> {
         let (sampler, step) = match resumed {
             Some((s, _)) => {
                 algorithm.restore(s.algorithm)?;
+                workload.restore(s.workload)?;
                 (s.sampler, s.step)
             }
             None => (SamplerState::default(), 0),
@@ -816,6 +817,7 @@ impl<B: Backend> Trainer<B> {
             step: self.step,
             sampler: self.sampler,
             algorithm: self.algorithm.state(),
+            workload: self.workload.state(),
             elsewhere: names
                 .iter()
                 .enumerate()

@@ -61,6 +61,11 @@ pub struct DelegateConfig {
     pub instructions: Instructions,
     /// Rewards and trajectory alignment (`[workload.delegate.mgrpo]`; ε is `algo.adv_epsilon`).
     pub mgrpo: MgrpoSettings,
+    /// Training questions of a pilot that sets the alignment target d before the first step
+    /// (§4.3): the team plays each K times with the initial policies, and d is the 99th
+    /// percentile of delegations per episode, kept for the whole run. 0: `mgrpo.align` as
+    /// given.
+    pub pilot_questions: usize,
 }
 
 impl Default for DelegateConfig {
@@ -74,6 +79,7 @@ impl Default for DelegateConfig {
             f1_threshold: None,
             instructions: Instructions::Full,
             mgrpo: MgrpoSettings::default(),
+            pilot_questions: 0,
         }
     }
 }
@@ -144,6 +150,15 @@ pub struct Delegate {
     sub: SubAgent,
     task: Arc<dyn Task>,
     passages: Arc<Passages>,
+    /// The alignment target a pilot settled (`pilot_questions`), once it has run or a
+    /// checkpoint brought it back.
+    piloted: std::sync::OnceLock<usize>,
+}
+
+/// What a checkpoint keeps of the workload.
+#[derive(Serialize, Deserialize)]
+struct PilotState {
+    align: usize,
 }
 
 impl Delegate {
@@ -153,7 +168,44 @@ impl Delegate {
         let passages = any.downcast_ref::<QaTask>().map(QaTask::passages).ok_or_else(|| {
             Error::config("training config", "the delegate workload needs a task with passages: task.kind = \"qa\"")
         })?;
-        Ok(Delegate { config: config.clone(), players: players(roles, sub)?, sub, task, passages })
+        let piloted = std::sync::OnceLock::new();
+        Ok(Delegate { config: config.clone(), players: players(roles, sub)?, sub, task, passages, piloted })
+    }
+
+    /// Sub-trajectory slots per episode: the pilot's d, else `mgrpo.align`.
+    fn align_target(&self) -> usize {
+        self.piloted.get().copied().unwrap_or(self.config.mgrpo.align)
+    }
+
+    /// Runs the pilot (`pilot_questions`) unless it has run: the first training questions, K
+    /// episodes each, sampled as a step's with the policies as they are (before the first
+    /// update), over the bus like a step when the team is split, so every process settles the
+    /// same d.
+    fn pilot<B: Backend>(&self, policies: &[Policy<B>], settings: &RolloutSettings) -> Result<()> {
+        let n = self.config.pilot_questions.min(self.task.train().len());
+        if n == 0 || self.sub == SubAgent::None || self.piloted.get().is_some() {
+            return Ok(());
+        }
+        let k = settings.group_size;
+        let questions: Vec<&str> =
+            self.task.train()[..n].iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
+        let progress = crate::progress::Progress::new(format!("delegation pilot ({n} questions × {k})"), 0);
+        let line = BusLine { bus: settings.bus, step: 0, play: "pilot" };
+        let seed = mix_seed(&[settings.run_seed, 0x9170]);
+        let mut timings = vec![RolloutTimings::default(); settings.policies];
+        let batch = settings.batch_prompts * k;
+        let episodes = self.play(policies, &questions, &settings.sampling, batch, seed, &line, &mut timings)?;
+        progress.finish();
+        let calls: Vec<usize> = episodes.iter().map(|e| e.subs.len()).collect();
+        let d = crate::rl::mgrpo::pilot_align(&calls, 0.99);
+        eprintln!(
+            "  delegation pilot: {:.2} delegations per episode, at most {}; sub-trajectories aligned to d = {d} \
+             per episode (the 99th percentile)",
+            calls.iter().sum::<usize>() as f64 / calls.len().max(1) as f64,
+            calls.iter().max().copied().unwrap_or(0)
+        );
+        let _ = self.piloted.set(d);
+        Ok(())
     }
 
     fn mode(&self) -> Mode {
@@ -232,7 +284,7 @@ impl Delegate {
         let mut next_index = k;
         let mut counts = [0; 3];
         for (i, e) in episodes.iter().enumerate() {
-            let slots = align(e.subs.len(), self.config.mgrpo.align, &mut rng);
+            let slots = align(e.subs.len(), self.align_target(), &mut rng);
             counts[2] += slots.iter().filter(|s| **s == crate::rl::mgrpo::Slot::Masked).count();
             for (sub, c) in e.subs.iter().zip(copies(&slots, e.subs.len())) {
                 counts[0] += c.saturating_sub(1);
@@ -371,6 +423,7 @@ impl<B: Backend> Workload<B> for Delegate {
     }
 
     fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
+        self.pilot(policies, settings)?;
         let k = settings.group_size;
         let questions: Vec<&str> = prompts.iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
         let mut timings = vec![RolloutTimings::default(); settings.policies];
@@ -396,7 +449,8 @@ impl<B: Backend> Workload<B> for Delegate {
             samples.extend(mine);
             alignment.iter_mut().zip(counts).for_each(|(a, c)| *a += c);
         }
-        let metrics = episode_metrics(&episodes, prompts.len(), alignment);
+        let mut metrics = episode_metrics(&episodes, prompts.len(), alignment);
+        metrics.insert("delegate/align_target".into(), self.align_target() as f64);
         Ok(Rollout { samples, timings, metrics })
     }
 
@@ -454,6 +508,24 @@ impl<B: Backend> Workload<B> for Delegate {
             ("val/calls".to_string(), calls),
         ]);
         Ok(vec![team; settings.policies])
+    }
+
+    fn state(&self) -> serde_json::Value {
+        match self.piloted.get() {
+            Some(&align) => serde_json::to_value(PilotState { align }).unwrap_or_default(),
+            None => serde_json::Value::Null,
+        }
+    }
+
+    fn restore(&self, state: serde_json::Value) -> Result<()> {
+        if state.is_null() {
+            return Ok(());
+        }
+        let PilotState { align } = serde_json::from_value(state).map_err(|e| {
+            Error::Internal(format!("the checkpoint's delegation pilot cannot be read ({e}): is it the same hacpo?"))
+        })?;
+        let _ = self.piloted.set(align.max(1));
+        Ok(())
     }
 }
 

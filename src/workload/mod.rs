@@ -330,6 +330,17 @@ pub trait Workload<B: Backend>: Send + Sync {
     /// Greedy held-out metrics of every policy (indexed by policy index), including
     /// [`Workload::validation_key`].
     fn validate(&self, policies: &[Policy<B>], settings: &ValidationSettings) -> Result<Vec<Metrics>>;
+
+    /// What the workload settled during the run that a resumed run must keep (M-GRPO's
+    /// alignment target from a pilot), saved in `trainer_state.json`; null when nothing.
+    fn state(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
+    /// Takes back what [`Workload::state`] saved.
+    fn restore(&self, _state: serde_json::Value) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// How people name a held-out metric: `val/accuracy` → accuracy, `val/f1` → F1.

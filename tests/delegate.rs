@@ -469,14 +469,22 @@ fn m_grpo_trains_through_the_trainer_and_resumes_after_sigkill() {
     args.truncate(0);
     ok(run(&["train", "--resume", killed.to_str().unwrap()]));
     assert_eq!(metrics(&killed), m);
-    // The other two variants run on the same world.
-    for algo in ["mgrpo-main-only", "search-grpo"] {
+    // The other two variants run on the same world, and M-GRPO with the grounded judge.
+    for (algo, set) in
+        [("mgrpo-main-only", None), ("search-grpo", None), ("mgrpo", Some("workload.delegate.judge=grounded"))]
+    {
         let cfg = s.config(algo);
-        let out_dir = s.data.path().join(algo);
-        ok(run(&["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--steps", "1"]));
+        let out_dir = s.data.path().join(format!("{algo}-{}", set.is_some()));
+        let mut args =
+            vec!["train", "--config", cfg.to_str().unwrap(), "--out", out_dir.to_str().unwrap(), "--steps", "1"];
+        args.extend(set.iter().flat_map(|s| ["--set", *s]));
+        ok(run(&args));
         let r = &metrics(&out_dir)[0];
         if algo == "search-grpo" {
             assert_eq!(get(r, "delegate/calls_per_episode"), 0.0);
+        }
+        if set.is_some() {
+            assert!((0.0..=1.0).contains(&get(r, "delegate/judge")), "{r}");
         }
     }
 }
@@ -492,6 +500,7 @@ fn bad_delegate_settings_are_refused_before_anything_loads() {
         ("workload.delegate.mgrpo.align=0", "align"),
         ("workload.delegate.calls=0", "workload.delegate.calls"),
         ("workload.delegate.mgrpo.epsilon=0.1", "algo.adv_epsilon"),
+        ("workload.delegate.judge=\"llm\"", "grounded"),
         ("algo.name=hacpo", "the delegate workload trains with mgrpo, mgrpo-main-only or search-grpo"),
     ] {
         let o = run(&["train", "--config", cfg.to_str().unwrap(), "--out", out.to_str().unwrap(), "--set", set]);

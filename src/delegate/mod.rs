@@ -5,11 +5,13 @@
 //! [`protocol`] reads a turn (a tool call or a result, hostile outputs included),
 //! [`conversation`] keeps an agent's turns as one token sequence with a loss mask, [`team`]
 //! plays the episodes (main turns, delegations, sub-agents' searches), [`relay`] splits them
-//! between two processes (the main agent's and the sub-agent's trainers). The reward, alignment
+//! between two processes (the main agent's and the sub-agent's trainers), [`judge`] scores a
+//! sub-agent's research for the reward's judge term. The reward, alignment
 //! and advantage arithmetic lives in `rl::mgrpo`; the trainer's workload is
 //! `workload::delegate`.
 
 pub mod conversation;
+pub mod judge;
 pub mod protocol;
 pub mod relay;
 pub mod team;

@@ -189,6 +189,11 @@ pub fn tool_response(text: &str) -> String {
     format!("{}{text}{}", RESPONSE.0, RESPONSE.1)
 }
 
+/// The text inside a tool response (`None` for a message that is not one).
+pub fn tool_response_text(content: &str) -> Option<&str> {
+    content.strip_prefix(RESPONSE.0)?.strip_suffix(RESPONSE.1)
+}
+
 /// A well-formed call, as a demonstration or a test writes it.
 pub fn tool_call(tool: Tool, argument: &str) -> String {
     let call = serde_json::json!({"name": tool.name, "arguments": {tool.argument: argument}});

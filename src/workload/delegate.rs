@@ -21,12 +21,13 @@ use super::roles::RoleMap;
 use super::{Rollout, RolloutSettings, RolloutTimings, ValidationSettings, Workload};
 use crate::cluster::Bus;
 use crate::delegate::conversation::{Conversation, Speech, State};
+use crate::delegate::judge::{Judge, JudgeKind, Report};
 use crate::delegate::relay::{self, Line, Relay};
 use crate::delegate::team::{self, Episode, Instructions, Limits, Mode, Tools, Voice};
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, GenerateRequest, SamplingParams};
 use crate::policy::{Policy, held};
-use crate::rl::mgrpo::{MainOutcome, MgrpoSettings, SubAgent, align, copies, question_seed};
+use crate::rl::mgrpo::{MainOutcome, MgrpoSettings, SubAgent, SubReward, align, copies, question_seed};
 use crate::sample::{GroupKey, Response, Sample};
 use crate::search::metric::score;
 use crate::search::task::{Passages, QaTask, answers, question_text};
@@ -66,6 +67,10 @@ pub struct DelegateConfig {
     /// percentile of delegations per episode, kept for the whole run. 0: `mgrpo.align` as
     /// given.
     pub pilot_questions: usize,
+    /// The judge of the sub-agent reward's r_expert term (§4.2, weight `mgrpo.sub_weights[2]`):
+    /// `"none"` (the term is 0) or `"grounded"` (the share of its findings it read in the
+    /// tools' replies).
+    pub judge: JudgeKind,
 }
 
 impl Default for DelegateConfig {
@@ -80,6 +85,7 @@ impl Default for DelegateConfig {
             instructions: Instructions::Full,
             mgrpo: MgrpoSettings::default(),
             pilot_questions: 0,
+            judge: JudgeKind::None,
         }
     }
 }
@@ -105,6 +111,13 @@ impl DelegateConfig {
             && !(t > 0.0 && t <= 1.0)
         {
             return bad(format!("f1_threshold: {t} is not in (0, 1]"));
+        }
+        if self.judge != JudgeKind::None && self.mgrpo.sub_reward == SubReward::Released {
+            return bad(format!(
+                "judge: {:?} scores the paper's r_expert term; the released reward table (mgrpo.sub_reward = \
+                 \"released\") has none. Set mgrpo.sub_reward = \"paper\" or judge = \"none\"",
+                self.judge
+            ));
         }
         if self.mgrpo.epsilon != MgrpoSettings::default().epsilon {
             return bad(
@@ -153,6 +166,7 @@ pub struct Delegate {
     /// The alignment target a pilot settled (`pilot_questions`), once it has run or a
     /// checkpoint brought it back.
     piloted: std::sync::OnceLock<usize>,
+    judge: Option<Box<dyn Judge>>,
 }
 
 /// What a checkpoint keeps of the workload.
@@ -169,7 +183,8 @@ impl Delegate {
             Error::config("training config", "the delegate workload needs a task with passages: task.kind = \"qa\"")
         })?;
         let piloted = std::sync::OnceLock::new();
-        Ok(Delegate { config: config.clone(), players: players(roles, sub)?, sub, task, passages, piloted })
+        let judge = config.judge.build();
+        Ok(Delegate { config: config.clone(), players: players(roles, sub)?, sub, task, passages, piloted, judge })
     }
 
     /// Sub-trajectory slots per episode: the pilot's d, else `mgrpo.align`.
@@ -206,6 +221,12 @@ impl Delegate {
         );
         let _ = self.piloted.set(d);
         Ok(())
+    }
+
+    /// The judge's score of a sub-agent sample's research (`None` without a judge).
+    fn expert(&self, sample: &Sample) -> Option<f64> {
+        let judge = self.judge.as_ref()?;
+        Some(Report::of(&sample.messages, &sample.text).map_or(0.0, |r| judge.score(&r)))
     }
 
     fn mode(&self) -> Mode {
@@ -466,7 +487,7 @@ impl<B: Backend> Workload<B> for Delegate {
                     let main = mains.get(parent).copied().flatten().ok_or_else(|| {
                         Error::Internal(format!("a sub-agent sample's parent {parent} is not a main sample"))
                     })?;
-                    r.sub_reward(s.penalty == 0.0, &main, None)
+                    r.sub_reward(s.penalty == 0.0, &main, self.expert(s))
                 }
             });
         }
@@ -483,6 +504,12 @@ impl<B: Backend> Workload<B> for Delegate {
             .collect();
         m.insert("delegate/f1".into(), scores.iter().map(|s| s.f1).sum::<f64>() / n);
         m.insert("delegate/em".into(), scores.iter().map(|s| s.em).sum::<f64>() / n);
+        if self.judge.is_some() {
+            // Over the step's sub-agent samples (aligned copies, and dropped ones for the record).
+            let judged: Vec<f64> =
+                samples.iter().filter(|s| s.role == ROLES[SUB]).filter_map(|s| self.expert(s)).collect();
+            m.insert("delegate/judge".into(), judged.iter().sum::<f64>() / judged.len().max(1) as f64);
+        }
         m
     }
 
@@ -556,6 +583,7 @@ mod tests {
     use crate::rl::mgrpo::{Rollout as Outcomes, SubOutcome, question};
     use crate::rl::{PoolSample, Routing};
     use crate::search::corpus::{Document, Question};
+    use crate::tokenizer::Message;
 
     fn conversation(state: State) -> Conversation {
         Conversation {
@@ -566,6 +594,48 @@ mod tests {
             turns: 2,
             state,
         }
+    }
+
+    /// With the grounded judge, a sub-agent's reward adds 0.5 × the share of its findings it
+    /// read (the paper's β3), on top of 0.1 for format and 0.4 × the main agent's correctness;
+    /// the released reward table has no judge term and refuses one.
+    #[test]
+    fn the_grounded_judge_scores_the_sub_agent_reward_term() {
+        let q = Question { id: "q1".into(), question: "Who?".into(), answers: vec!["Ann Lee".into()] };
+        let doc = Document { id: "d".into(), title: "t".into(), text: "x".into() };
+        let task: Arc<dyn Task> = Arc::new(QaTask::new(vec![q], vec![], vec![doc]).unwrap());
+        let roles = RoleMap { policies: vec!["p".into()], roles: vec![] };
+        let mgrpo = MgrpoSettings { align: 1, ..Default::default() };
+        let config = DelegateConfig { judge: JudgeKind::Grounded, mgrpo, ..Default::default() };
+        let workload = Delegate::new(&config, &roles, task.clone(), SubAgent::Trained).unwrap();
+        let research = |findings: &str| {
+            let mut c = conversation(State::Done(findings.into()));
+            c.messages = vec![
+                Message::system("Research the task."),
+                Message::user("Who wrote it?"),
+                Message::assistant("<tool_call>…</tool_call>"),
+                Message::user(crate::delegate::protocol::tool_response("It was written by Ann Lee.")),
+                Message::assistant(format!("<result>{findings}</result>")),
+            ];
+            c
+        };
+        let episodes = vec![
+            Episode { main: conversation(State::Done("Ann Lee".into())), subs: vec![research("Ann Lee")] },
+            Episode { main: conversation(State::Done("Ann Lee".into())), subs: vec![research("Bob Stone")] },
+            Episode { main: conversation(State::Done("Bob".into())), subs: vec![research("written by Ann")] },
+        ];
+        let (mut samples, _) = workload.samples([(0, 0, 7), (0, 0, 7)], 0, &task.train()[0], &episodes, 1);
+        <Delegate as Workload<crate::backend::Cpu>>::assign_rewards(&workload, &mut samples, task.train()).unwrap();
+        let subs: Vec<f64> = samples.iter().filter(|s| s.role == "sub").map(|s| s.reward.unwrap()).collect();
+        for (got, want) in subs.iter().zip([0.1 + 0.4 + 0.5, 0.1 + 0.4, 0.1 + 0.5]) {
+            assert!((got - want).abs() < 1e-12, "{subs:?}");
+        }
+        let m = <Delegate as Workload<crate::backend::Cpu>>::metrics(&workload, &samples, task.train());
+        assert!((m["delegate/judge"] - 2.0 / 3.0).abs() < 1e-12, "{m:?}");
+
+        let released = MgrpoSettings { sub_reward: SubReward::Released, ..Default::default() };
+        let err = DelegateConfig { mgrpo: released, ..config }.validate().unwrap_err().to_string();
+        assert!(err.contains("workload.delegate.judge") && err.contains("released"), "{err}");
     }
 
     /// The fixture of docs/mgrpo-batch.md as episodes: the samples the workload makes of them,

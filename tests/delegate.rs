@@ -180,9 +180,10 @@ fn varied_team(tok: &Tokenizer, eos: u32) -> (Script<'_>, Script<'_>) {
             let from = so_far.rfind("<tool_response>").unwrap() + "<tool_response>".len();
             so_far[from..so_far.rfind("</tool_response>").unwrap()].to_string()
         };
+        let book = so_far.contains("Who wrote");
         match so_far.matches("</tool_response>").count() {
-            0 => tool_call(SEARCH, if so_far.contains("Glass Road") { "Glass Road" } else { "Ann Lee born" }),
-            1 => tool_call(OPEN, if so_far.contains("Glass Road") { "The Glass Road" } else { "Ann Lee" }),
+            0 => tool_call(SEARCH, if book { "Glass Road" } else { "Ann Lee born" }),
+            1 => tool_call(OPEN, if book { "The Glass Road" } else { "Ann Lee" }),
             _ => result(&last_reply()),
         }
     });
@@ -216,15 +217,21 @@ fn same_conversation(a: &Conversation, b: &Conversation, what: &str) {
 
 /// The team split between two processes (here two threads on a line) plays the episodes one
 /// process plays: the main side has the main conversations, the sub side the sub-agents', each
-/// knowing how the other side's ended.
+/// knowing how the other side's ended. The two agents are of two families (tokenizers and
+/// chat templates); only texts pass between them.
 #[test]
 fn a_team_split_between_two_processes_plays_the_one_process_episodes() {
     let docs = passages();
     let tools = Tools { passages: &docs, search_k: 2, instructions: Instructions::Brief };
     let questions = ["Where was the author of The Glass Road born?", "Which country is Lisbon in?", "Who edited it?"];
-    let (tok, eos) = tokenizers().remove(0);
-    let (main, sub) = varied_team(&tok, eos);
+    // Two families: a Qwen3 main agent and a Llama-3.1 sub-agent; only texts pass between them.
+    let toks = tokenizers();
+    let ((qwen, qwen_eos), (llama, llama_eos)) = (&toks[0], &toks[1]);
+    let (main, sub) = (varied_team(qwen, *qwen_eos).0, varied_team(llama, *llama_eos).1);
     let one = play(&main, &sub, &tools, &questions, Mode::Delegate, &limits(), 5).unwrap();
+    assert!(qwen.decode(&one[0].main.sequence(), false).unwrap().contains("<|im_start|>assistant"));
+    let research = llama.decode(&one[0].subs[1].sequence(), false).unwrap();
+    assert!(research.contains("<|start_header_id|>assistant") && research.contains("born in Lisbon"), "{research}");
     let subs: Vec<usize> = one.iter().map(|e| e.subs.len()).collect();
     assert_eq!(subs, [2, 0, 1]);
     assert_eq!(one[2].subs[0].state, State::Failed("no <tool_call> and no <result>".into()));
@@ -236,15 +243,15 @@ fn a_team_split_between_two_processes_plays_the_one_process_episodes() {
         let docs = &docs;
         let main_side = scope.spawn(move || {
             let (tok, eos) = tokenizers().remove(0);
-            let (main, _) = varied_team(&tok, eos);
+            let main = varied_team(&tok, eos).0;
             let tools = Tools { passages: docs, search_k: 2, instructions: Instructions::Brief };
             let mut relay = Relay::new(&main_line);
             let mains = lead(&main, &mut relay, &tools, &questions, Mode::Delegate, &limits(), 5).unwrap();
             relay.finish(mains).unwrap()
         });
         let sub_side = scope.spawn(move || {
-            let (tok, eos) = tokenizers().remove(0);
-            let (_, sub) = varied_team(&tok, eos);
+            let (tok, eos) = tokenizers().remove(1);
+            let sub = varied_team(&tok, eos).1;
             let tools = Tools { passages: docs, search_k: 2, instructions: Instructions::Brief };
             serve(&sub, &tools, &limits(), questions.len(), 5, &sub_line).unwrap()
         });

@@ -88,7 +88,11 @@ impl RunDir {
     }
 
     /// Step `step`'s samples as JSON Lines (`run.dump_rollouts`): one object per sample.
-    pub fn write_rollouts(&self, step: u64, samples: &[crate::sample::Sample]) -> Result<()> {
+    pub fn write_rollouts<'a>(
+        &self,
+        step: u64,
+        samples: impl IntoIterator<Item = &'a crate::sample::Sample>,
+    ) -> Result<()> {
         let dir = self.root.join("rollouts");
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
         let mut text = String::new();

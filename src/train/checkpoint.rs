@@ -35,7 +35,7 @@ pub struct TrainerState {
     /// algorithm registry called it `capability`).
     #[serde(alias = "capability", default)]
     pub algorithm: serde_json::Value,
-    /// What the workload settled (M-GRPO's alignment target from a pilot), if anything.
+    /// What the workload settled during the run (`Workload::state`), if anything.
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub workload: serde_json::Value,
     #[serde(alias = "agents")]

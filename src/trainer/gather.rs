@@ -1,9 +1,9 @@
 //! A cluster run's step: each process has rolled out and scored its own policies' samples;
 //! here they cross to every host ([`Bus::all_gather`]), and every process continues with the
 //! whole step, in the order one process would have it. A workload whose episodes span
-//! processes (the delegation team) also lists stand-ins for the other processes' samples, so
-//! its rewards read what they need: they stay home, and links to them are made by key
-//! (policy, prompt, position) and resolved to the real samples.
+//! processes also lists stand-ins for the other processes' samples, so its rewards read what
+//! they need: they stay home, and links to them are made by key (policy, prompt, position)
+//! and resolved to the real samples.
 
 use serde::{Deserialize, Serialize};
 

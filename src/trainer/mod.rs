@@ -496,7 +496,10 @@ impl<B: Backend> Trainer<B> {
         }
         into_step_order(&mut samples);
         if self.config.run.dump_rollouts {
-            self.run.write_rollouts(step, &samples)?;
+            // Before scoring, so a step that diverges is on disk; this process's own samples
+            // (not the stand-ins a split team lists for another host's).
+            let own = samples.iter().filter(|s| self.policies.iter().any(|p| p.index == s.policy));
+            self.run.write_rollouts(step, own)?;
         }
         let mut scored = self.score(step, &mut samples, &mut timing)?;
         if self.bus.hosts().len() > 1 {
@@ -506,6 +509,7 @@ impl<B: Backend> Trainer<B> {
                 gather::gather_step(self.bus.as_ref(), step, samples, scored, &held)
             })?;
         }
+
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;
         let reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;

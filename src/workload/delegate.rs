@@ -196,11 +196,13 @@ impl Delegate {
     /// episodes each, sampled as a step's with the policies as they are (before the first
     /// update), over the bus like a step when the team is split, so every process settles the
     /// same d.
-    fn pilot<B: Backend>(&self, policies: &[Policy<B>], settings: &RolloutSettings) -> Result<()> {
+    /// Returns the seconds it took, when it ran.
+    fn pilot<B: Backend>(&self, policies: &[Policy<B>], settings: &RolloutSettings) -> Result<Option<f64>> {
         let n = self.config.pilot_questions.min(self.task.train().len());
         if n == 0 || self.sub == SubAgent::None || self.piloted.get().is_some() {
-            return Ok(());
+            return Ok(None);
         }
+        let started = std::time::Instant::now();
         let k = settings.group_size;
         let questions: Vec<&str> =
             self.task.train()[..n].iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
@@ -220,7 +222,7 @@ impl Delegate {
             calls.iter().max().copied().unwrap_or(0)
         );
         let _ = self.piloted.set(d);
-        Ok(())
+        Ok(Some(started.elapsed().as_secs_f64()))
     }
 
     /// The judge's score of a sub-agent sample's research (`None` without a judge).
@@ -444,7 +446,7 @@ impl<B: Backend> Workload<B> for Delegate {
     }
 
     fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
-        self.pilot(policies, settings)?;
+        let pilot_s = self.pilot(policies, settings)?;
         let k = settings.group_size;
         let questions: Vec<&str> = prompts.iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
         let mut timings = vec![RolloutTimings::default(); settings.policies];
@@ -472,6 +474,10 @@ impl<B: Backend> Workload<B> for Delegate {
         }
         let mut metrics = episode_metrics(&episodes, prompts.len(), alignment);
         metrics.insert("delegate/align_target".into(), self.align_target() as f64);
+        if let Some(seconds) = pilot_s {
+            // Inside the first step's time: said apart, so that step's figures can be read.
+            metrics.insert("timing_s/pilot".into(), seconds);
+        }
         Ok(Rollout { samples, timings, metrics })
     }
 
@@ -505,9 +511,13 @@ impl<B: Backend> Workload<B> for Delegate {
         m.insert("delegate/f1".into(), scores.iter().map(|s| s.f1).sum::<f64>() / n);
         m.insert("delegate/em".into(), scores.iter().map(|s| s.em).sum::<f64>() / n);
         if self.judge.is_some() {
-            // Over the step's sub-agent samples (aligned copies, and dropped ones for the record).
-            let judged: Vec<f64> =
-                samples.iter().filter(|s| s.role == ROLES[SUB]).filter_map(|s| self.expert(s)).collect();
+            // Over the step's sub-agent samples that reported (aligned copies, and dropped ones
+            // for the record); a failed one has no findings (its text is its last turn).
+            let judged: Vec<f64> = samples
+                .iter()
+                .filter(|s| s.role == ROLES[SUB] && s.penalty == 0.0)
+                .filter_map(|s| self.expert(s))
+                .collect();
             m.insert("delegate/judge".into(), judged.iter().sum::<f64>() / judged.len().max(1) as f64);
         }
         m

@@ -20,7 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::conversation::{Conversation, State};
-use super::team::{Episode, Limits, Research, SubAgents, Tools, Voice, research_seed};
+use super::team::{self, Episode, Limits, Research, SubAgents, Tools, Voice, research_seed};
 use crate::error::{Error, Result};
 
 /// The two sides of a split team: one round hands this side's part to the other and returns
@@ -55,11 +55,8 @@ impl<'a> Relay<'a> {
     pub fn finish(self, mains: Vec<Conversation>) -> Result<Vec<Episode>> {
         let ends: Vec<&State> = mains.iter().map(|c| &c.state).collect();
         self.line.round("ends", encode(&ends)?)?;
-        let mut episodes: Vec<Episode> = mains.into_iter().map(|main| Episode { main, subs: vec![] }).collect();
-        for (e, end) in self.calls {
-            episodes[e].subs.push(Conversation::ended_elsewhere(end));
-        }
-        Ok(episodes)
+        let subs = self.calls.into_iter().map(|(e, end)| (e, Conversation::ended_elsewhere(end)));
+        Ok(team::episodes(mains, subs))
     }
 }
 

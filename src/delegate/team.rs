@@ -198,12 +198,17 @@ impl<'a> SubAgents<'a> {
 
     /// Each of `mains` with the sub-agent conversations its episode delegated, in call order.
     pub fn episodes(self, mains: Vec<Conversation>) -> Vec<Episode> {
-        let mut episodes: Vec<Episode> = mains.into_iter().map(|main| Episode { main, subs: vec![] }).collect();
-        for (e, c) in self.conversations {
-            episodes[e].subs.push(c);
-        }
-        episodes
+        episodes(mains, self.conversations)
     }
+}
+
+/// Each of `mains` with its `subs` (each tagged with its episode), in the order given.
+pub fn episodes(mains: Vec<Conversation>, subs: impl IntoIterator<Item = (usize, Conversation)>) -> Vec<Episode> {
+    let mut episodes: Vec<Episode> = mains.into_iter().map(|main| Episode { main, subs: vec![] }).collect();
+    for (e, c) in subs {
+        episodes[e].subs.push(c);
+    }
+    episodes
 }
 
 impl Research for SubAgents<'_> {

@@ -495,16 +495,15 @@ impl<B: Backend> Trainer<B> {
             (prompts, samples) = self.draw_until_signal(step, prompts, samples, &mut generation, &mut timing)?;
         }
         into_step_order(&mut samples);
+        let held: Vec<usize> = self.policies.iter().map(|p| p.index).collect();
         if self.config.run.dump_rollouts {
             // Before scoring, so a step that diverges is on disk; this process's own samples
             // (not the stand-ins a split team lists for another host's).
-            let own = samples.iter().filter(|s| self.policies.iter().any(|p| p.index == s.policy));
-            self.run.write_rollouts(step, own)?;
+            self.run.write_rollouts(step, samples.iter().filter(|s| held.contains(&s.policy)))?;
         }
         let mut scored = self.score(step, &mut samples, &mut timing)?;
         if self.bus.hosts().len() > 1 {
             // The wait for the slowest host included: what spreading the run costs per step.
-            let held: Vec<usize> = self.policies.iter().map(|p| p.index).collect();
             (samples, scored) = timed(&mut timing, "timing_s/gather", || {
                 gather::gather_step(self.bus.as_ref(), step, samples, scored, &held)
             })?;

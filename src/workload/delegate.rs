@@ -204,8 +204,7 @@ impl Delegate {
         }
         let started = std::time::Instant::now();
         let k = settings.group_size;
-        let questions: Vec<&str> =
-            self.task.train()[..n].iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
+        let questions = asked(&self.task.train()[..n], k);
         let progress = crate::progress::Progress::new(format!("delegation pilot ({n} questions × {k})"), 0);
         let line = BusLine { bus: settings.bus, step: 0, play: "pilot" };
         let seed = mix_seed(&[settings.run_seed, 0x9170]);
@@ -329,6 +328,11 @@ impl Delegate {
     }
 }
 
+/// Each prompt's question, `k` times: one per episode.
+fn asked(prompts: &[TaskPrompt], k: usize) -> Vec<&str> {
+    prompts.iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect()
+}
+
 /// Who a sample is of: the policy's index, its weights version and its first EOS id.
 type Player = (usize, u64, u32);
 
@@ -448,7 +452,7 @@ impl<B: Backend> Workload<B> for Delegate {
     fn rollout(&self, policies: &[Policy<B>], prompts: &[TaskPrompt], settings: &RolloutSettings) -> Result<Rollout> {
         let pilot_s = self.pilot(policies, settings)?;
         let k = settings.group_size;
-        let questions: Vec<&str> = prompts.iter().flat_map(|p| std::iter::repeat_n(question_text(p), k)).collect();
+        let questions = asked(prompts, k);
         let mut timings = vec![RolloutTimings::default(); settings.policies];
         let seed = mix_seed(&[settings.run_seed, settings.step, 0xDE1E]);
         let line = BusLine { bus: settings.bus, step: settings.step, play: "rollout" };

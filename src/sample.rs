@@ -114,12 +114,18 @@ impl Sample {
 
     /// Mean old log-prob per response token (GSPO's length normalisation).
     pub fn mean_logp(&self) -> f64 {
-        let n = self.token_logps.len().max(1);
-        self.token_logps.iter().map(|&x| x as f64).sum::<f64>() / n as f64
+        mean_logp(&self.token_logps)
     }
 
     /// The reward, 0 until the reward stage has run.
     pub fn reward(&self) -> f64 {
         self.reward.unwrap_or(0.0)
     }
+}
+
+/// The mean of a response's per-token log-probs (0 for none): GSPO's length-normalised
+/// sequence log-prob.
+pub fn mean_logp(token_logps: &[f32]) -> f64 {
+    let n = token_logps.len().max(1);
+    token_logps.iter().map(|&x| x as f64).sum::<f64>() / n as f64
 }

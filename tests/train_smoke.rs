@@ -354,3 +354,48 @@ fn dynamic_sampling_trains_only_on_groups_with_signal() {
     }
     assert!(checked > 0);
 }
+
+/// One update per step (GRPO with one mini-batch, KL on): the trainer takes the old log-probs
+/// from the update's own pass and skips the scoring stage's (`timing_s/old_log_prob` is 0), and
+/// the step's numbers are those of a run that scores them apart (`algo.score_old_separately`):
+/// losses, gradient norms, the sampled entropy (read from the log-probs the update handed back)
+/// and the dumped source log-probs, to rounding.
+#[test]
+fn a_step_with_one_update_takes_its_old_log_probs_from_the_update() {
+    let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
+    let step = |separately: bool| {
+        let run = tempfile::tempdir().unwrap();
+        let mut cfg = config(run.path(), &[qwen.path(), llama.path()], "grpo");
+        cfg.run.steps = 1;
+        cfg.algo.minibatch_prompts = 2;
+        cfg.algo.kl_coef = 0.01;
+        cfg.algo.score_old_separately = separately;
+        let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::text_hash(4), 2)).unwrap();
+        trainer.run().unwrap();
+        let mut dumped: Vec<f64> = Vec::new();
+        let mut names: Vec<_> =
+            std::fs::read_dir(run.path().join("batches")).unwrap().map(|e| e.unwrap().path()).collect();
+        names.sort();
+        for path in names {
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            dumped.extend(v["minibatch"].as_array().unwrap().iter().map(|r| r["mean_logp_source"].as_f64().unwrap()));
+        }
+        (trainer.last_metrics.clone(), dumped)
+    };
+    let ((apart, apart_dumps), (in_update, update_dumps)) = (step(true), step(false));
+    let close = |a: f64, b: f64, what: &str| assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{what}: {a} vs {b}");
+    assert_eq!(apart.len(), 2);
+    for ((agent, a), (_, u)) in apart.iter().zip(&in_update) {
+        assert!(a["timing_s/old_log_prob"] > 0.0, "{agent}: the separate pass did not run");
+        assert_eq!(u["timing_s/old_log_prob"], 0.0, "{agent}: the scoring stage ran its old-policy pass");
+        for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"] {
+            close(a[key], u[key], &format!("{agent}: {key}"));
+        }
+    }
+    assert_eq!(apart_dumps.len(), update_dumps.len());
+    assert!(!apart_dumps.is_empty());
+    for (a, u) in apart_dumps.iter().zip(&update_dumps) {
+        close(*a, *u, "a dumped source log-prob");
+    }
+}

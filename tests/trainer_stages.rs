@@ -146,6 +146,7 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
                 schedule: LrSchedule::default(),
                 norm_length: 32,
                 dump_dir: None,
+                old_logps_from_pass: false,
             };
             metrics.push(update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics);
             assert_eq!(p.version, 1);
@@ -157,6 +158,90 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
             }
         }
         assert!(metrics[0]["actor/kl_loss"] > 0.0 && metrics[0]["actor/grad_norm"] > 0.0, "{name}: {:?}", metrics[0]);
+    }
+}
+
+/// With one mini-batch per step the update's forward pass runs on the old weights, so the old
+/// log-probs it reads from itself are the scoring stage's numbers: the same losses, gradient
+/// norm and weights after the step as with the separate scoring pass, to rounding (the two
+/// passes batch and pad differently), for token-level (GRPO, Dr. GRPO) and sequence-level
+/// (GSPO) losses, with the KL term, micro-batches and gradient checkpointing; and the
+/// log-probs it hands back for the samples are the scored ones.
+#[test]
+fn old_log_probs_from_the_update_pass_give_the_separately_scored_update() {
+    let q = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let base = policy(0, q.path());
+    let samples: Vec<Sample> = (0..6)
+        .map(|i| sample(&base, ["2+3", "4*5"][i / 3], &format!("so it is {} and {}", i * 13, i + 2), i % 3))
+        .collect();
+    let requests: Vec<(Vec<u32>, Vec<u32>)> =
+        samples.iter().map(|s| (s.prompt_ids.clone(), s.response_ids.clone())).collect();
+    // Reference log-probs: the old ones shifted, so the KL term is not zero.
+    let refs: Vec<Option<Vec<f32>>> =
+        samples.iter().map(|s| Some(s.token_logps.iter().map(|x| x - 0.3).collect())).collect();
+    let close = |a: f64, b: f64, what: &str| assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{what}: {a} vs {b}");
+    for name in ["grpo", "drgrpo", "gspo"] {
+        let settings = hacpo::config::AlgoConfig { kl_coef: 0.05, ..Default::default() };
+        let algo = registry::build::<CpuAutodiff>(name, &settings.settings()).unwrap();
+        let routed = route(&samples, 0, Routing::Own);
+        let advantages = algo.advantages(&routed.pool, 0).unwrap();
+        assert!(advantages.iter().any(|&a| a != 0.0), "{name}: no signal");
+        for (micro, checkpointing) in [(6, false), (4, false), (6, true)] {
+            let update = |from_pass: bool| {
+                let mut p = policy(0, q.path());
+                let mut given = samples.clone();
+                if from_pass {
+                    // Nothing scored them: the update must not read the samples' log-probs.
+                    given.iter_mut().for_each(|s| s.token_logps.clear());
+                }
+                let batch = LearnerBatch {
+                    indices: routed.indices.clone(),
+                    pool: routed.pool.clone(),
+                    advantages: advantages.clone(),
+                    views: views(&p, &given, &routed.indices, 512, 64).unwrap(),
+                    samples: &given,
+                    ref_logps: &refs,
+                    tokens: None,
+                };
+                let settings = UpdateSettings {
+                    step: 1,
+                    total_updates: 1,
+                    minibatches: 1,
+                    micro_batch_sequences: micro,
+                    gradient_checkpointing: checkpointing,
+                    inv_temperature: 1.0,
+                    kl_coef: 0.05,
+                    value_lr: None,
+                    grad_clip: 1e9,
+                    schedule: LrSchedule::default(),
+                    norm_length: 32,
+                    dump_dir: None,
+                    old_logps_from_pass: from_pass,
+                };
+                let report = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap();
+                (report, score(&p.inference_model(), &requests, 1.0).unwrap())
+            };
+            let case = format!("{name}, micro-batch {micro}, checkpointing {checkpointing}");
+            let ((scored, scored_after), (pass, pass_after)) = (update(false), update(true));
+            assert!(scored.old_logps.is_empty(), "{case}");
+            assert_eq!(pass.old_logps.iter().map(|(i, _)| *i).collect::<Vec<_>>(), routed.indices, "{case}");
+            for (i, logps) in &pass.old_logps {
+                assert_eq!(logps.len(), samples[*i].token_logps.len(), "{case}");
+                for (&a, &b) in samples[*i].token_logps.iter().zip(logps) {
+                    close(a as f64, b as f64, &format!("{case}: old log-prob of sample {i}"));
+                }
+            }
+            for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm"] {
+                close(scored.metrics[key], pass.metrics[key], &format!("{case}: {key}"));
+            }
+            assert!(scored.metrics["actor/grad_norm"] > 0.0 && scored.metrics["actor/kl_loss"] > 0.0, "{case}");
+            // Every weight that a log-prob reads, after the step.
+            for (a, b) in scored_after.iter().flatten().zip(pass_after.iter().flatten()) {
+                close(*a as f64, *b as f64, &format!("{case}: a log-prob after the step"));
+            }
+            let before = samples.iter().flat_map(|s| &s.token_logps);
+            assert!(scored_after.iter().flatten().zip(before).any(|(a, b)| (a - b).abs() > 1e-4), "{case}: no change");
+        }
     }
 }
 
@@ -202,6 +287,7 @@ fn environment_tokens_between_turns_stay_out_of_the_loss() {
             schedule: LrSchedule::default(),
             norm_length: 32,
             dump_dir: None,
+            old_logps_from_pass: false,
         };
         let metrics = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics;
         let after =

@@ -82,6 +82,11 @@ pub struct AlgoConfig {
     /// (gradient checkpointing): activations of one layer instead of all, for a third more
     /// compute. Gradients are unchanged.
     pub gradient_checkpointing: bool,
+    /// Score the old policy's log-probs in a pass of their own even when the update's forward
+    /// pass can give them (one mini-batch per step, no value model, no policy learning from
+    /// another's samples; then they are the same numbers and the pass is one forward pass
+    /// over every sample saved). For audits against runs from before that saving.
+    pub score_old_separately: bool,
     /// Global gradient-norm clip.
     pub grad_clip: f64,
     pub optimizer: AdamWConfig,
@@ -128,6 +133,7 @@ impl Default for AlgoConfig {
             minibatch_prompts: 64,
             micro_batch_sequences: 8,
             gradient_checkpointing: false,
+            score_old_separately: false,
             grad_clip: 1.0,
             optimizer: AdamWConfig::default(),
             schedule: LrSchedule::default(),

@@ -333,7 +333,7 @@ pub fn read_responses<B: Backend>(
 pub type Rows = Vec<Vec<f32>>;
 
 /// A flat per-token tensor as one row per response.
-fn split_rows<B: Backend>(flat: Tensor<B, 1>, lens: &[usize]) -> crate::error::Result<Vec<Vec<f32>>> {
+pub fn split_rows<B: Backend>(flat: Tensor<B, 1>, lens: &[usize]) -> crate::error::Result<Vec<Vec<f32>>> {
     let flat = flat.into_data().into_vec::<f32>().map_err(|e| crate::error::Error::Internal(format!("{e:?}")))?;
     let mut out = Vec::with_capacity(lens.len());
     let mut at = 0;

@@ -448,6 +448,18 @@ impl<B: Backend> Trainer<B> {
         (sources * self.config.algo.prompts_per_step / self.shape.minibatch_prompts.max(1)) as u64
     }
 
+    /// Whether the update's own forward pass gives the old policy's log-probs, saving the
+    /// scoring stage's pass: with one optimizer update per step (TRL's `num_iterations = 1`)
+    /// that pass runs on the old weights. Not with a value model (the scoring pass reads its
+    /// values), nor when a policy learns from another's samples (it reads their log-probs
+    /// before their owner's update), nor when the config asks for the separate pass.
+    fn old_logps_in_update(&self) -> bool {
+        !self.config.algo.score_old_separately
+            && self.updates_per_step() == 1
+            && self.algorithm.value_model().is_none()
+            && (self.algorithm.routing() == Routing::Own || self.config.policies.len() == 1)
+    }
+
     /// Runs until `total_steps`, with a progress bar, metrics and checkpoints.
     pub fn run(&mut self) -> Result<RunSummary> {
         let started = Instant::now();
@@ -511,7 +523,7 @@ impl<B: Backend> Trainer<B> {
 
         let advantages = timed(&mut timing, "timing_s/adv", || self.advantages(&samples))?;
         let (batches, retokenize_s) = self.route(&samples, advantages, &scored.ref_logps)?;
-        let reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;
+        let mut reports = timed(&mut timing, "timing_s/update_actor", || self.update(step, &batches))?;
         timing.insert("timing_s/step".into(), started.elapsed().as_secs_f64());
         if let Some(peak) = crate::alloc::peak_resident_bytes() {
             // The whole process's (every policy's) high-water mark so far.
@@ -530,6 +542,7 @@ impl<B: Backend> Trainer<B> {
             timing["timing_s/update_actor"]
         );
         drop(batches);
+        update::keep_old_logps(&mut samples, &mut reports);
         self.record(step, &samples, &generation, &retokenize_s, reports, &timing)?;
         self.step = step;
         self.bus.reached(step);
@@ -617,6 +630,7 @@ impl<B: Backend> Trainer<B> {
                 step,
                 batch: self.config.algo.micro_batch_sequences,
                 temperature: self.config.rollout.temperature,
+                old: !self.old_logps_in_update(),
                 with_reference: self.config.algo.kl_coef > 0.0,
             },
         )?;
@@ -696,6 +710,7 @@ impl<B: Backend> Trainer<B> {
             schedule: a.schedule.clone(),
             norm_length: self.shape.norm_length,
             dump_dir: self.config.run.dump_batches.then(|| self.run.batches()),
+            old_logps_from_pass: self.old_logps_in_update(),
         };
         let algorithm = self.algorithm.as_ref();
         let mut policies: Vec<&mut Policy<B>> = self.policies.iter_mut().collect();

@@ -20,6 +20,8 @@ pub struct ScoreSettings {
     /// Sequences per forward pass.
     pub batch: usize,
     pub temperature: f32,
+    /// Score the old policy (not when the update's own pass gives its log-probs).
+    pub old: bool,
     pub with_reference: bool,
 }
 
@@ -102,9 +104,13 @@ fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &S
         }
         Ok(out)
     };
-    let t = Instant::now();
-    let old = run(&policy.inference_model(), policy.critic.as_ref().map(|c| &c.head))?;
-    let old_s = t.elapsed().as_secs_f64();
+    let (old, old_s) = match settings.old {
+        true => {
+            let t = Instant::now();
+            (run(&policy.inference_model(), policy.critic.as_ref().map(|c| &c.head))?, t.elapsed().as_secs_f64())
+        }
+        false => (Vec::new(), 0.0),
+    };
     let t = Instant::now();
     let reference = match settings.with_reference.then(|| policy.reference_model()).flatten() {
         Some(r) => run(&r, None)?.into_iter().map(|(i, lp, _)| (i, lp)).collect(),

@@ -16,13 +16,13 @@ use serde_json::json;
 
 use super::routing::View;
 use crate::error::{Error, Result};
-use crate::generate::score::{response_hidden, token_logprobs_autodiff};
+use crate::generate::score::{response_hidden, split_rows, token_logprobs_autodiff};
 use crate::policy::Policy;
 use crate::rl::algorithm::{Algorithm, MicroBatch, SequenceRecord, TokenAdvantages, ValueBatch};
 use crate::rl::stats::unbiased_std;
 use crate::rl::tensor::{AggregationScope, aggregate_scoped, kl_k3_tokens, pad_host, pad_tokens, sequence_mean};
 use crate::rl::{LossAggregation, PoolSample, SampleTerms};
-use crate::sample::Sample;
+use crate::sample::{Sample, mean_logp};
 use crate::train::critic::HeadLeaves;
 use crate::train::metrics::Metrics;
 use crate::train::optim::{GradStore, LrSchedule};
@@ -67,6 +67,9 @@ pub struct UpdateSettings {
     pub norm_length: usize,
     /// Where to write audit dumps (`run.dump_batches`), if anywhere.
     pub dump_dir: Option<PathBuf>,
+    /// The old policy's log-probs come from this update's own forward pass instead of the
+    /// scoring stage: with one mini-batch per step it runs on the old weights.
+    pub old_logps_from_pass: bool,
 }
 
 /// Metrics of one policy's update.
@@ -75,6 +78,17 @@ pub struct UpdateReport {
     pub metrics: Metrics,
     pub update_s: f64,
     pub tokens: usize,
+    /// With `old_logps_from_pass`: each own sample's old log-probs (by step sample index), as
+    /// the scoring stage would have left them in `token_logps`.
+    pub old_logps: Vec<(usize, Vec<f32>)>,
+}
+
+/// Puts the old log-probs that the updates' passes read into their samples, for what reads
+/// them after the update (the sampled entropy).
+pub fn keep_old_logps(samples: &mut [Sample], reports: &mut [UpdateReport]) {
+    for (i, logps) in reports.iter_mut().flat_map(|r| std::mem::take(&mut r.old_logps)) {
+        samples[i].token_logps = logps;
+    }
 }
 
 /// Updates `policy` on `batch` with `algo`.
@@ -94,14 +108,23 @@ pub fn update_policy<B: Backend>(
         return Ok(report);
     }
     let minibatches = algo.minibatches(&batch.pool, learner, settings.minibatches.clamp(1, n))?;
+    if settings.old_logps_from_pass && minibatches.len() != 1 {
+        // A second mini-batch would run on weights the first one moved.
+        return Err(Error::Internal(format!(
+            "old log-probs from the update's pass with {} mini-batches",
+            minibatches.len()
+        )));
+    }
     let mut sums = Sums::default();
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {
         // The policy's own rate (`[[agents]] lr`, else `algo.optimizer.lr`) on the shared schedule.
         let lr = settings.schedule.lr(policy.optimizer.config.lr, policy.optimizer.updates, settings.total_updates);
-        let step = minibatch_step(policy, algo, batch, settings, m, mb)?;
+        let mut step = minibatch_step(policy, algo, batch, settings, m, mb)?;
         report.tokens += step.tokens;
-        let records = sequence_records(batch, m, mb, &step.mean_logp_target);
+        let records = sequence_records(batch, m, mb, &step.mean_logp_target, &step.old_logps);
+        let old = std::mem::take(&mut step.old_logps).into_iter();
+        report.old_logps.extend(mb.iter().zip(old).filter_map(|(&j, lp)| Some((batch.indices[j], lp?))));
         let terms = algo.sequence_terms(learner, &records);
         if let Some(dir) = &settings.dump_dir {
             let pg = step.terms.first().map_or(0.0, |&(_, v)| v);
@@ -228,14 +251,25 @@ fn apply<B: Backend>(
 }
 
 /// What the algorithm's sequence terms and the audit read of mini-batch `m`'s responses.
-fn sequence_records(batch: &LearnerBatch<'_>, m: usize, mb: &[usize], targets: &[f64]) -> Vec<SequenceRecord> {
+/// `old`: the old log-probs read from the update's pass (in `mb` order), if it gave them.
+fn sequence_records(
+    batch: &LearnerBatch<'_>,
+    m: usize,
+    mb: &[usize],
+    targets: &[f64],
+    old: &[Option<Vec<f32>>],
+) -> Vec<SequenceRecord> {
     mb.iter()
         .zip(targets)
-        .map(|(&j, &target)| SequenceRecord {
+        .enumerate()
+        .map(|(r, (&j, &target))| SequenceRecord {
             source: batch.pool[j].agent,
             advantage: batch.advantages[j],
             mean_logp_target: target,
-            mean_logp_source: batch.samples[batch.indices[j]].mean_logp(),
+            mean_logp_source: match old.get(r).and_then(Option::as_deref) {
+                Some(logps) => mean_logp(logps),
+                None => batch.samples[batch.indices[j]].mean_logp(),
+            },
             minibatch_index: m,
         })
         .collect()
@@ -250,6 +284,9 @@ struct MinibatchStep<B: Backend> {
     kl: f64,
     mean_logp_target: Vec<f64>,
     tokens: usize,
+    /// The old log-probs its pass read (`old_logps_from_pass`), in mini-batch order; empty
+    /// otherwise.
+    old_logps: Vec<Option<Vec<f32>>>,
     /// The value head's gradient (weight then bias), with a value model.
     head_grad: Option<Vec<f64>>,
     /// A value model's own gradients and their norm before clipping.
@@ -351,11 +388,12 @@ fn minibatch_step<B: Backend>(
     let mut grads = GradStore::<B>::default();
     let mut detached = Detached::<B>::new();
     let mut critic = CriticGrads::<B>::of(policy);
-    let mut tokens = 0;
+    let (mut tokens, mut old_logps) = (0, Vec::new());
     for micro in mb.chunks(settings.micro_batch_sequences.max(1)) {
         let pass = MicroPass { policy, algo, batch, settings, m, micro, scopes };
-        let (loss, head, trunk, n) = pass.loss(&mut detached)?;
+        let MicroLoss { loss, head, trunk, tokens: n, old } = pass.loss(&mut detached)?;
         tokens += n;
+        old_logps.extend(old);
         let g = if loss_scale == 1.0 { loss.backward() } else { loss.mul_scalar(loss_scale).backward() };
         grads.accumulate(&policy.model, &g);
         if let Some(trunk) = trunk {
@@ -388,7 +426,17 @@ fn minibatch_step<B: Backend>(
     }
     let terms = terms.into_iter().map(|(metric, _, sum)| (metric, sum)).collect();
     let (head_grad, value_trunk) = critic.finish(loss_scale, settings.grad_clip);
-    Ok(MinibatchStep { grads, grads_norm: norm, terms, kl, mean_logp_target, tokens, head_grad, value_trunk })
+    Ok(MinibatchStep {
+        grads,
+        grads_norm: norm,
+        terms,
+        kl,
+        mean_logp_target,
+        tokens,
+        old_logps,
+        head_grad,
+        value_trunk,
+    })
 }
 
 /// A critic's gradients summed over a mini-batch's micro-batches: its head's (on the host)
@@ -451,6 +499,20 @@ struct MicroPass<'a, 'b, B: Backend> {
 /// The trunk kept for recomputation in the backward pass (`algo.gradient_checkpointing`).
 type Trunk<B> = Option<crate::train::recompute::Trunk<B>>;
 
+/// A micro-batch's loss to back-propagate and what its pass leaves beside it.
+struct MicroLoss<B: Backend> {
+    /// The algorithm's terms and the KL term.
+    loss: Tensor<AD<B>, 1>,
+    /// The value head's tracked leaves, with a value head.
+    head: Option<HeadLeaves<AD<B>>>,
+    trunk: Trunk<B>,
+    /// Response tokens.
+    tokens: usize,
+    /// With `old_logps_from_pass`: each own row's log-probs, read from this pass (micro
+    /// order); empty otherwise.
+    old: Vec<Option<Vec<f32>>>,
+}
+
 impl<B: Backend> MicroPass<'_, '_, B> {
     fn own(&self, j: usize) -> bool {
         self.batch.pool[j].agent == self.policy.index
@@ -460,14 +522,8 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         &self.batch.samples[self.batch.indices[j]]
     }
 
-    /// The loss to back-propagate (the algorithm's terms and the KL term), with its detached
-    /// parts added to `detached`; the value head's tracked leaves, the recomputation trunk and
-    /// the number of response tokens.
-    #[allow(clippy::type_complexity)]
-    fn loss(
-        &self,
-        detached: &mut Detached<B>,
-    ) -> Result<(Tensor<AD<B>, 1>, Option<HeadLeaves<AD<B>>>, Trunk<B>, usize)> {
+    /// The loss to back-propagate, with its detached parts added to `detached`.
+    fn loss(&self, detached: &mut Detached<B>) -> Result<MicroLoss<B>> {
         let requests: Vec<(Vec<u32>, Vec<u32>)> = self
             .micro
             .iter()
@@ -495,10 +551,11 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             &targets,
             self.settings.inv_temperature,
         );
+        let old = self.old_from_pass(&flat, &lens)?;
         let (logp, mask) = pad_tokens(flat, &lens);
         let mask = self.without_environment_tokens(mask);
         let (values, leaves) = values.map(|(v, leaves)| (pad_tokens(v, &lens).0, leaves)).unzip();
-        let micro_batch = self.micro_batch(logp.clone(), mask.clone(), values);
+        let micro_batch = self.micro_batch(logp.clone(), mask.clone(), values, &old);
         let mut terms = self.algo.loss_terms(&micro_batch).into_iter();
         let first = terms.next().ok_or_else(|| Error::Internal(format!("{} gave no loss term", self.algo.name())))?;
         let mut loss =
@@ -514,7 +571,34 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             detached.push_term(t.metric, t.weight, t.value.detach());
         }
         detached.means.push(sequence_mean(logp.detach(), mask.detach()));
-        Ok((loss, leaves, trunk, targets.len()))
+        Ok(MicroLoss { loss, head: leaves, trunk, tokens: targets.len(), old })
+    }
+
+    /// With `old_logps_from_pass`, the own rows' log-probs of this pass, detached: the old
+    /// policy's, since the weights have not moved this step. The loss's ratio then divides by
+    /// the very values it is computed from and is exactly 1 at the old weights, as in TRL with
+    /// `num_iterations = 1`.
+    fn old_from_pass(&self, flat: &Tensor<AD<B>, 1>, lens: &[usize]) -> Result<Vec<Option<Vec<f32>>>> {
+        if !self.settings.old_logps_from_pass {
+            return Ok(Vec::new());
+        }
+        let rows = split_rows(flat.clone().inner(), lens)?;
+        let own = |(&j, row): (&usize, Vec<f32>)| {
+            if !self.own(j) {
+                return Ok(None);
+            }
+            // A diverged model (NaN/inf weights or activations) shows here first.
+            match row.iter().find(|x| !x.is_finite()) {
+                Some(&bad) => Err(Error::NonFinite {
+                    agent: self.policy.name.clone(),
+                    step: self.settings.step,
+                    what: "log-probability of its own sample",
+                    value: bad as f64,
+                }),
+                None => Ok(Some(row)),
+            }
+        };
+        self.micro.iter().zip(rows).map(own).collect()
     }
 
     /// `mask` with the tokens the environment wrote between a trajectory's turns set to 0, so
@@ -535,18 +619,30 @@ impl<B: Backend> MicroPass<'_, '_, B> {
     }
 
     /// What the algorithm's loss reads of this micro-batch; `predicted`: the value head's
-    /// padded predictions, with a value model.
+    /// padded predictions, with a value model; `from_pass`: the old log-probs this pass read,
+    /// if it gave them (else the scoring stage's, in the samples).
     fn micro_batch(
         &self,
         logp: Tensor<AD<B>, 2>,
         mask: Tensor<AD<B>, 2>,
         predicted: Option<Tensor<AD<B>, 2>>,
+        from_pass: &[Option<Vec<f32>>],
     ) -> MicroBatch<AD<B>> {
         let (width, device) = (mask.dims()[1], logp.device());
         let micro = self.micro;
         let rows = |rows: Vec<Option<&[f32]>>| pad_host(&rows, width, &device);
-        let old: Vec<Option<&[f32]>> =
-            micro.iter().map(|&j| self.own(j).then(|| self.sample(j).token_logps.as_slice())).collect();
+        let old: Vec<Option<&[f32]>> = match from_pass.is_empty() {
+            true => micro.iter().map(|&j| self.own(j).then(|| self.sample(j).token_logps.as_slice())).collect(),
+            false => from_pass.iter().map(Option::as_deref).collect(),
+        };
+        let mean_logp_source = micro
+            .iter()
+            .zip(&old)
+            .map(|(&j, row)| match (from_pass.is_empty(), row) {
+                (false, Some(logps)) => mean_logp(logps),
+                _ => self.sample(j).mean_logp(),
+            })
+            .collect();
         let old_logp = rows(old);
         let value = match (predicted, &self.batch.tokens) {
             (Some(predicted), Some(t)) => Some(ValueBatch {
@@ -559,7 +655,7 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         };
         MicroBatch {
             old_logp,
-            mean_logp_source: micro.iter().map(|&j| self.sample(j).mean_logp()).collect(),
+            mean_logp_source,
             advantages: micro.iter().map(|&j| self.batch.advantages[j]).collect(),
             value,
             sources: micro.iter().map(|&j| self.batch.pool[j].agent).collect(),

@@ -384,7 +384,9 @@ fn a_step_with_one_update_takes_its_old_log_probs_from_the_update() {
         (trainer.last_metrics.clone(), dumped)
     };
     let ((apart, apart_dumps), (in_update, update_dumps)) = (step(true), step(false));
-    let close = |a: f64, b: f64, what: &str| assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{what}: {a} vs {b}");
+    // Relative, or absolute near 0: a group's policy loss is a sum of ratio × advantage whose
+    // advantages cancel, so rounding in the ratios (1e-7) is all that is left of it.
+    let close = |a: f64, b: f64, what: &str| assert!((a - b).abs() <= 1e-5 * a.abs().max(0.1), "{what}: {a} vs {b}");
     assert_eq!(apart.len(), 2);
     for ((agent, a), (_, u)) in apart.iter().zip(&in_update) {
         assert!(a["timing_s/old_log_prob"] > 0.0, "{agent}: the separate pass did not run");

@@ -179,7 +179,9 @@ fn old_log_probs_from_the_update_pass_give_the_separately_scored_update() {
     // Reference log-probs: the old ones shifted, so the KL term is not zero.
     let refs: Vec<Option<Vec<f32>>> =
         samples.iter().map(|s| Some(s.token_logps.iter().map(|x| x - 0.3).collect())).collect();
-    let close = |a: f64, b: f64, what: &str| assert!((a - b).abs() <= 1e-5 * a.abs().max(1e-3), "{what}: {a} vs {b}");
+    // Relative, or absolute near 0: a group's policy loss is a sum of ratio × advantage whose
+    // advantages cancel, so rounding in the ratios (1e-7) is all that is left of it.
+    let close = |a: f64, b: f64, what: &str| assert!((a - b).abs() <= 1e-5 * a.abs().max(0.1), "{what}: {a} vs {b}");
     for name in ["grpo", "drgrpo", "gspo"] {
         let settings = hacpo::config::AlgoConfig { kl_coef: 0.05, ..Default::default() };
         let algo = registry::build::<CpuAutodiff>(name, &settings.settings()).unwrap();

@@ -14,6 +14,7 @@
 
 pub mod sampler;
 pub mod score;
+pub mod shared_prompt;
 
 use std::time::Instant;
 

@@ -220,18 +220,29 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
 
 /// Final hidden states of the positions that predict each response token, flattened over
 /// the batch: `([response tokens, hidden], targets, response lengths)`. Sequences are
-/// right-padded, which needs no mask (later slots never influence earlier ones).
+/// right-padded, which needs no mask (later slots never influence earlier ones); when
+/// responses share prompts (a group's samples), each prompt runs once
+/// ([`super::shared_prompt`]).
 pub fn response_hidden<B: Backend>(
     model: &crate::model::CausalLm<B>,
     requests: &[(Vec<u32>, Vec<u32>)],
 ) -> crate::error::Result<(Tensor<B, 2>, Vec<u32>, Vec<usize>)> {
     let batch = TokenBatch::of(&model.config, requests)?;
+    let groups = super::shared_prompt::PromptGroups::of(requests);
+    let hidden = match groups.repeat() {
+        true => super::shared_prompt::response_hidden(model, requests, &groups),
+        false => dense_hidden(model, &batch),
+    };
+    Ok((hidden, batch.targets, batch.lens))
+}
+
+/// [`response_hidden`] over the whole right-padded batch, every prompt run once per response.
+pub(crate) fn dense_hidden<B: Backend>(model: &crate::model::CausalLm<B>, batch: &TokenBatch) -> Tensor<B, 2> {
     let device = model.device();
     let layout = model.layout_tensors(&crate::model::Layout::dense(batch.b, batch.t));
     let hidden = model.forward_hidden(batch.ids(&device), &layout, None);
     let d = hidden.dims()[2];
-    let rows = batch.rows(&device);
-    Ok((hidden.reshape([batch.b * batch.t, d]).select(0, rows), batch.targets, batch.lens))
+    hidden.reshape([batch.b * batch.t, d]).select(0, batch.rows(&device))
 }
 
 /// Prompt + response pairs laid out as one right-padded `[b, t]` batch, with the rows whose

@@ -58,6 +58,11 @@ impl Footprint {
         self.weights.saturating_add(self.reference).saturating_add(self.optimizer).saturating_add(self.critic)
     }
 
+    /// What an update holds whatever its batch sizes: the persistent state and the gradients.
+    pub fn state(&self) -> u64 {
+        self.persistent().saturating_add(self.gradients)
+    }
+
     /// The peak: the persistent state plus the larger phase (see the module docs).
     pub fn peak(&self) -> u64 {
         let update = self.gradients.saturating_add(self.activations).saturating_add(self.critic_update);
@@ -338,25 +343,39 @@ impl MemoryPlan {
         self.devices.iter().all(DevicePlan::fits)
     }
 
-    /// For a plan of `cfg` that does not fit: `cfg` with the settings that leave the update's
-    /// mathematics as it is (gradient accumulation over a smaller micro-batch, then gradient
-    /// checkpointing as well: recomputation) chosen so that every device fits, its plan, and a
-    /// line that says what was chosen and why. None when the plan fits already or these cannot
-    /// make it fit (the error of [`MemoryPlan::check`] then names the changes that alter the
-    /// update).
+    /// For a plan of `cfg` that does not fit: `cfg` with the settings that leave the run's
+    /// mathematics as it is chosen so that every device fits, its plan, and a line that says
+    /// what was chosen and why. Those settings: fewer prompts sampled together (each sample
+    /// draws from a random stream of its own: the same samples), gradient accumulation over a
+    /// smaller micro-batch, then gradient checkpointing as well (recomputation); the largest
+    /// rollout batch and micro-batch that fit are kept. None when the plan fits already or
+    /// these cannot make it fit (the error of [`MemoryPlan::check`] then names the changes
+    /// that alter the update).
     pub fn fitted(&self, cfg: &TrainConfig) -> Option<(TrainConfig, MemoryPlan, String)> {
         if self.fits() {
             return None;
         }
         let w = self.workload;
-        let halvings = std::iter::successors(Some(w.micro_batch), |&m| (m > 1).then_some(m / 2));
+        let group = cfg.algo.group_size.max(1);
+        let halvings = |from: usize| std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2));
         let checkpointing = if w.checkpointing { vec![true] } else { vec![false, true] };
-        let (micro_batch, checkpointing, plan) = checkpointing
-            .into_iter()
-            .flat_map(|ckpt| halvings.clone().map(move |m| (m, ckpt)))
-            .map(|(m, ckpt)| (m, ckpt, self.under(Workload { micro_batch: m, checkpointing: ckpt, ..w })))
-            .find(|(_, _, plan)| plan.fits())?;
+        // The rollout and the update never hold their memory at the same time (the peak is the
+        // larger of the two), so each keeps what it can.
+        let candidates = halvings(cfg.rollout.batch_prompts.max(1)).flat_map(|prompts| {
+            let halvings = halvings(w.micro_batch);
+            checkpointing.iter().flat_map(move |&ckpt| halvings.clone().map(move |m| (prompts, m, ckpt)))
+        });
+        let (prompts, micro_batch, checkpointing, plan) = candidates
+            .map(|(prompts, m, ckpt)| {
+                let lean = Workload { micro_batch: m, checkpointing: ckpt, rollout_sequences: prompts * group, ..w };
+                (prompts, m, ckpt, self.under(lean))
+            })
+            .find(|(.., plan)| plan.fits())?;
         let (mut chose, mut how) = (vec![], vec![]);
+        if prompts != cfg.rollout.batch_prompts.max(1) {
+            chose.push(format!("rollout.batch_prompts = {prompts} (was {})", cfg.rollout.batch_prompts));
+            how.push("the same samples drawn in smaller batches");
+        }
         if micro_batch != w.micro_batch {
             chose.push(format!("algo.micro_batch_sequences = {micro_batch} (was {})", w.micro_batch));
             how.push("gradients accumulated over smaller micro-batches");
@@ -377,13 +396,38 @@ impl MemoryPlan {
         );
         let mut fitted = cfg.clone();
         (fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing) = (micro_batch, checkpointing);
+        fitted.rollout.batch_prompts = prompts;
         Some((fitted, plan, line))
     }
 
-    /// An error naming the first device that does not fit, its policies, the numbers and the
-    /// settings that would bring it down (one paragraph: a line per policy, one of ways out).
+    /// An error naming every device that does not fit, its policies, the numbers and the
+    /// settings that would bring it down (a paragraph per device: a line per policy, one of
+    /// ways out).
     pub fn check(&self, cfg: &TrainConfig) -> Result<()> {
-        let Some(d) = self.devices.iter().find(|d| !d.fits()) else { return Ok(()) };
+        let failing: Vec<&DevicePlan> = self.devices.iter().filter(|d| !d.fits()).collect();
+        if failing.is_empty() {
+            return Ok(());
+        }
+        // What hacpo would choose by itself (`MemoryPlan::fitted`) at its leanest.
+        let one_prompt = cfg.algo.group_size.max(1);
+        let leanest = self.under(Workload {
+            micro_batch: 1,
+            checkpointing: true,
+            rollout_sequences: one_prompt,
+            ..self.workload
+        });
+        let mut msg = String::new();
+        for d in failing {
+            msg.push_str(&self.device_report(cfg, d, &leanest));
+        }
+        msg.push_str("--dry-run prints the whole plan; --skip-memory-check trains anyway.");
+        Err(Error::InvalidArgument(msg))
+    }
+
+    /// One paragraph of [`MemoryPlan::check`]'s error: device `d`'s need, a line per policy,
+    /// what the same run at its leanest (`leanest`) needs or why nothing of the kind can fit,
+    /// and the ways out.
+    fn device_report(&self, cfg: &TrainConfig, d: &DevicePlan, leanest: &MemoryPlan) -> String {
         let have = d.capacity.bytes().expect("a device that does not fit has a capacity");
         let mut msg = format!(
             "the memory plan does not fit {}: it needs about {}, and it has {}.\n",
@@ -395,13 +439,21 @@ impl MemoryPlan {
             let p = &self.policies[k];
             msg.push_str(&format!("  {} ({}): {}\n", p.name, p.model, breakdown(&p.footprint)));
         }
-        // What hacpo would choose by itself (`MemoryPlan::fitted`) is not enough here.
-        let leanest = self.under(Workload { micro_batch: 1, checkpointing: true, ..self.workload });
-        let same_update = leanest.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
-        msg.push_str(&format!(
-            "Even micro-batch 1 with gradient checkpointing (the same update) needs {}.\n",
-            gb(same_update)
-        ));
+        // Held through an update whatever the batch sizes.
+        let state: u64 = d.policies.iter().map(|&k| self.policies[k].footprint.state()).sum();
+        if state > have {
+            msg.push_str(&format!(
+                "Its weights, reference, gradients and AdamW moments alone need {}: no batch size makes them fit, only a change to what is trained or stored.\n",
+                gb(state)
+            ));
+        } else {
+            let same = leanest.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
+            msg.push_str(&format!(
+                "Micro-batch 1 with gradient checkpointing and one prompt per rollout batch (the same run) needs {}{}.\n",
+                gb(same),
+                if same <= have { ", which fits: hacpo chooses such settings itself once every device fits" } else { "" }
+            ));
+        }
         let mut ways: Vec<String> = self
             .ways_out(cfg, d)
             .into_iter()
@@ -411,8 +463,7 @@ impl MemoryPlan {
             ways.push("one device per agent (--devices cuda:0,cuda:1)".into());
         }
         msg.push_str(&format!("Ways out: {}.\n", ways.join("; ")));
-        msg.push_str("--dry-run prints the whole plan; --skip-memory-check trains anyway.");
-        Err(Error::InvalidArgument(msg))
+        msg
     }
 
     /// What the device would need under each setting that lowers the plan.
@@ -993,9 +1044,66 @@ mod tests {
         // Just above micro-batch 2 without recomputation: micro-batch 2, no recomputation.
         let (fitted, _, why) = fit(need(2, false)).unwrap();
         assert_eq!((fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing), (2, false), "{why}");
-        // Fits as it is, or cannot fit at all: nothing chosen.
+        // Fits as it is, or cannot fit at all (below micro-batch 1 with recomputation and one
+        // prompt per rollout batch): nothing chosen.
         assert!(fit(need(micro, false)).is_none());
-        assert!(fit(need(1, true) - 1).is_none());
+        let mut leanest = cfg.clone();
+        (leanest.algo.micro_batch_sequences, leanest.algo.gradient_checkpointing) = (1, true);
+        leanest.rollout.batch_prompts = 1;
+        assert!(fit(MemoryPlan::of(&leanest, Some(1), &hosted).unwrap().devices[0].need - 1).is_none());
+    }
+
+    /// When the rollout is the phase that does not fit, `fitted` samples fewer prompts at a
+    /// time (the same samples), the largest number that fits, and leaves the update as it is.
+    #[test]
+    fn fitting_samples_fewer_prompts_at_a_time_when_the_rollout_does_not_fit() {
+        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
+        cfg.policies = vec![crate::config::PolicyConfig {
+            device: "cuda:0".into(),
+            lora: Some(LoraConfig::default()),
+            ..crate::config::PolicyConfig::new("qwen-1.5b")
+        }];
+        cfg.algo.kl_coef = 0.0;
+        (cfg.algo.micro_batch_sequences, cfg.algo.gradient_checkpointing) = (2, true);
+        cfg.rollout.batch_prompts = 64;
+        let plan = |c: &TrainConfig, have: u64| MemoryPlan::of(c, Some(have), &[true]).unwrap();
+        let f = plan(&cfg, 1).policies[0].footprint;
+        let update = f.gradients + f.activations;
+        assert!(f.rollout > 4 * update, "the rollout is the larger phase: {f:?}");
+        let have = f.persistent() + update.max(f.rollout / 3);
+        let (fitted, fitted_plan, why) = plan(&cfg, have).fitted(&cfg).unwrap();
+        let prompts = fitted.rollout.batch_prompts;
+        assert!(fitted_plan.fits() && (1..64).contains(&prompts), "{why}");
+        assert_eq!((fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing), (2, true), "{why}");
+        assert!(why.contains(&format!("chose rollout.batch_prompts = {prompts} (was 64)")), "{why}");
+        assert!(why.contains("the same samples drawn in smaller batches"), "{why}");
+        let mut twice = cfg.clone();
+        twice.rollout.batch_prompts = 2 * prompts;
+        assert!(!plan(&twice, have).fits(), "{prompts} is the largest that fits");
+    }
+
+    /// The headline pair with no preset on two 80 GB GPUs: qwen-1.5b would fit with batch sizes
+    /// hacpo chooses itself, llama-8b's full fine-tune cannot fit whatever they are, and the
+    /// error says both.
+    #[test]
+    fn a_device_whose_state_alone_does_not_fit_says_so() {
+        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
+        cfg.policies = ["qwen-1.5b", "llama-8b"]
+            .iter()
+            .enumerate()
+            .map(|(k, m)| crate::config::PolicyConfig {
+                device: format!("cuda:{k}"),
+                ..crate::config::PolicyConfig::new(*m)
+            })
+            .collect();
+        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000), &[true, true]).unwrap();
+        assert!(plan.fitted(&cfg).is_none());
+        let err = plan.check(&cfg).unwrap_err().to_string();
+        let (qwen, llama) = err.split_at(err.find("does not fit cuda:1").expect(&err));
+        assert!(qwen.contains("does not fit cuda:0") && qwen.contains("(the same run) needs"), "{err}");
+        assert!(qwen.contains("which fits: hacpo chooses such settings itself once every device fits"), "{err}");
+        assert!(llama.contains("Its weights, reference, gradients and AdamW moments alone need 160.6 GB"), "{err}");
+        assert!(llama.contains("LoRA adapters for agent1-llama-8b"), "{err}");
     }
 
     #[test]

@@ -196,7 +196,8 @@ fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
     // What cannot fit with the same update says so, and what would.
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "20MB"], dir.path());
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("Even micro-batch 1 with gradient checkpointing (the same update) needs"));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("one prompt per rollout batch (the same run) needs 0.06 GB.\n"), "{stderr}");
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "1GB", "--skip-memory-check"], dir.path());
     assert!(text(&out.stdout).contains("micro-batch 64 × 352 tokens"), "{}", text(&out.stdout));
 }

@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""A whole GRPO step, hacpo against TRL's GRPOTrainer, on the same CPU, model and settings.
+
+The step: SmolLM2-135M-Instruct (the GGUF of scripts/fetch-smollm2.sh, dequantised to f32 by both
+sides), 4 GSM8K test questions x G = 8 samples, 128 new tokens at temperature 1 (no top-p, no
+top-k), one optimizer update per step (TRL's num_iterations = 1), its gradient accumulated over
+micro-batches of 8 sequences (TRL's per_device_train_batch_size = 8 with 4 accumulation steps,
+hacpo's micro_batch_sequences = 8), no KL (TRL's
+beta = 0, hacpo's kl_coef = 0), AdamW at lr 1e-6, reward 1 when the last number of the
+completion is the answer. The prompt is hacpo's math prompt (the question, then "Please reason
+step by step, ...") in the model's chat template on both sides.
+
+Runs alternate, hacpo then TRL, --rounds times; each run trains --steps steps and its first step
+(kernel and allocator warm-up, TRL's set-up) is left out. Printed: the median seconds per step of
+each, hacpo's stages (generation, old log-probs, update) and the ratio. `--also-separate` adds a
+hacpo run that scores the old log-probs in a pass of their own (algo.score_old_separately), as
+every hacpo step did before the update's own pass gave them; `--also-hacpo BINARY` adds another
+hacpo build (an earlier commit's, to measure a change).
+
+Usage:
+  python3 scripts/rl_step_bench.py --python <venv with torch, transformers, trl, gguf, datasets> \\
+      --hacpo target/release/hacpo --gguf "$(bash scripts/fetch-smollm2.sh)" [--rounds 2 --steps 3]
+Threads: --threads (default: all cores) for both, as RAYON_NUM_THREADS and torch.set_num_threads.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GSM8K = os.path.join(HERE, "..", "tests", "shared", "data", "math", "gsm8k_test.jsonl")
+MATH_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
+PROMPTS, G, NEW_TOKENS, LR, MICRO = 4, 8, 128, 1e-6, 8
+
+
+def questions():
+    with open(GSM8K) as f:
+        rows = [json.loads(line) for line in f][:PROMPTS]
+    return [(r["question"].strip(), r["answer"].split("####")[-1].strip().replace(",", "")) for r in rows]
+
+
+def hacpo_config(gguf, out, steps, separately):
+    return f"""
+[run]
+out_dir = "{out}"
+seed = 0
+steps = {steps}
+checkpoint_every = 0
+
+[algo]
+name = "grpo"
+group_size = {G}
+prompts_per_step = {PROMPTS}
+minibatch_prompts = {PROMPTS}
+micro_batch_sequences = {MICRO}
+kl_coef = 0.0
+{"score_old_separately = true" if separately else ""}
+
+[algo.optimizer]
+lr = {LR}
+
+[rollout]
+temperature = 1.0
+top_p = 1.0
+top_k = 0
+max_new_tokens = {NEW_TOKENS}
+max_prompt_tokens = 512
+max_response_tokens = {NEW_TOKENS}
+batch_prompts = {PROMPTS}
+
+[task]
+kind = "math"
+train = "gsm8k={os.path.abspath(GSM8K)}"
+train_limit = {PROMPTS}
+val_every = 0
+
+[[policies]]
+name = "smollm2"
+model = "{gguf}"
+"""
+
+
+def run_hacpo(args, separately, binary):
+    """Seconds per step after the first, and the stages' seconds of each."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "run")
+        config = os.path.join(tmp, "config.toml")
+        with open(config, "w") as f:
+            f.write(hacpo_config(os.path.abspath(args.gguf), out, args.steps, separately))
+        env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+        subprocess.run([binary, "train", "--config", config, "--skip-memory-check"], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
+        with open(os.path.join(out, "metrics.jsonl")) as f:
+            records = [json.loads(line)["data"] for line in f]
+    keys = {"step": "timing_s/step", "generation": "timing_s/gen", "old log-probs": "timing_s/old_log_prob",
+            "update": "timing_s/update_actor"}
+    return [{k: r[m] for k, m in keys.items()} for r in records[1:]]
+
+
+def run_trl(args):
+    out = subprocess.run([args.python, os.path.abspath(__file__), "--trl-worker", "--gguf", args.gguf,
+                          "--steps", str(args.steps), "--threads", str(args.threads)],
+                         check=True, capture_output=True, text=True).stdout
+    return [{"step": s} for s in json.loads(out[out.rindex("{"):])["step_seconds"][1:]]
+
+
+def trl_worker(args):
+    """Runs in the venv: TRL's GRPOTrainer, the same step; prints the seconds of each step."""
+    import re
+
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    torch.set_num_threads(args.threads)
+    directory, name = os.path.split(os.path.abspath(args.gguf))
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    # The dequantised weights in a plain f32 model: one loaded from a GGUF is marked quantised,
+    # and the Trainer refuses to fine-tune it.
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    del loaded
+    data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{q}\n{MATH_PROMPT}"}], "answer": a}
+                              for q, a in questions()])
+
+    def reward(completions, answer, **_):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        last = [re.findall(r"-?\d+(?:\.\d+)?", t.replace(",", "")) for t in texts]
+        return [float(bool(n) and n[-1] == a) for n, a in zip(last, answer)]
+
+    class Clock(TrainerCallback):
+        def __init__(self):
+            self.seconds, self.started = [], None
+
+        def on_step_begin(self, *_, **__):
+            self.started = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            self.seconds.append(time.perf_counter() - self.started)
+
+    clock = Clock()
+    config = GRPOConfig(
+        output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, fp16=False, seed=0, max_steps=args.steps,
+        per_device_train_batch_size=MICRO, gradient_accumulation_steps=PROMPTS * G // MICRO, num_generations=G,
+        max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, report_to=[],
+        save_strategy="no", dataloader_num_workers=0, disable_tqdm=True,
+        # TRL turns it on by default; hacpo's step keeps the activations, so neither recomputes.
+        gradient_checkpointing=False)
+    GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer,
+                callbacks=[clock]).train()
+    print(json.dumps({"step_seconds": clock.seconds, "torch": torch.__version__,
+                      "trl": __import__("trl").__version__}))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--hacpo", default=os.path.join(HERE, "..", "target", "release", "hacpo"))
+    ap.add_argument("--python", default="python3", help="a Python with torch, transformers, trl, gguf, datasets")
+    ap.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-smollm2.sh)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3, help="steps per run, the first left out (at least 2)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--also-separate", action="store_true",
+                    help="also time hacpo with the old log-probs scored in a pass of their own")
+    ap.add_argument("--also-hacpo", action="append", default=[], metavar="BINARY",
+                    help="also time this hacpo build (repeatable)")
+    ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.steps < 2:
+        sys.exit("--steps must be at least 2: the first step of each run is left out")
+    if args.trl_worker:
+        return trl_worker(args)
+    # Who runs, and how: (hacpo binary, whether it asks for the old log-probs' own pass; a build
+    # from before that setting has no such key), None for TRL.
+    runs = {"hacpo": (args.hacpo, False), "trl": None}
+    if args.also_separate:
+        runs["hacpo, separate old pass"] = (args.hacpo, True)
+    for binary in args.also_hacpo:
+        runs[f"hacpo {binary}"] = (binary, False)
+    steps = {who: [] for who in runs}
+    for r in range(args.rounds):
+        for who, how in runs.items():
+            t = time.time()
+            steps[who] += run_trl(args) if how is None else run_hacpo(args, separately=how[1], binary=how[0])
+            print(f"round {r + 1}: {who} {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+    trl = statistics.median(s["step"] for s in steps["trl"])
+    print(f"{'':<26} {'s/step':>8} {'TRL / it':>9}   stages (median s)")
+    for who, runs in steps.items():
+        median = statistics.median(s["step"] for s in runs)
+        stages = ", ".join(f"{k} {statistics.median(s[k] for s in runs):.1f}" for k in runs[0] if k != "step")
+        print(f"{who:<26} {median:>8.1f} {trl / median:>8.2f}x   {stages}")
+    print(f"({sum(len(v) for v in steps.values())} steps timed, {args.threads} threads)")
+
+
+if __name__ == "__main__":
+    main()

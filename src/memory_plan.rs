@@ -345,8 +345,9 @@ impl MemoryPlan {
 
     /// For a plan of `cfg` that does not fit: `cfg` with the settings that leave the run's
     /// mathematics as it is chosen so that every device fits, its plan, and a line that says
-    /// what was chosen and why. Those settings: fewer prompts sampled together (each sample
-    /// draws from a random stream of its own: the same samples), gradient accumulation over a
+    /// what was chosen and why. Those settings: fewer prompts sampled together (the same
+    /// sampling; the chunks' seeds differ, so other random draws, as another seed gives),
+    /// gradient accumulation over a
     /// smaller micro-batch, then gradient checkpointing as well (recomputation); the largest
     /// rollout batch and micro-batch that fit are kept. None when the plan fits already or
     /// these cannot make it fit (the error of [`MemoryPlan::check`] then names the changes
@@ -374,7 +375,7 @@ impl MemoryPlan {
         let (mut chose, mut how) = (vec![], vec![]);
         if prompts != cfg.rollout.batch_prompts.max(1) {
             chose.push(format!("rollout.batch_prompts = {prompts} (was {})", cfg.rollout.batch_prompts));
-            how.push("the same samples drawn in smaller batches");
+            how.push("prompts sampled in smaller batches (other random draws, as with another seed)");
         }
         if micro_batch != w.micro_batch {
             chose.push(format!("algo.micro_batch_sequences = {micro_batch} (was {})", w.micro_batch));
@@ -1054,7 +1055,7 @@ mod tests {
     }
 
     /// When the rollout is the phase that does not fit, `fitted` samples fewer prompts at a
-    /// time (the same samples), the largest number that fits, and leaves the update as it is.
+    /// time, the largest number that fits, and leaves the update as it is.
     #[test]
     fn fitting_samples_fewer_prompts_at_a_time_when_the_rollout_does_not_fit() {
         let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
@@ -1076,7 +1077,7 @@ mod tests {
         assert!(fitted_plan.fits() && (1..64).contains(&prompts), "{why}");
         assert_eq!((fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing), (2, true), "{why}");
         assert!(why.contains(&format!("chose rollout.batch_prompts = {prompts} (was 64)")), "{why}");
-        assert!(why.contains("the same samples drawn in smaller batches"), "{why}");
+        assert!(why.contains("prompts sampled in smaller batches"), "{why}");
         let mut twice = cfg.clone();
         twice.rollout.batch_prompts = 2 * prompts;
         assert!(!plan(&twice, have).fits(), "{prompts} is the largest that fits");

@@ -402,12 +402,7 @@ fn minibatch_step<B: Backend>(
         critic.add(policy, head, &g, loss_scale);
     }
     let (terms, kl, mean_logp_target) = detached.read();
-    // The policy term, the KL term, then the others: the order the loss was built in.
-    let weighted = |(_, w, v): &(&str, f64, f64)| if *w == 1.0 { *v } else { w * v };
-    let loss = terms
-        .iter()
-        .skip(1)
-        .fold(terms.first().map_or(0.0, weighted) + settings.kl_coef * kl, |acc, t| acc + weighted(t));
+    let loss = total_loss(&terms, kl, settings.kl_coef);
     if !loss.is_finite() {
         return Err(Error::NonFinite { agent: policy.name.clone(), step: settings.step, what: "loss", value: loss });
     }
@@ -437,6 +432,13 @@ fn minibatch_step<B: Backend>(
         head_grad,
         value_trunk,
     })
+}
+
+/// A mini-batch's loss from its read-back terms (metric, weight, sum) and KL sum: the policy
+/// term, the KL term, then the others, the order the loss was built in.
+fn total_loss(terms: &[(&str, f64, f64)], kl: f64, kl_coef: f64) -> f64 {
+    let weighted = |(_, w, v): &(&str, f64, f64)| if *w == 1.0 { *v } else { w * v };
+    terms.iter().skip(1).fold(terms.first().map_or(0.0, weighted) + kl_coef * kl, |acc, t| acc + weighted(t))
 }
 
 /// A critic's gradients summed over a mini-batch's micro-batches: its head's (on the host)

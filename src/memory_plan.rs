@@ -1013,10 +1013,8 @@ mod tests {
         assert!(shown.contains("DOES NOT FIT") && shown.contains("8.03B"), "{shown}");
     }
 
-    /// `fitted` prefers a smaller micro-batch to recomputation, takes recomputation where the
-    /// micro-batch alone is not enough, and keeps the largest micro-batch that fits.
-    #[test]
-    fn fitting_halves_the_micro_batch_then_adds_recomputation() {
+    /// qwen-1.5b with LoRA adapters on one GPU, no KL term.
+    fn qwen_lora_on_one_gpu() -> TrainConfig {
         let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
         cfg.policies = vec![crate::config::PolicyConfig {
             device: "cuda:0".into(),
@@ -1024,6 +1022,14 @@ mod tests {
             ..crate::config::PolicyConfig::new("qwen-1.5b")
         }];
         cfg.algo.kl_coef = 0.0;
+        cfg
+    }
+
+    /// `fitted` prefers a smaller micro-batch to recomputation, takes recomputation where the
+    /// micro-batch alone is not enough, and keeps the largest micro-batch that fits.
+    #[test]
+    fn fitting_halves_the_micro_batch_then_adds_recomputation() {
+        let cfg = qwen_lora_on_one_gpu();
         let need = |mb: usize, ckpt: bool| {
             let mut c = cfg.clone();
             (c.algo.micro_batch_sequences, c.algo.gradient_checkpointing) = (mb, ckpt);
@@ -1058,13 +1064,7 @@ mod tests {
     /// time, the largest number that fits, and leaves the update as it is.
     #[test]
     fn fitting_samples_fewer_prompts_at_a_time_when_the_rollout_does_not_fit() {
-        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
-        cfg.policies = vec![crate::config::PolicyConfig {
-            device: "cuda:0".into(),
-            lora: Some(LoraConfig::default()),
-            ..crate::config::PolicyConfig::new("qwen-1.5b")
-        }];
-        cfg.algo.kl_coef = 0.0;
+        let mut cfg = qwen_lora_on_one_gpu();
         (cfg.algo.micro_batch_sequences, cfg.algo.gradient_checkpointing) = (2, true);
         cfg.rollout.batch_prompts = 64;
         let plan = |c: &TrainConfig, have: u64| MemoryPlan::of(c, Some(have), &[true]).unwrap();

@@ -63,6 +63,26 @@ fn sample(policy: &Policy<Cpu>, group: &str, text: &str, sample_index: usize) ->
     }
 }
 
+/// One update of one mini-batch at temperature 1, no clipping to speak of, old log-probs from
+/// the scoring stage.
+fn update_settings(micro_batch_sequences: usize, gradient_checkpointing: bool, kl_coef: f64) -> UpdateSettings {
+    UpdateSettings {
+        step: 1,
+        total_updates: 1,
+        minibatches: 1,
+        micro_batch_sequences,
+        gradient_checkpointing,
+        inv_temperature: 1.0,
+        kl_coef,
+        value_lr: None,
+        grad_clip: 1e9,
+        schedule: LrSchedule::default(),
+        norm_length: 32,
+        dump_dir: None,
+        old_logps_from_pass: false,
+    }
+}
+
 #[test]
 fn views_reuse_own_ids_and_retokenise_other_policies_samples() {
     let (q, l) = (common::tiny_agent("qwen3", "qwen3", 32, 1), common::tiny_agent("llama3.1", "llama", 40, 2));
@@ -133,21 +153,7 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
                 ref_logps: &refs,
                 tokens: None,
             };
-            let settings = UpdateSettings {
-                step: 1,
-                total_updates: 1,
-                minibatches: 1,
-                micro_batch_sequences: micro,
-                gradient_checkpointing: checkpointing,
-                inv_temperature: 1.0,
-                kl_coef: 0.05,
-                value_lr: None,
-                grad_clip: 1e9,
-                schedule: LrSchedule::default(),
-                norm_length: 32,
-                dump_dir: None,
-                old_logps_from_pass: false,
-            };
+            let settings = update_settings(micro, checkpointing, 0.05);
             metrics.push(update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics);
             assert_eq!(p.version, 1);
         }
@@ -205,21 +211,8 @@ fn old_log_probs_from_the_update_pass_give_the_separately_scored_update() {
                     ref_logps: &refs,
                     tokens: None,
                 };
-                let settings = UpdateSettings {
-                    step: 1,
-                    total_updates: 1,
-                    minibatches: 1,
-                    micro_batch_sequences: micro,
-                    gradient_checkpointing: checkpointing,
-                    inv_temperature: 1.0,
-                    kl_coef: 0.05,
-                    value_lr: None,
-                    grad_clip: 1e9,
-                    schedule: LrSchedule::default(),
-                    norm_length: 32,
-                    dump_dir: None,
-                    old_logps_from_pass: from_pass,
-                };
+                let settings =
+                    UpdateSettings { old_logps_from_pass: from_pass, ..update_settings(micro, checkpointing, 0.05) };
                 let report = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap();
                 (report, score(&p.inference_model(), &requests, 1.0).unwrap())
             };
@@ -276,21 +269,7 @@ fn environment_tokens_between_turns_stay_out_of_the_loss() {
             ref_logps: &no_reference,
             tokens: None,
         };
-        let settings = UpdateSettings {
-            step: 1,
-            total_updates: 1,
-            minibatches: 1,
-            micro_batch_sequences: 2,
-            gradient_checkpointing: false,
-            inv_temperature: 1.0,
-            kl_coef: 0.0,
-            value_lr: None,
-            grad_clip: 1e9,
-            schedule: LrSchedule::default(),
-            norm_length: 32,
-            dump_dir: None,
-            old_logps_from_pass: false,
-        };
+        let settings = update_settings(2, false, 0.0);
         let metrics = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics;
         let after =
             score(&p.inference_model(), &[(samples[0].prompt_ids.clone(), samples[0].response_ids.clone())], 1.0)

@@ -195,6 +195,20 @@ impl<B: Backend> GradStore<B> {
         self.grads.keys().cloned().collect()
     }
 
+    /// The largest difference between this store's gradient of a parameter and `other`'s,
+    /// relative to the largest entry of this one's, over every parameter (for tests: two ways
+    /// of computing the same gradients). Both must hold the same parameters.
+    #[cfg(test)]
+    pub fn max_relative_diff(&self, other: &Self) -> f64 {
+        assert_eq!(self.names(), other.names(), "the same parameters have gradients");
+        let diff = |n: &String| {
+            let (x, y) = (self.host(n).unwrap(), other.host(n).unwrap());
+            let scale = x.iter().map(|v| v.abs() as f64).fold(1e-12, f64::max);
+            x.iter().zip(&y).map(|(p, q)| (p - q).abs() as f64).fold(0.0, f64::max) / scale
+        };
+        self.names().iter().map(diff).fold(0.0, f64::max)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.grads.is_empty()
     }

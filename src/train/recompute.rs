@@ -123,18 +123,6 @@ mod tests {
         burn::tensor::activation::log_softmax(logits, 1).slice([0..5, 0..7]).sum().neg()
     }
 
-    /// The largest difference between two gradients of a parameter, relative to the largest
-    /// entry of that gradient.
-    fn max_grad_diff(a: &GradStore<Cpu>, b: &GradStore<Cpu>) -> f64 {
-        assert_eq!(a.names(), b.names(), "the same parameters have gradients");
-        let diff = |n: &String| {
-            let (x, y) = (a.host(n).unwrap(), b.host(n).unwrap());
-            let scale = x.iter().map(|v| v.abs() as f64).fold(1e-12, f64::max);
-            x.iter().zip(&y).map(|(p, q)| (p - q).abs() as f64).fold(0.0, f64::max) / scale
-        };
-        a.names().iter().map(diff).fold(0.0, f64::max)
-    }
-
     #[test]
     fn recomputed_gradients_equal_the_whole_graphs() {
         let requests = vec![(vec![3, 9, 4], vec![7, 1, 60, 2]), (vec![11, 5, 6, 8, 20], vec![30, 31])];
@@ -156,7 +144,7 @@ mod tests {
 
             let n = whole.names().len();
             assert!(n >= if lora { 2 * 7 * 3 } else { 3 * 11 }, "{n} parameters with gradients");
-            let d = max_grad_diff(&whole, &recomputed);
+            let d = whole.max_relative_diff(&recomputed);
             // Float noise only: the recomputed forward runs the same kernels in another order.
             assert!(d <= 1e-5, "tied {tied}, lora {lora}: gradients differ by {d} (relative)");
         }

@@ -637,14 +637,10 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             true => micro.iter().map(|&j| self.own(j).then(|| self.sample(j).token_logps.as_slice())).collect(),
             false => from_pass.iter().map(Option::as_deref).collect(),
         };
-        let mean_logp_source = micro
-            .iter()
-            .zip(&old)
-            .map(|(&j, row)| match (from_pass.is_empty(), row) {
-                (false, Some(logps)) => mean_logp(logps),
-                _ => self.sample(j).mean_logp(),
-            })
-            .collect();
+        // An own row's old log-probs are the sample's when the scoring stage gave them; another
+        // policy's sample carries its source's mean.
+        let mean_logp_source =
+            micro.iter().zip(&old).map(|(&j, row)| row.map_or_else(|| self.sample(j).mean_logp(), mean_logp)).collect();
         let old_logp = rows(old);
         let value = match (predicted, &self.batch.tokens) {
             (Some(predicted), Some(t)) => Some(ValueBatch {

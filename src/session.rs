@@ -39,9 +39,12 @@ pub fn train(
 ) -> Result<()> {
     cfg.validate()?;
     check_host(&cfg, host)?;
-    if cfg.policies.iter().any(|p| p.device == "cpu")
-        && let Some(w) = cfg.algo.compute_dtype.cpu_warning()
-    {
+    // One warning per kind of device the run's policies are on.
+    let mut warnings: Vec<String> =
+        cfg.policies.iter().filter_map(|p| cfg.algo.compute_dtype.speed_warning(&p.device)).collect();
+    warnings.sort();
+    warnings.dedup();
+    for w in warnings {
         eprintln!("{w}");
     }
     crate::resolve::check_known(&cfg)?;

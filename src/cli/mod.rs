@@ -180,9 +180,7 @@ pub fn compute_dtype(name: &str, device: &str) -> Result<hacpo::dtype::ComputeDt
             "--compute-dtype bf16 is not available on wgpu (WGSL has no bf16 type); use f16 there".into(),
         ));
     }
-    if device == "cpu"
-        && let Some(w) = compute.cpu_warning()
-    {
+    if let Some(w) = compute.speed_warning(device) {
         eprintln!("{w}");
     }
     Ok(compute)

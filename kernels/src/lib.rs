@@ -1,0 +1,282 @@
+//! Slice kernels of the fused CPU ops, compiled for AVX-512 and AVX2 and picked at run time.
+//!
+//! The crate builds for baseline x86-64 (SSE2), so a plain loop over `f32`s runs 4 lanes
+//! wide. [`simd_kernel!`] compiles a kernel's body three times (AVX-512, AVX2+FMA, baseline)
+//! and calls the best one the CPU has, once per slice, not per element. Reductions keep
+//! [`LANES`] partial sums so that the compiler may vectorise them (a single running `f32` sum
+//! has a fixed order it must keep).
+//!
+//! They are a crate of their own so that they are always compiled with full optimisation:
+//! hacpo's own crate builds at `opt-level = 1` for tests, where LLVM does not vectorise loops,
+//! and the fused CPU ops spend their time in these loops (a search training run in the test
+//! build took 76 s, against release's 57 s, while they were inside hacpo). Their tests are
+//! hacpo's (`src/backend/kernels.rs`, `src/math.rs`): `cargo test` runs the root crate's.
+
+use std::sync::OnceLock;
+
+/// `exp(x)` for f32, branch-free so loops over slices auto-vectorise (libm's `expf` does not,
+/// and it was 9% of a training step). Cody–Waite range reduction and a degree-7 polynomial:
+/// relative error below 2e-7 on [-87, 88]; inputs below −87.3 give 0 like `expf`'s underflow.
+#[inline(always)]
+pub fn fast_exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let underflow = x < -87.3;
+    let x = x.clamp(-87.3, 88.7);
+    // Round to nearest with the 1.5·2²³ trick: `f32::round` is a libm call on baseline
+    // x86-64 and would stop the loop from vectorising.
+    const ROUND: f32 = 12_582_912.0;
+    let n = (x * LOG2E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    // e^r on |r| ≤ ln2/2 (the degree-7 Taylor remainder is below 1e-8 there).
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    // n ∈ [−126, 128], so the add never overflows; a checked add (debug builds) would keep
+    // the loops that call this from vectorising.
+    let scale = f32::from_bits(((n as i32).wrapping_add(127) as u32) << 23);
+    if underflow { 0.0 } else { p * scale }
+}
+
+/// Partial sums per reduction: one AVX-512 register of f32.
+const LANES: usize = 16;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Level {
+    Baseline,
+    Avx2,
+    Avx512,
+}
+
+fn level() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Level::Avx512;
+            }
+            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+                return Level::Avx2;
+            }
+        }
+        Level::Baseline
+    })
+}
+
+/// `pub fn name(args) -> ret { body }`, with the body compiled per instruction set.
+macro_rules! simd_kernel {
+    ($(#[$doc:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+        $(#[$doc])*
+        pub fn $name($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $(-> $ret)? $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
+                match level() {
+                    // SAFETY: `level` saw these instruction sets on this CPU.
+                    Level::Avx512 => return unsafe { avx512($($arg),*) },
+                    Level::Avx2 => return unsafe { avx2($($arg),*) },
+                    Level::Baseline => {}
+                }
+            }
+            body($($arg),*)
+        }
+    };
+}
+
+#[inline(always)]
+fn max_of(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let chunks = xs.chunks_exact(LANES);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    rest.iter().chain(&acc).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
+}
+
+#[inline(always)]
+fn dot_of(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (ca, cb) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let rest: f32 = ca.remainder().iter().zip(cb.remainder()).map(|(x, y)| x * y).sum();
+    for (x, y) in ca.zip(cb) {
+        for i in 0..LANES {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+simd_kernel! {
+    /// `row ← softmax(row)`; a row whose every entry is −∞ becomes zeros.
+    pub fn softmax(row: &mut [f32]) {
+        let max = max_of(row);
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            return;
+        }
+        let mut acc = [0f32; LANES];
+        let mut chunks = row.chunks_exact_mut(LANES);
+        for c in &mut chunks {
+            for i in 0..LANES {
+                c[i] = fast_exp(c[i] - max);
+                acc[i] += c[i];
+            }
+        }
+        let mut sum: f32 = acc.iter().sum();
+        for x in chunks.into_remainder() {
+            *x = fast_exp(*x - max);
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        row.iter_mut().for_each(|x| *x *= inv);
+    }
+}
+
+simd_kernel! {
+    /// `row += bias` element-wise.
+    pub fn add_into(row: &mut [f32], bias: &[f32]) {
+        row.iter_mut().zip(bias).for_each(|(x, b)| *x += b);
+    }
+}
+
+simd_kernel! {
+    /// The softmax backward of one row in place: `ds ← p ∘ (ds − Σ p ∘ ds)`.
+    pub fn softmax_backward(ds: &mut [f32], p: &[f32]) {
+        let delta = dot_of(ds, p);
+        ds.iter_mut().zip(p).for_each(|(x, p)| *x = p * (*x - delta));
+    }
+}
+
+simd_kernel! {
+    /// `log Σ exp(row · scale)` for `scale > 0`.
+    pub fn scaled_logsumexp(row: &[f32], scale: f32) -> f32 {
+        let max = max_of(row) * scale;
+        let mut acc = [0f32; LANES];
+        let chunks = row.chunks_exact(LANES);
+        let rest: f32 = chunks.remainder().iter().map(|&x| fast_exp(x * scale - max)).sum();
+        for c in chunks {
+            for i in 0..LANES {
+                acc[i] += fast_exp(c[i] * scale - max);
+            }
+        }
+        max + (acc.iter().sum::<f32>() + rest).ln()
+    }
+}
+
+simd_kernel! {
+    /// `row ← −g · softmax(row · scale)` given the row's [`scaled_logsumexp`] `lse`: the
+    /// log-softmax gradient before the target's `+g`.
+    pub fn neg_scaled_softmax(row: &mut [f32], scale: f32, lse: f32, g: f32) {
+        for x in row.iter_mut() {
+            *x = -g * fast_exp(*x * scale - lse);
+        }
+    }
+}
+
+/// One AdamW update's constants, each already in f32 as burn's scalar ops would use it.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWStep {
+    /// `1 − lr·weight_decay`
+    pub decay: f32,
+    pub beta1: f32,
+    pub one_minus_beta1: f32,
+    pub beta2: f32,
+    pub one_minus_beta2: f32,
+    /// `sqrt(1 − β₂ᵗ)`
+    pub sqrt_bc2: f32,
+    pub eps: f32,
+    /// `lr / (1 − β₁ᵗ)`
+    pub step: f32,
+}
+
+simd_kernel! {
+    /// AdamW in place, in the same f32 operations and order as the trainer's tensor version
+    /// (`src/train/optim.rs`), so both give the same bits: decay, moments, then the step.
+    pub fn adamw(p: &mut [f32], g: &[f32], m: &mut [f32], v: &mut [f32], c: AdamWStep) {
+        for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+            let decayed = *p * c.decay;
+            *m = *m * c.beta1 + g * c.one_minus_beta1;
+            *v = *v * c.beta2 + (g * g) * c.one_minus_beta2;
+            let denom = v.sqrt() / c.sqrt_bc2 + c.eps;
+            *p = decayed - (*m / denom) * c.step;
+        }
+    }
+}
+
+#[inline(always)]
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + fast_exp(-x))
+}
+
+simd_kernel! {
+    /// SwiGLU's gate: `out = silu(gate) ∘ up` with `silu(x) = x σ(x)`.
+    pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+        for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+            *o = g * sigmoid(g) * u;
+        }
+    }
+}
+
+simd_kernel! {
+    /// Gradients of [`silu_mul`] for the output gradient `dy`, written over `gate` and `up`:
+    /// `d gate = dy ∘ up ∘ σ(g)(1 + g(1 − σ(g)))`, `d up = dy ∘ silu(g)`.
+    pub fn silu_mul_backward(dy: &[f32], gate: &mut [f32], up: &mut [f32]) {
+        for ((&d, g), u) in dy.iter().zip(gate.iter_mut()).zip(up.iter_mut()) {
+            let s = sigmoid(*g);
+            let dg = d * *u * s * (1.0 + *g * (1.0 - s));
+            *u = d * *g * s;
+            *g = dg;
+        }
+    }
+}
+
+simd_kernel! {
+    /// RMSNorm of one row: `out = x / sqrt(mean(x²) + eps) ∘ w`; returns `1 / sqrt(mean(x²) + eps)`.
+    pub fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) -> f32 {
+        let r = 1.0 / (dot_of(x, x) / x.len() as f32 + eps).sqrt();
+        for ((o, &x), &w) in out.iter_mut().zip(x).zip(w) {
+            *o = x * r * w;
+        }
+        r
+    }
+}
+
+simd_kernel! {
+    /// RMSNorm's backward for one row with `r` from [`rms_norm`]: writes `dx` over `dy` and adds
+    /// the row's share of the weight gradient, `dy ∘ x r`, to `dw`.
+    pub fn rms_norm_backward(dy: &mut [f32], x: &[f32], w: &[f32], r: f32, dw: &mut [f32]) {
+        let n = x.len() as f32;
+        let mut acc = [0f32; LANES];
+        let (mut cd, mut cx, mut cw) = (dy.chunks_exact(LANES), x.chunks_exact(LANES), w.chunks_exact(LANES));
+        let mut rest = 0f32;
+        for ((d, x), w) in (&mut cd).zip(&mut cx).zip(&mut cw) {
+            for i in 0..LANES {
+                acc[i] += d[i] * w[i] * x[i];
+            }
+        }
+        for ((d, x), w) in cd.remainder().iter().zip(cx.remainder()).zip(cw.remainder()) {
+            rest += d * w * x;
+        }
+        // d(x r)/dx applied to g = dy ∘ w: r (g − x r² mean(g ∘ x)).
+        let mean = (acc.iter().sum::<f32>() + rest) / n;
+        let c = r * r * mean;
+        for (((d, &x), &w), dw) in dy.iter_mut().zip(x).zip(w).zip(dw.iter_mut()) {
+            *dw += *d * x * r;
+            *d = r * (*d * w - x * c);
+        }
+    }
+}

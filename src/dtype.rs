@@ -50,27 +50,28 @@ impl Dtype {
         if self == Dtype::F32 {
             return None;
         }
+        let d = self.name();
         let (name, why) = if device == "cpu" {
             (
                 "on the CPU",
-                "its kernels compute in f32 and convert what they read; `hacpo bench --compute-dtype {d}` against \
-                 f32, 2-core Xeon with AVX512-BF16, SmolLM2-135M: prefill 0.54x, decoding 0.18-0.29x, a train step 0.60x",
+                format!(
+                    "its kernels compute in f32 and convert what they read; `hacpo bench --compute-dtype {d}` against \
+                     f32, 2-core Xeon with AVX512-BF16, SmolLM2-135M: prefill 0.54x, decoding 0.18-0.29x, a train step \
+                     0.60x"
+                ),
             )
         } else if device.starts_with("cuda") {
             (
                 "on CUDA",
                 "its matmuls take one fixed kernel; `hacpo bench --compute-dtype bf16` against f32 on an H200, \
                  qwen-1.5b shape: prefill 0.87x, decoding at batch 64 0.77x, a train step 0.98x, and the first steps \
-                 spend tens of seconds compiling kernels",
+                 spend tens of seconds compiling kernels"
+                    .to_string(),
             )
         } else {
             return None;
         };
-        Some(format!(
-            "warning: {d} compute {name} is not faster than f32 in this build ({why}); use f32 {name}",
-            d = self.name(),
-            why = why.replace("{d}", self.name())
-        ))
+        Some(format!("warning: {d} compute {name} is not faster than f32 in this build ({why}); use f32 {name}"))
     }
 
     /// Bytes per number.

@@ -230,7 +230,7 @@ pub fn response_hidden<B: Backend>(
     let batch = TokenBatch::of(&model.config, requests)?;
     let groups = super::shared_prompt::PromptGroups::of(requests);
     let hidden = match groups.repeat() {
-        true => super::shared_prompt::response_hidden(model, requests, &groups),
+        true => super::shared_prompt::Passes::shared(requests, &groups).response_hidden(model),
         false => dense_hidden(model, &batch),
     };
     Ok((hidden, batch.targets, batch.lens))
@@ -250,9 +250,9 @@ pub(crate) fn dense_hidden<B: Backend>(model: &crate::model::CausalLm<B>, batch:
 pub struct TokenBatch {
     pub b: usize,
     pub t: usize,
-    ids: Vec<i64>,
+    pub(crate) ids: Vec<i64>,
     /// Row `i·t + j` of the flattened hidden states predicts `targets[k]`.
-    rows: Vec<i64>,
+    pub(crate) rows: Vec<i64>,
     pub targets: Vec<u32>,
     /// Response lengths.
     pub lens: Vec<usize>,

@@ -10,12 +10,17 @@
 //!
 //! The last response token is never fed (nothing here reads what it predicts), and the first
 //! response token is predicted by the prompt pass's last position.
+//!
+//! [`Passes`] is the plan, run one decoder layer at a time ([`Passes::layer`]) so that gradient
+//! checkpointing ([`crate::train::recompute`]) can keep each layer's inputs and recompute it.
 
 use std::collections::HashMap;
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use crate::model::{CausalLm, KvCache, Layout};
+use super::score::TokenBatch;
+use crate::model::transformer::DecoderLayer;
+use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
 /// The requests' distinct prompts, in order of first appearance.
 pub struct PromptGroups {
@@ -49,61 +54,150 @@ fn fed(requests: &[(Vec<u32>, Vec<u32>)], g: &[usize]) -> usize {
     g.iter().map(|&i| requests[i].1.len().saturating_sub(1)).max().unwrap_or(0)
 }
 
-/// [`super::score::response_hidden`]'s hidden states `[response tokens, hidden]` (in request
-/// order) with each distinct prompt run once: per group, the prompt as one row, then its
-/// responses as a batch over the prompt's fanned-out cache.
-pub fn response_hidden<B: Backend>(
-    model: &CausalLm<B>,
-    requests: &[(Vec<u32>, Vec<u32>)],
-    groups: &PromptGroups,
-) -> Tensor<B, 2> {
-    let device = model.device();
-    let ids = |ids: Vec<i64>, shape: [usize; 2]| Tensor::<B, 2, Int>::from_data(TensorData::new(ids, shape), &device);
-    let mut parts: Vec<Tensor<B, 2>> = Vec::new();
-    // Where each request's rows are among the parts' rows: its prompt pass's last row and its
-    // first fed row.
-    let mut at = vec![(0, 0); requests.len()];
-    let mut rows = 0;
-    for g in &groups.groups {
-        let prompt = &requests[g[0]].0;
-        let (p, n) = (prompt.len(), fed(requests, g));
-        let mut cache = KvCache::new(model.layers.len(), p + n);
-        let first = model.forward_hidden(
-            ids(prompt.iter().map(|&t| t as i64).collect(), [1, p]),
-            &model.layout_tensors(&Layout::dense(1, p)),
-            Some(&mut cache),
-        );
-        let d = first.dims()[2];
-        parts.push(first.reshape([p, d]).slice([p - 1..p, 0..d]));
-        let last = rows;
-        rows += 1;
-        if n > 0 {
-            cache.select_rows(&vec![0; g.len()]);
-            let mut fed_ids = vec![0i64; g.len() * n];
-            for (row, &i) in g.iter().enumerate() {
-                let response = &requests[i].1;
-                for (j, &t) in response[..response.len().saturating_sub(1)].iter().enumerate() {
-                    fed_ids[row * n + j] = t as i64;
+/// One forward pass of a plan: `rows` right-padded sequences of `len` tokens.
+struct Pass {
+    ids: Vec<i64>,
+    rows: usize,
+    len: usize,
+    /// Whether it continues the pass before it (a prompt's), over that pass's keys and values
+    /// fanned out to each of its rows.
+    continues: bool,
+}
+
+/// How a batch of (prompt, response) pairs runs: its forward passes, and the rows of their
+/// outputs, flattened and concatenated in pass order, that predict each response token (in
+/// request order).
+pub struct Passes {
+    passes: Vec<Pass>,
+    select: Vec<i64>,
+}
+
+impl Passes {
+    /// Each distinct prompt once when some prompt repeats; otherwise `batch` as one dense pass.
+    pub fn of(requests: &[(Vec<u32>, Vec<u32>)], batch: &TokenBatch) -> Self {
+        let groups = PromptGroups::of(requests);
+        if groups.repeat() { Self::shared(requests, &groups) } else { Self::dense(batch) }
+    }
+
+    /// The whole right-padded batch in one pass, every prompt run once per response.
+    pub fn dense(batch: &TokenBatch) -> Self {
+        let pass = Pass { ids: batch.ids.clone(), rows: batch.b, len: batch.t, continues: false };
+        Passes { passes: vec![pass], select: batch.rows.clone() }
+    }
+
+    /// Per group, the prompt as one row, then its responses as a batch over the prompt's
+    /// fanned-out cache (none when every response has a single token).
+    pub fn shared(requests: &[(Vec<u32>, Vec<u32>)], groups: &PromptGroups) -> Self {
+        let mut passes = Vec::new();
+        // Where each request's rows are in the flattened outputs: its prompt pass's last row
+        // and its first fed row.
+        let mut at = vec![(0, 0); requests.len()];
+        let mut offset = 0;
+        for g in &groups.groups {
+            let prompt = &requests[g[0]].0;
+            let (p, n) = (prompt.len(), fed(requests, g));
+            passes.push(Pass { ids: prompt.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
+            let last = offset + p - 1;
+            offset += p;
+            if n > 0 {
+                let mut ids = vec![0i64; g.len() * n];
+                for (row, &i) in g.iter().enumerate() {
+                    let response = &requests[i].1;
+                    for (j, &t) in response[..response.len().saturating_sub(1)].iter().enumerate() {
+                        ids[row * n + j] = t as i64;
+                    }
                 }
+                passes.push(Pass { ids, rows: g.len(), len: n, continues: true });
             }
+            for (row, &i) in g.iter().enumerate() {
+                at[i] = (last, offset + row * n);
+            }
+            offset += g.len() * n;
+        }
+        let mut select = Vec::new();
+        for (i, (_, response)) in requests.iter().enumerate() {
+            let (last, first_fed) = at[i];
+            select.extend((0..response.len()).map(|j| if j == 0 { last } else { first_fed + j - 1 } as i64));
+        }
+        Passes { passes, select }
+    }
+
+    /// Each pass's positions and mask (a continuing pass starts after its prompt).
+    pub fn layouts<B: Backend>(&self, model: &CausalLm<B>) -> Vec<LayoutTensors<B>> {
+        let mut start = 0;
+        let mut layouts = Vec::with_capacity(self.passes.len());
+        for pass in &self.passes {
+            start = if pass.continues { start } else { 0 };
             // Right-padded, from the prompt's end: later slots never influence earlier ones.
-            let layout = Layout { pads: vec![0; g.len()], start: p, len: n };
-            let rest =
-                model.forward_hidden(ids(fed_ids, [g.len(), n]), &model.layout_tensors(&layout), Some(&mut cache));
-            parts.push(rest.reshape([g.len() * n, d]));
+            layouts.push(model.layout_tensors(&Layout { pads: vec![0; pass.rows], start, len: pass.len }));
+            start += pass.len;
         }
-        for (row, &i) in g.iter().enumerate() {
-            at[i] = (last, rows + row * n);
+        layouts
+    }
+
+    /// Each pass's token ids `[rows, len]`.
+    pub fn ids<B: Backend>(&self, device: &B::Device) -> Vec<Tensor<B, 2, Int>> {
+        let ids = |p: &Pass| Tensor::from_data(TensorData::new(p.ids.clone(), [p.rows, p.len]), device);
+        self.passes.iter().map(ids).collect()
+    }
+
+    /// `layer` over every pass's input `xs`, in order: a prompt pass that a pass continues
+    /// keeps its keys and values for it.
+    pub fn layer<B: Backend>(
+        &self,
+        layer: &DecoderLayer<B>,
+        layouts: &[LayoutTensors<B>],
+        xs: Vec<Tensor<B, 3>>,
+    ) -> Vec<Tensor<B, 3>> {
+        let mut kept: Option<KvCache<B>> = None;
+        let mut out = Vec::with_capacity(xs.len());
+        for (i, (pass, x)) in self.passes.iter().zip(xs).enumerate() {
+            let y = if pass.continues {
+                let mut cache = kept.take().expect("a continuing pass follows its prompt's");
+                cache.select_rows(&vec![0; pass.rows]);
+                let start = cache.len();
+                layer.forward(x, &layouts[i], Some((&mut cache, 0, start)))
+            } else if let Some(next) = self.passes.get(i + 1).filter(|n| n.continues) {
+                let mut cache = KvCache::new(1, pass.len + next.len);
+                let y = layer.forward(x, &layouts[i], Some((&mut cache, 0, 0)));
+                cache.advance(pass.len);
+                kept = Some(cache);
+                y
+            } else {
+                layer.forward(x, &layouts[i], None)
+            };
+            out.push(y);
         }
-        rows += g.len() * n;
+        out
     }
-    let mut select = Vec::new();
-    for (i, (_, response)) in requests.iter().enumerate() {
-        let (last, first_fed) = at[i];
-        select.extend((0..response.len()).map(|j| if j == 0 { last } else { first_fed + j - 1 } as i64));
+
+    /// The rows of the passes' outputs `[rows, len, hidden]` that predict each response token:
+    /// `[response tokens, hidden]`.
+    pub fn select<B: Backend>(&self, outputs: Vec<Tensor<B, 3>>) -> Tensor<B, 2> {
+        let device = outputs[0].device();
+        let flat: Vec<Tensor<B, 2>> = outputs
+            .into_iter()
+            .map(|x| {
+                let [rows, len, d] = x.dims();
+                x.reshape([rows * len, d])
+            })
+            .collect();
+        let n = self.select.len();
+        let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(self.select.clone(), [n]), &device);
+        Tensor::cat(flat, 0).select(0, rows)
     }
-    let n = select.len();
-    Tensor::cat(parts, 0).select(0, Tensor::<B, 1, Int>::from_data(TensorData::new(select, [n]), &device))
+
+    /// The final hidden states of [`Self::select`]'s rows, the whole model's forward pass run
+    /// as planned.
+    pub fn response_hidden<B: Backend>(&self, model: &CausalLm<B>) -> Tensor<B, 2> {
+        let layouts = self.layouts(model);
+        let mut xs: Vec<Tensor<B, 3>> = self.ids(&model.device()).into_iter().map(|ids| model.embed(ids)).collect();
+        for layer in &model.layers {
+            xs = self.layer(layer, &layouts, xs);
+        }
+        // The final norm works per row, so it can come after the selection.
+        model.norm.forward(self.select(xs), model.compute)
+    }
 }
 
 #[cfg(test)]
@@ -147,7 +241,7 @@ mod tests {
             }
             let batch = TokenBatch::of(&m.config, &requests).unwrap();
             let dense = dense_hidden(&m, &batch);
-            let shared = response_hidden(&m, &requests, &groups);
+            let shared = Passes::shared(&requests, &groups).response_hidden(&m);
             assert_eq!(dense.dims(), shared.dims());
             let (x, y) = (host(dense.clone()), host(shared.clone()));
             let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);

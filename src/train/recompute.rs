@@ -14,6 +14,10 @@
 //! The maths is unchanged: a layer's parameter gradients come from the same backward ops on
 //! the same recomputed values, and the gradient passed down is exactly the one the whole
 //! graph would pass (the surrogate `Σ y ⊙ g` has gradient `g` with respect to `y`).
+//!
+//! The passes are [`Passes`]'s: when responses share prompts (a group's samples), each prompt
+//! runs once in the forward pass and in each layer's recomputation, and its keys and values fan
+//! out to the responses, so the prompt's gradient sums the responses' through the fan-out.
 
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
@@ -22,7 +26,8 @@ use burn::tensor::{Int, Tensor};
 
 use crate::error::Result;
 use crate::generate::score::TokenBatch;
-use crate::model::{CausalLm, Layout};
+use crate::generate::shared_prompt::Passes;
+use crate::model::CausalLm;
 use crate::train::optim::GradStore;
 
 type AD<B> = Autodiff<B>;
@@ -30,12 +35,12 @@ type AD<B> = Autodiff<B>;
 /// The trunk of one micro-batch after a graph-free forward pass: what the backward pass
 /// needs to recompute each layer.
 pub struct Trunk<B: Backend> {
-    ids: Tensor<B, 2, Int>,
-    batch: (usize, usize),
-    /// Each decoder layer's input `[b, t, hidden]`, no graph.
-    inputs: Vec<Tensor<B, 3>>,
-    /// The last layer's output as a leaf of the head's graph.
-    top: Tensor<AD<B>, 3>,
+    passes: Passes,
+    ids: Vec<Tensor<B, 2, Int>>,
+    /// Each decoder layer's inputs `[rows, len, hidden]`, one per pass, no graph.
+    inputs: Vec<Vec<Tensor<B, 3>>>,
+    /// The last layer's outputs as leaves of the head's graph.
+    tops: Vec<Tensor<AD<B>, 3>>,
 }
 
 /// What [`forward`] returns: [`crate::generate::score::response_hidden`]'s three parts and the
@@ -53,27 +58,29 @@ pub struct Recomputed<B: Backend> {
 /// [`Trunk::backward`] completes the backward pass below the final norm.
 pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u32>)]) -> Result<Recomputed<B>> {
     let batch = TokenBatch::of(&model.config, requests)?;
-    let (b, t) = (batch.b, batch.t);
+    let passes = Passes::of(requests, &batch);
     let inner = model.valid();
-    let device = inner.device();
-    let layout = inner.layout_tensors(&Layout::dense(b, t));
-    let ids = batch.ids::<B>(&device);
-    let mut x = inner.embed(ids.clone());
+    let layouts = passes.layouts(&inner);
+    let ids = passes.ids::<B>(&inner.device());
+    let mut xs: Vec<Tensor<B, 3>> = ids.iter().map(|ids| inner.embed(ids.clone())).collect();
     let mut inputs = Vec::with_capacity(inner.layers.len());
     for layer in &inner.layers {
-        inputs.push(x.clone());
-        x = layer.forward(x, &layout, None);
+        inputs.push(xs.clone());
+        xs = passes.layer(layer, &layouts, xs);
     }
-    let top = Tensor::<AD<B>, 3>::from_inner(x).require_grad();
-    let hidden = model.norm.forward(top.clone(), model.compute);
-    let d = hidden.dims()[2];
-    let rows = hidden.reshape([b * t, d]).select(0, batch.rows(&model.device()));
-    Ok(Recomputed {
-        trunk: Trunk { ids, batch: (b, t), inputs, top },
-        hidden: rows,
-        targets: batch.targets,
-        lens: batch.lens,
-    })
+    let tops: Vec<Tensor<AD<B>, 3>> = xs.into_iter().map(|x| Tensor::from_inner(x).require_grad()).collect();
+    // The final norm works per row, so it can come after the selection.
+    let hidden = model.norm.forward(passes.select(tops.clone()), model.compute);
+    Ok(Recomputed { trunk: Trunk { passes, ids, inputs, tops }, hidden, targets: batch.targets, lens: batch.lens })
+}
+
+/// `Σ_i sum(y_i ⊙ g_i)`: its gradient with respect to each `y_i` is `g_i`.
+fn surrogate<B: Backend>(ys: Vec<Tensor<AD<B>, 3>>, gs: Vec<Tensor<B, 3>>) -> Tensor<AD<B>, 1> {
+    ys.into_iter()
+        .zip(gs)
+        .map(|(y, g)| (y * Tensor::from_inner(g)).sum())
+        .reduce(|a, b| a + b)
+        .expect("at least one pass")
 }
 
 impl<B: Backend> Trunk<B> {
@@ -87,21 +94,22 @@ impl<B: Backend> Trunk<B> {
         store: &mut GradStore<B>,
     ) {
         // No gradient reaches the trunk when the loss does not depend on it (all-zero advantages
-        // and no KL still have a graph, so this is rare).
-        let Some(mut upstream) = self.top.grad(head) else { return };
-        let (b, t) = self.batch;
-        let layout = model.layout_tensors(&Layout::dense(b, t));
-        for (layer, input) in model.layers.iter().zip(self.inputs).rev() {
-            let x = Tensor::<AD<B>, 3>::from_inner(input).require_grad();
-            let y = layer.forward(x.clone(), &layout, None);
-            let grads = (y * Tensor::from_inner(upstream)).sum().backward();
+        // and no KL still have a graph, so this is rare). The passes reach the head through one
+        // concatenation, so either all of them have a gradient or none has.
+        let Some(mut upstream) = self.tops.iter().map(|top| top.grad(head)).collect::<Option<Vec<_>>>() else {
+            return;
+        };
+        let layouts = self.passes.layouts(model);
+        for (layer, inputs) in model.layers.iter().zip(self.inputs).rev() {
+            let xs: Vec<Tensor<AD<B>, 3>> = inputs.into_iter().map(|x| Tensor::from_inner(x).require_grad()).collect();
+            let ys = self.passes.layer(layer, &layouts, xs.clone());
+            let grads = surrogate(ys, upstream).backward();
             store.accumulate(model, &grads);
-            upstream = x.grad(&grads).expect("a layer's output depends on its input");
+            upstream = xs.iter().map(|x| x.grad(&grads).expect("a layer's output depends on its input")).collect();
         }
         if model.embed_tokens.is_require_grad() {
-            let ids = Tensor::<AD<B>, 2, Int>::from_inner(self.ids);
-            let x = model.embed(ids);
-            let grads = (x * Tensor::from_inner(upstream)).sum().backward();
+            let xs = self.ids.into_iter().map(|ids| model.embed(Tensor::<AD<B>, 2, Int>::from_inner(ids))).collect();
+            let grads = surrogate(xs, upstream).backward();
             store.accumulate(model, &grads);
         }
     }
@@ -111,42 +119,67 @@ impl<B: Backend> Trunk<B> {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
+    use crate::generate::score::dense_hidden;
     use crate::model::weights::small_random_model;
+    use burn::tensor::TensorData;
 
-    fn model(tied: bool) -> CausalLm<AD<Cpu>> {
-        small_random_model(tied, 5)
+    /// A loss that weighs every selected row differently, through the LM head, as the update's
+    /// runs through it.
+    fn loss(model: &CausalLm<AD<Cpu>>, hidden: Tensor<AD<Cpu>, 2>) -> Tensor<AD<Cpu>, 1> {
+        let n = hidden.dims()[0];
+        let w: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 0.25).collect();
+        let w = Tensor::<AD<Cpu>, 1>::from_data(TensorData::new(w, [n]), &hidden.device()).reshape([n, 1]);
+        (burn::tensor::activation::log_softmax(model.logits(hidden), 1) * w).slice([0..n, 0..7]).sum().neg()
     }
 
-    /// A loss of the selected hidden states through the LM head, as the update's is.
-    fn loss(model: &CausalLm<AD<Cpu>>, hidden: Tensor<AD<Cpu>, 2>) -> Tensor<AD<Cpu>, 1> {
-        let logits = model.logits(hidden);
-        burn::tensor::activation::log_softmax(logits, 1).slice([0..5, 0..7]).sum().neg()
+    /// Distinct prompts (one dense pass), and groups that share prompts: interleaved, with
+    /// responses of one token, none, and a group whose responses are all empty (its prompt pass
+    /// feeds no row the head reads).
+    fn request_sets() -> [Vec<(Vec<u32>, Vec<u32>)>; 2] {
+        let (a, b, c) = (vec![3, 9, 4, 12, 7], vec![11, 5], vec![2, 8, 14]);
+        [
+            vec![(vec![3, 9, 4], vec![7, 1, 60, 2]), (vec![11, 5, 6, 8, 20], vec![30, 31])],
+            vec![
+                (a.clone(), vec![7, 1, 60, 2]),
+                (b.clone(), vec![30, 31, 8]),
+                (c.clone(), vec![]),
+                (a.clone(), vec![9]),
+                (a, vec![50, 51, 52, 53, 54, 55]),
+                (b.clone(), vec![]),
+                (c, vec![]),
+                (b, vec![1, 2, 3]),
+            ],
+        ]
     }
 
     #[test]
-    fn recomputed_gradients_equal_the_whole_graphs() {
-        let requests = vec![(vec![3, 9, 4], vec![7, 1, 60, 2]), (vec![11, 5, 6, 8, 20], vec![30, 31])];
-        for (tied, lora) in [(false, false), (true, false), (false, true)] {
-            let mut m = model(tied);
-            if lora {
-                m = crate::model::lora::attach(m, &crate::model::lora::LoraConfig { rank: 2, ..Default::default() }, 1);
+    fn recomputed_gradients_equal_the_whole_dense_graphs() {
+        for (set, requests) in request_sets().iter().enumerate() {
+            for (tied, lora) in [(false, false), (true, false), (false, true)] {
+                let mut m = small_random_model::<AD<Cpu>>(tied, 5);
+                if lora {
+                    let config = crate::model::lora::LoraConfig { rank: 2, ..Default::default() };
+                    m = crate::model::lora::attach(m, &config, 1);
+                }
+                // The reference runs every prompt once per response, with the whole graph.
+                let batch = TokenBatch::of(&m.config, requests).unwrap();
+                let mut whole = GradStore::<Cpu>::default();
+                whole.accumulate(&m, &loss(&m, dense_hidden(&m, &batch)).backward());
+
+                let Recomputed { trunk, hidden, targets, lens } = forward(&m, requests).unwrap();
+                assert_eq!((targets, &lens), (batch.targets.clone(), &batch.lens));
+                assert_eq!(trunk.tops.len(), if set == 0 { 1 } else { 5 }, "passes");
+                let mut recomputed = GradStore::<Cpu>::default();
+                let head = loss(&m, hidden).backward();
+                recomputed.accumulate(&m, &head);
+                trunk.backward(&m, &head, &mut recomputed);
+
+                let n = whole.names().len();
+                assert!(n >= if lora { 2 * 7 * 3 } else { 3 * 11 }, "{n} parameters with gradients");
+                let d = whole.max_relative_diff(&recomputed);
+                // Float noise only: the recomputed forward runs the same kernels in another order.
+                assert!(d <= 1e-5, "set {set}, tied {tied}, lora {lora}: gradients differ by {d} (relative)");
             }
-            let (hidden, ..) = crate::generate::score::response_hidden(&m, &requests).unwrap();
-            let mut whole = GradStore::<Cpu>::default();
-            whole.accumulate(&m, &loss(&m, hidden).backward());
-
-            let Recomputed { trunk, hidden, targets, lens } = forward(&m, &requests).unwrap();
-            assert_eq!((targets.len(), lens), (6, vec![4, 2]));
-            let mut recomputed = GradStore::<Cpu>::default();
-            let head = loss(&m, hidden).backward();
-            recomputed.accumulate(&m, &head);
-            trunk.backward(&m, &head, &mut recomputed);
-
-            let n = whole.names().len();
-            assert!(n >= if lora { 2 * 7 * 3 } else { 3 * 11 }, "{n} parameters with gradients");
-            let d = whole.max_relative_diff(&recomputed);
-            // Float noise only: the recomputed forward runs the same kernels in another order.
-            assert!(d <= 1e-5, "tied {tied}, lora {lora}: gradients differ by {d} (relative)");
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Scoring and training on a group's responses with their shared prompt run once.
+//! Scoring and training on responses with their shared prompt, or shared prompt prefix, run once.
 //!
 //! A GRPO group is G responses to one prompt: laid out as G full sequences (as
 //! [`super::score::response_hidden`]'s dense batch does), the prompt's tokens go through every
@@ -8,8 +8,14 @@
 //! prompt's share of the work divided by G. In a training pass the fan-out is a row selection,
 //! whose backward sums the responses' gradients into the one prompt pass.
 //!
+//! Prompts that are not identical but begin alike (a multi-turn team's K episodes of one task,
+//! whose later turns' prompts differ by what each episode did) share that beginning the same
+//! way, when that saves work ([`PromptGroups`]): the prefix runs once and each request runs the
+//! rest of its prompt and its response over it.
+//!
 //! The last response token is never fed (nothing here reads what it predicts), and the first
-//! response token is predicted by the prompt pass's last position.
+//! response token is predicted by the last prompt position, in the prefix pass when the prompt
+//! is all prefix.
 //!
 //! [`Passes`] is the plan, run one decoder layer at a time ([`Passes::layer`]) so that gradient
 //! checkpointing ([`crate::train::recompute`]) can keep each layer's inputs and recompute it.
@@ -22,36 +28,85 @@ use super::score::TokenBatch;
 use crate::model::transformer::DecoderLayer;
 use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
-/// The requests' distinct prompts, in order of first appearance.
+/// Requests whose prompts begin with the same tokens, run as one pass over that prefix and
+/// one over the rest of each prompt and its response.
+#[derive(Debug, PartialEq)]
+struct Group {
+    /// Tokens the members' prompts share (the whole prompt when they are identical).
+    prefix: usize,
+    /// Request indices, in request order.
+    members: Vec<usize>,
+}
+
+/// The requests grouped by shared prompt prefix: identical prompts (a GRPO group's samples)
+/// always, and distinct prompts that share a beginning (K episodes of one task whose later
+/// turns differ) when running the shared part once saves work.
 pub struct PromptGroups {
-    /// Each group's request indices, in request order.
-    groups: Vec<Vec<usize>>,
+    groups: Vec<Group>,
+}
+
+/// Length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl PromptGroups {
     pub fn of(requests: &[(Vec<u32>, Vec<u32>)]) -> Self {
+        // Identical prompts first, in order of first appearance.
         let mut index: HashMap<&[u32], usize> = HashMap::new();
-        let mut groups: Vec<Vec<usize>> = Vec::new();
+        let mut distinct: Vec<Vec<usize>> = Vec::new();
         for (i, (prompt, _)) in requests.iter().enumerate() {
-            let next = groups.len();
-            let g = *index.entry(prompt.as_slice()).or_insert(next);
-            if g == next {
-                groups.push(Vec::new());
+            let next = distinct.len();
+            let d = *index.entry(prompt.as_slice()).or_insert(next);
+            if d == next {
+                distinct.push(Vec::new());
             }
-            groups[g].push(i);
+            distinct[d].push(i);
+        }
+        // Then each distinct prompt joins the group where that saves the most tokens, if any.
+        let mut groups: Vec<Group> = Vec::new();
+        for members in distinct {
+            let prompt = &requests[members[0]].0;
+            let best = (groups.iter().enumerate())
+                .filter_map(|(k, g)| g.saving(requests, prompt, members.len()).map(|s| (s, k)))
+                .max_by_key(|&((saved, _), k)| (saved, std::cmp::Reverse(k)));
+            match best {
+                Some(((_, shared), k)) => {
+                    let g = &mut groups[k];
+                    g.prefix = shared;
+                    g.members.extend(members);
+                    g.members.sort_unstable();
+                }
+                None => groups.push(Group { prefix: prompt.len(), members }),
+            }
         }
         PromptGroups { groups }
     }
 
-    /// Whether some prompt is repeated, so that running each once saves its repeats' work.
+    /// Whether some group has more than one request, so that running each prefix once saves
+    /// its repeats' work.
     pub fn repeat(&self) -> bool {
-        self.groups.iter().any(|g| g.len() > 1)
+        self.groups.iter().any(|g| g.members.len() > 1)
     }
 }
 
-/// Response tokens fed per row of group `g`: all but the last of its longest response.
-fn fed(requests: &[(Vec<u32>, Vec<u32>)], g: &[usize]) -> usize {
-    g.iter().map(|&i| requests[i].1.len().saturating_sub(1)).max().unwrap_or(0)
+impl Group {
+    /// `(tokens saved, shared prefix)` when `copies` requests with `prompt` join this group
+    /// rather than form their own. The prefix shrinks from `p` to the `l` tokens shared, so the
+    /// prefix pass runs `p − l` fewer tokens and each of the group's rows `p − l` more; the
+    /// joining rows run their `len − l` tokens past the prefix instead of a `len`-token pass.
+    fn saving(&self, requests: &[(Vec<u32>, Vec<u32>)], prompt: &[u32], copies: usize) -> Option<(usize, usize)> {
+        let l = common_prefix(&requests[self.members[0]].0[..self.prefix], prompt);
+        let cost = (self.members.len() - 1) * (self.prefix - l) + copies * (prompt.len() - l);
+        (l > 0 && cost < prompt.len()).then(|| (prompt.len() - cost, l))
+    }
+}
+
+/// The tokens request `request` runs past its group's first `prefix` tokens: the rest of its
+/// prompt, then all but the last token of its response (nothing reads what that predicts).
+fn rest(request: &(Vec<u32>, Vec<u32>), prefix: usize) -> impl Iterator<Item = u32> + '_ {
+    let (prompt, response) = request;
+    prompt[prefix..].iter().chain(&response[..response.len().saturating_sub(1)]).copied()
 }
 
 /// One forward pass of a plan: `rows` right-padded sequences of `len` tokens.
@@ -85,39 +140,45 @@ impl Passes {
         Passes { passes: vec![pass], select: batch.rows.clone() }
     }
 
-    /// Per group, the prompt as one row, then its responses as a batch over the prompt's
-    /// fanned-out cache (none when every response has a single token).
+    /// Per group, the shared prefix as one row, then each request's rest (the remainder of its
+    /// prompt and its response) as a batch over the prefix's fanned-out cache (none when no
+    /// request has a rest: identical prompts with single-token responses).
     pub fn shared(requests: &[(Vec<u32>, Vec<u32>)], groups: &PromptGroups) -> Self {
         let mut passes = Vec::new();
-        // Where each request's rows are in the flattened outputs: its prompt pass's last row
-        // and its first fed row.
-        let mut at = vec![(0, 0); requests.len()];
+        // Where each request's rows are in the flattened outputs: its group's prefix length,
+        // the prefix pass's first row and its own first row in the rest pass.
+        let mut at = vec![(0, 0, 0); requests.len()];
         let mut offset = 0;
         for g in &groups.groups {
-            let prompt = &requests[g[0]].0;
-            let (p, n) = (prompt.len(), fed(requests, g));
-            passes.push(Pass { ids: prompt.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
-            let last = offset + p - 1;
+            let p = g.prefix;
+            let prefix = &requests[g.members[0]].0[..p];
+            passes.push(Pass { ids: prefix.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
+            let first = offset;
             offset += p;
+            let n = g.members.iter().map(|&i| rest(&requests[i], p).count()).max().unwrap_or(0);
             if n > 0 {
-                let mut ids = vec![0i64; g.len() * n];
-                for (row, &i) in g.iter().enumerate() {
-                    let response = &requests[i].1;
-                    for (j, &t) in response[..response.len().saturating_sub(1)].iter().enumerate() {
+                let mut ids = vec![0i64; g.members.len() * n];
+                for (row, &i) in g.members.iter().enumerate() {
+                    for (j, t) in rest(&requests[i], p).enumerate() {
                         ids[row * n + j] = t as i64;
                     }
                 }
-                passes.push(Pass { ids, rows: g.len(), len: n, continues: true });
+                passes.push(Pass { ids, rows: g.members.len(), len: n, continues: true });
             }
-            for (row, &i) in g.iter().enumerate() {
-                at[i] = (last, offset + row * n);
+            for (row, &i) in g.members.iter().enumerate() {
+                at[i] = (p, first, offset + row * n);
             }
-            offset += g.len() * n;
+            offset += g.members.len() * n;
         }
         let mut select = Vec::new();
-        for (i, (_, response)) in requests.iter().enumerate() {
-            let (last, first_fed) = at[i];
-            select.extend((0..response.len()).map(|j| if j == 0 { last } else { first_fed + j - 1 } as i64));
+        for (i, (prompt, response)) in requests.iter().enumerate() {
+            let (p, first, own) = at[i];
+            // Response token j is predicted at position |prompt| − 1 + j: in the prefix pass
+            // only for the first token after a prompt that is all prefix.
+            select.extend((0..response.len()).map(|j| {
+                let q = prompt.len() - 1 + j;
+                (if q < p { first + q } else { own + q - p }) as i64
+            }));
         }
         Passes { passes, select }
     }
@@ -210,8 +271,10 @@ mod tests {
 
     type AD = burn::backend::Autodiff<Cpu>;
 
-    /// Two groups interleaved (prompts of 5 and 2 tokens; responses of 1 to 6 tokens, one of them
-    /// empty) and a prompt of its own.
+    /// Two groups of identical prompts interleaved (5 and 2 tokens; responses of 1 to 6 tokens,
+    /// one of them empty), a prompt that shares 4 tokens with the first group's and joins it,
+    /// one that is all prefix of another's (its first response token is predicted in the prefix
+    /// pass), and one that shares a token with the first group, too little to join it.
     fn requests() -> Vec<(Vec<u32>, Vec<u32>)> {
         let (a, b) = (vec![3, 9, 4, 12, 7], vec![11, 5]);
         vec![
@@ -221,7 +284,10 @@ mod tests {
             (vec![40, 41, 42], vec![6, 6]),
             (a.clone(), vec![50, 51, 52, 53, 54, 55]),
             (b.clone(), vec![]),
+            (vec![3, 9, 4, 12, 8, 8], vec![2, 7]),
             (b, vec![1, 2, 3]),
+            (vec![40, 41], vec![19, 6, 3]),
+            (vec![3, 7], vec![5, 5]),
         ]
     }
 
@@ -230,10 +296,11 @@ mod tests {
     }
 
     #[test]
-    fn each_prompt_run_once_gives_the_dense_hidden_states_and_gradients() {
+    fn each_prefix_run_once_gives_the_dense_hidden_states_and_gradients() {
         let requests = requests();
         let groups = PromptGroups::of(&requests);
-        assert_eq!(groups.groups, vec![vec![0, 2, 4], vec![1, 5, 6], vec![3]]);
+        let shape: Vec<(usize, Vec<usize>)> = groups.groups.iter().map(|g| (g.prefix, g.members.clone())).collect();
+        assert_eq!(shape, vec![(4, vec![0, 2, 4, 6]), (2, vec![1, 5, 7]), (2, vec![3, 8]), (2, vec![9])]);
         for (tied, lora) in [(false, false), (true, false), (false, true)] {
             let mut m = small_random_model::<AD>(tied, 5);
             if lora {
@@ -264,11 +331,22 @@ mod tests {
     }
 
     #[test]
-    fn prompts_run_once_only_when_one_repeats() {
+    fn prefixes_run_once_only_when_one_is_shared() {
         let requests = requests();
         assert!(PromptGroups::of(&requests).repeat());
-        let distinct: Vec<_> =
-            requests.iter().enumerate().map(|(i, (p, r))| ([p.as_slice(), &[i as u32]].concat(), r.clone())).collect();
+        // Prompts that differ from their first token share nothing.
+        let distinct: Vec<_> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, (p, r))| ([&[100 + i as u32], p.as_slice()].concat(), r.clone()))
+            .collect();
         assert!(!PromptGroups::of(&distinct).repeat());
+        // Two copies of a prompt stay a group of their own rather than shrink to the 3 tokens a
+        // third prompt shares with them: their rows would run 2 × 3 more tokens, to save 3 in the
+        // prefix pass and 3 of the third's.
+        let copies =
+            [(vec![1, 2, 3, 4, 5, 6], vec![7]), (vec![1, 2, 3, 4, 5, 6], vec![8]), (vec![1, 2, 3, 9], vec![7])];
+        let groups = PromptGroups::of(&copies).groups;
+        assert_eq!(groups, vec![Group { prefix: 6, members: vec![0, 1] }, Group { prefix: 4, members: vec![2] }]);
     }
 }

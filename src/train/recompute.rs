@@ -133,8 +133,8 @@ mod tests {
     }
 
     /// Distinct prompts (one dense pass), and groups that share prompts: interleaved, with
-    /// responses of one token, none, and a group whose responses are all empty (its prompt pass
-    /// feeds no row the head reads).
+    /// responses of one token, none, a prompt that shares only a prefix with a group, and a
+    /// group whose responses are all empty (its prompt pass feeds no row the head reads).
     fn request_sets() -> [Vec<(Vec<u32>, Vec<u32>)>; 2] {
         let (a, b, c) = (vec![3, 9, 4, 12, 7], vec![11, 5], vec![2, 8, 14]);
         [
@@ -145,6 +145,7 @@ mod tests {
                 (c.clone(), vec![]),
                 (a.clone(), vec![9]),
                 (a, vec![50, 51, 52, 53, 54, 55]),
+                (vec![3, 9, 4, 12, 8, 8], vec![2, 7]),
                 (b.clone(), vec![]),
                 (c, vec![]),
                 (b, vec![1, 2, 3]),

@@ -36,11 +36,14 @@ struct Group {
     prefix: usize,
     /// Request indices, in request order.
     members: Vec<usize>,
+    /// The rest pass's width: the longest of the members' [`rest`]s.
+    width: usize,
 }
 
 /// The requests grouped by shared prompt prefix: identical prompts (a GRPO group's samples)
 /// always, and distinct prompts that share a beginning (K episodes of one task whose later
-/// turns differ) when running the shared part once saves work.
+/// turns differ) when running the shared part once saves a quarter of the joining prompt's
+/// tokens or more, padding counted.
 pub struct PromptGroups {
     groups: Vec<Group>,
 }
@@ -48,6 +51,18 @@ pub struct PromptGroups {
 /// Length of the longest common prefix of `a` and `b`.
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// How many tokens `request` runs past the first `prefix` tokens of its prompt ([`rest`]).
+fn rest_len(request: &(Vec<u32>, Vec<u32>), prefix: usize) -> usize {
+    request.0.len() - prefix + request.1.len().saturating_sub(1)
+}
+
+/// The tokens `request` runs past the first `prefix` tokens of its prompt: the rest of its
+/// prompt, then all but the last token of its response (nothing reads what that predicts).
+fn rest(request: &(Vec<u32>, Vec<u32>), prefix: usize) -> impl Iterator<Item = u32> + '_ {
+    let (prompt, response) = request;
+    prompt[prefix..].iter().chain(&response[..response.len().saturating_sub(1)]).copied()
 }
 
 impl PromptGroups {
@@ -66,18 +81,16 @@ impl PromptGroups {
         // Then each distinct prompt joins the group where that saves the most tokens, if any.
         let mut groups: Vec<Group> = Vec::new();
         for members in distinct {
-            let prompt = &requests[members[0]].0;
             let best = (groups.iter().enumerate())
-                .filter_map(|(k, g)| g.saving(requests, prompt, members.len()).map(|s| (s, k)))
+                .filter_map(|(k, g)| g.join(requests, &members).map(|joined| (joined, k)))
                 .max_by_key(|&((saved, _), k)| (saved, std::cmp::Reverse(k)));
             match best {
-                Some(((_, shared), k)) => {
-                    let g = &mut groups[k];
-                    g.prefix = shared;
-                    g.members.extend(members);
-                    g.members.sort_unstable();
+                Some(((_, joined), k)) => groups[k] = joined,
+                None => {
+                    let prefix = requests[members[0]].0.len();
+                    let width = members.iter().map(|&i| rest_len(&requests[i], prefix)).max().unwrap_or(0);
+                    groups.push(Group { prefix, members, width });
                 }
-                None => groups.push(Group { prefix: prompt.len(), members }),
             }
         }
         PromptGroups { groups }
@@ -91,22 +104,25 @@ impl PromptGroups {
 }
 
 impl Group {
-    /// `(tokens saved, shared prefix)` when `copies` requests with `prompt` join this group
-    /// rather than form their own. The prefix shrinks from `p` to the `l` tokens shared, so the
-    /// prefix pass runs `p − l` fewer tokens and each of the group's rows `p − l` more; the
-    /// joining rows run their `len − l` tokens past the prefix instead of a `len`-token pass.
-    fn saving(&self, requests: &[(Vec<u32>, Vec<u32>)], prompt: &[u32], copies: usize) -> Option<(usize, usize)> {
+    /// `(tokens saved, the joined group)` when `joining`, requests with one prompt, join this
+    /// group rather than form their own, if that saves a quarter of the prompt or more. A group
+    /// runs `prefix + rows · width` tokens (its rest pass is padded to its longest rest); joining
+    /// shrinks the prefix to the tokens shared, which lengthens every member's rest by as many.
+    fn join(&self, requests: &[(Vec<u32>, Vec<u32>)], joining: &[usize]) -> Option<(usize, Group)> {
+        let prompt = &requests[joining[0]].0;
         let l = common_prefix(&requests[self.members[0]].0[..self.prefix], prompt);
-        let cost = (self.members.len() - 1) * (self.prefix - l) + copies * (prompt.len() - l);
-        (l > 0 && cost < prompt.len()).then(|| (prompt.len() - cost, l))
+        let widest = |p: usize| joining.iter().map(|&i| rest_len(&requests[i], p)).max().unwrap_or(0);
+        let width = (self.width + self.prefix - l).max(widest(l));
+        let rows = self.members.len() + joining.len();
+        let apart = self.prefix + self.members.len() * self.width + prompt.len() + joining.len() * widest(prompt.len());
+        let joined = l + rows * width;
+        if l == 0 || joined + prompt.len() / 4 > apart {
+            return None;
+        }
+        let mut members = [self.members.as_slice(), joining].concat();
+        members.sort_unstable();
+        Some((apart - joined, Group { prefix: l, members, width }))
     }
-}
-
-/// The tokens request `request` runs past its group's first `prefix` tokens: the rest of its
-/// prompt, then all but the last token of its response (nothing reads what that predicts).
-fn rest(request: &(Vec<u32>, Vec<u32>), prefix: usize) -> impl Iterator<Item = u32> + '_ {
-    let (prompt, response) = request;
-    prompt[prefix..].iter().chain(&response[..response.len().saturating_sub(1)]).copied()
 }
 
 /// One forward pass of a plan: `rows` right-padded sequences of `len` tokens.
@@ -128,7 +144,8 @@ pub struct Passes {
 }
 
 impl Passes {
-    /// Each distinct prompt once when some prompt repeats; otherwise `batch` as one dense pass.
+    /// Each shared prompt or prefix once when some group has more than one request; otherwise
+    /// `batch` as one dense pass.
     pub fn of(requests: &[(Vec<u32>, Vec<u32>)], batch: &TokenBatch) -> Self {
         let groups = PromptGroups::of(requests);
         if groups.repeat() { Self::shared(requests, &groups) } else { Self::dense(batch) }
@@ -155,7 +172,7 @@ impl Passes {
             passes.push(Pass { ids: prefix.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
             let first = offset;
             offset += p;
-            let n = g.members.iter().map(|&i| rest(&requests[i], p).count()).max().unwrap_or(0);
+            let n = g.width;
             if n > 0 {
                 let mut ids = vec![0i64; g.members.len() * n];
                 for (row, &i) in g.members.iter().enumerate() {
@@ -183,7 +200,7 @@ impl Passes {
         Passes { passes, select }
     }
 
-    /// Each pass's positions and mask (a continuing pass starts after its prompt).
+    /// Each pass's positions and mask (a continuing pass starts after its prefix).
     pub fn layouts<B: Backend>(&self, model: &CausalLm<B>) -> Vec<LayoutTensors<B>> {
         let mut start = 0;
         let mut layouts = Vec::with_capacity(self.passes.len());
@@ -272,9 +289,9 @@ mod tests {
     type AD = burn::backend::Autodiff<Cpu>;
 
     /// Two groups of identical prompts interleaved (5 and 2 tokens; responses of 1 to 6 tokens,
-    /// one of them empty), a prompt that shares 4 tokens with the first group's and joins it,
-    /// one that is all prefix of another's (its first response token is predicted in the prefix
-    /// pass), and one that shares a token with the first group, too little to join it.
+    /// one of them empty), a prompt that extends the first group's and joins it, one that is all
+    /// prefix of another's (its first response token is predicted in the prefix pass, the other's
+    /// in the rest pass), and one that shares a token with the first group, too little to join.
     fn requests() -> Vec<(Vec<u32>, Vec<u32>)> {
         let (a, b) = (vec![3, 9, 4, 12, 7], vec![11, 5]);
         vec![
@@ -284,7 +301,7 @@ mod tests {
             (vec![40, 41, 42], vec![6, 6]),
             (a.clone(), vec![50, 51, 52, 53, 54, 55]),
             (b.clone(), vec![]),
-            (vec![3, 9, 4, 12, 8, 8], vec![2, 7]),
+            (vec![3, 9, 4, 12, 7, 8], vec![2, 7]),
             (b, vec![1, 2, 3]),
             (vec![40, 41], vec![19, 6, 3]),
             (vec![3, 7], vec![5, 5]),
@@ -300,7 +317,7 @@ mod tests {
         let requests = requests();
         let groups = PromptGroups::of(&requests);
         let shape: Vec<(usize, Vec<usize>)> = groups.groups.iter().map(|g| (g.prefix, g.members.clone())).collect();
-        assert_eq!(shape, vec![(4, vec![0, 2, 4, 6]), (2, vec![1, 5, 7]), (2, vec![3, 8]), (2, vec![9])]);
+        assert_eq!(shape, vec![(5, vec![0, 2, 4, 6]), (2, vec![1, 5, 7]), (2, vec![3, 8]), (2, vec![9])]);
         for (tied, lora) in [(false, false), (true, false), (false, true)] {
             let mut m = small_random_model::<AD>(tied, 5);
             if lora {
@@ -342,11 +359,22 @@ mod tests {
             .collect();
         assert!(!PromptGroups::of(&distinct).repeat());
         // Two copies of a prompt stay a group of their own rather than shrink to the 3 tokens a
-        // third prompt shares with them: their rows would run 2 × 3 more tokens, to save 3 in the
-        // prefix pass and 3 of the third's.
+        // third prompt shares with them: the three rows would run 3 tokens each past a 3-token
+        // prefix (12) instead of the copies' 6 and the third's 4 (10).
         let copies =
             [(vec![1, 2, 3, 4, 5, 6], vec![7]), (vec![1, 2, 3, 4, 5, 6], vec![8]), (vec![1, 2, 3, 9], vec![7])];
-        let groups = PromptGroups::of(&copies).groups;
-        assert_eq!(groups, vec![Group { prefix: 6, members: vec![0, 1] }, Group { prefix: 4, members: vec![2] }]);
+        let shape = |requests: &[(Vec<u32>, Vec<u32>)]| -> Vec<(usize, Vec<usize>)> {
+            PromptGroups::of(requests).groups.into_iter().map(|g| (g.prefix, g.members)).collect()
+        };
+        assert_eq!(shape(&copies), vec![(6, vec![0, 1]), (4, vec![2])]);
+        // Padding counts: a 30-token prompt that shares 9 tokens with two 10-token copies would
+        // pad all three rows to its 21-token rest (9 + 3 × 21 = 72 tokens instead of 10 + 30).
+        let ten: Vec<u32> = (1..=10).collect();
+        let long: Vec<u32> = (1..=9).chain(100..121).collect();
+        let padded = [(ten.clone(), vec![7]), (ten, vec![8]), (long, vec![7])];
+        assert_eq!(shape(&padded), vec![(10, vec![0, 1]), (30, vec![2])]);
+        // Two prompts that share only their first token (a chat template's) would save 1 of 100.
+        let apart = [((0..100).collect(), vec![7]), ([0].into_iter().chain(200..299).collect(), vec![7])];
+        assert_eq!(shape(&apart), vec![(100, vec![0]), (100, vec![1])]);
     }
 }

@@ -15,9 +15,10 @@
 //! the same recomputed values, and the gradient passed down is exactly the one the whole
 //! graph would pass (the surrogate `Σ y ⊙ g` has gradient `g` with respect to `y`).
 //!
-//! The passes are [`Passes`]'s: when responses share prompts (a group's samples), each prompt
-//! runs once in the forward pass and in each layer's recomputation, and its keys and values fan
-//! out to the responses, so the prompt's gradient sums the responses' through the fan-out.
+//! The passes are [`Passes`]'s: when responses share prompts (a group's samples) or prompt
+//! beginnings, each shared prompt or prefix runs once in the forward pass and in each layer's
+//! recomputation, and its keys and values fan out to the responses, so its gradient sums the
+//! responses' through the fan-out.
 
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
@@ -133,7 +134,7 @@ mod tests {
     }
 
     /// Distinct prompts (one dense pass), and groups that share prompts: interleaved, with
-    /// responses of one token, none, a prompt that shares only a prefix with a group, and a
+    /// responses of one token, none, a prompt that extends a group's prompt, and a
     /// group whose responses are all empty (its prompt pass feeds no row the head reads).
     fn request_sets() -> [Vec<(Vec<u32>, Vec<u32>)>; 2] {
         let (a, b, c) = (vec![3, 9, 4, 12, 7], vec![11, 5], vec![2, 8, 14]);
@@ -145,7 +146,7 @@ mod tests {
                 (c.clone(), vec![]),
                 (a.clone(), vec![9]),
                 (a, vec![50, 51, 52, 53, 54, 55]),
-                (vec![3, 9, 4, 12, 8, 8], vec![2, 7]),
+                (vec![3, 9, 4, 12, 7, 8], vec![2, 7]),
                 (b.clone(), vec![]),
                 (c, vec![]),
                 (b, vec![1, 2, 3]),

@@ -283,7 +283,7 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::generate::score::{TokenBatch, dense_hidden};
-    use crate::model::weights::small_random_model;
+    use crate::model::weights::{small_random_model, weighted_head_loss};
     use crate::train::optim::GradStore;
 
     type AD = burn::backend::Autodiff<Cpu>;
@@ -331,16 +331,9 @@ mod tests {
             let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);
             let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max) / scale;
             assert!(d <= 1e-5, "tied {tied}, lora {lora}: hidden states differ by {d} (relative)");
-            // A loss that weighs every row differently, through the LM head.
-            let loss = |h: Tensor<AD, 2>| {
-                let n = h.dims()[0];
-                let w: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 0.25).collect();
-                let w = Tensor::<AD, 1>::from_data(TensorData::new(w, [n]), &h.device()).reshape([n, 1]);
-                (burn::tensor::activation::log_softmax(m.logits(h), 1) * w).slice([0..n, 0..7]).sum().neg()
-            };
             let (mut a, mut b) = (GradStore::<Cpu>::default(), GradStore::<Cpu>::default());
-            a.accumulate(&m, &loss(dense).backward());
-            b.accumulate(&m, &loss(shared).backward());
+            a.accumulate(&m, &weighted_head_loss(&m, dense).backward());
+            b.accumulate(&m, &weighted_head_loss(&m, shared).backward());
             assert!(a.names().len() >= if lora { 2 * 7 } else { 3 * 11 }, "{} parameters", a.names().len());
             let d = a.max_relative_diff(&b);
             assert!(d <= 1e-5, "tied {tied}, lora {lora}: gradients differ by {d} (relative)");

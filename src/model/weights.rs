@@ -358,6 +358,17 @@ pub fn small_random_model<B: Backend>(tied: bool, seed: u64) -> CausalLm<B> {
     build(&config, &mut RandomWeights::new(&config, seed, 0.3), &Default::default()).expect("random weights")
 }
 
+/// A loss of hidden states `[n, hidden]` through `model`'s LM head that weighs every row
+/// differently (`−Σ_i (1 + i/4) · Σ_{j<7} log softmax(logits_i)_j`), so that gradient tests
+/// notice rows that are dropped, repeated or swapped.
+#[cfg(test)]
+pub fn weighted_head_loss<B: Backend>(model: &CausalLm<B>, hidden: Tensor<B, 2>) -> Tensor<B, 1> {
+    let n = hidden.dims()[0];
+    let w: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 0.25).collect();
+    let w = Tensor::<B, 1>::from_data(TensorData::new(w, [n]), &hidden.device()).reshape([n, 1]);
+    (burn::tensor::activation::log_softmax(model.logits(hidden), 1) * w).slice([0..n, 0..7]).sum().neg()
+}
+
 /// Converts raw little-endian bytes of a floating-point dtype to f32.
 pub fn bytes_to_f32(bytes: &[u8], dtype: safetensors::Dtype) -> std::result::Result<Vec<f32>, String> {
     use safetensors::Dtype;

@@ -121,17 +121,7 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::generate::score::dense_hidden;
-    use crate::model::weights::small_random_model;
-    use burn::tensor::TensorData;
-
-    /// A loss that weighs every selected row differently, through the LM head, as the update's
-    /// runs through it.
-    fn loss(model: &CausalLm<AD<Cpu>>, hidden: Tensor<AD<Cpu>, 2>) -> Tensor<AD<Cpu>, 1> {
-        let n = hidden.dims()[0];
-        let w: Vec<f32> = (0..n).map(|i| 1.0 + i as f32 * 0.25).collect();
-        let w = Tensor::<AD<Cpu>, 1>::from_data(TensorData::new(w, [n]), &hidden.device()).reshape([n, 1]);
-        (burn::tensor::activation::log_softmax(model.logits(hidden), 1) * w).slice([0..n, 0..7]).sum().neg()
-    }
+    use crate::model::weights::{small_random_model, weighted_head_loss};
 
     /// Distinct prompts (one dense pass), and groups that share prompts: interleaved, with
     /// responses of one token, none, a prompt that extends a group's prompt, and a
@@ -166,13 +156,13 @@ mod tests {
                 // The reference runs every prompt once per response, with the whole graph.
                 let batch = TokenBatch::of(&m.config, requests).unwrap();
                 let mut whole = GradStore::<Cpu>::default();
-                whole.accumulate(&m, &loss(&m, dense_hidden(&m, &batch)).backward());
+                whole.accumulate(&m, &weighted_head_loss(&m, dense_hidden(&m, &batch)).backward());
 
                 let Recomputed { trunk, hidden, targets, lens } = forward(&m, requests).unwrap();
                 assert_eq!((targets, &lens), (batch.targets.clone(), &batch.lens));
                 assert_eq!(trunk.tops.len(), if set == 0 { 1 } else { 5 }, "passes");
                 let mut recomputed = GradStore::<Cpu>::default();
-                let head = loss(&m, hidden).backward();
+                let head = weighted_head_loss(&m, hidden).backward();
                 recomputed.accumulate(&m, &head);
                 trunk.backward(&m, &head, &mut recomputed);
 

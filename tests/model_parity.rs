@@ -66,6 +66,57 @@ fn greedy_continuations_match_transformers_alone_and_batched() {
 }
 
 #[test]
+fn prompts_that_repeat_or_begin_alike_generate_what_each_does_alone() {
+    for name in FIXTURES {
+        let model = load(name);
+        let r = reference(name);
+        // Two tasks' episodes at their next turn: the same prompt, or the prompt followed by what
+        // an earlier turn generated (whose greedy continuation is the rest of the reference's),
+        // beside an unrelated prompt. The tasks' prompts differ in length, so the shorter
+        // task's cache rows are widened where their pads begin.
+        let turn =
+            |(p, cont): &(Vec<u32>, Vec<u32>), k: usize| ([p.as_slice(), &cont[..k]].concat(), cont[k..].to_vec());
+        let (a, b) = (&r.greedy[1], &r.greedy[0]);
+        let cases = [
+            turn(a, 0),
+            turn(b, 2),
+            turn(a, 3),
+            r.greedy[2].clone(),
+            turn(b, 0),
+            turn(a, 0),
+            turn(a, 6),
+            turn(b, 3),
+            turn(a, 3),
+        ];
+        let prompts: Vec<Vec<u32>> = cases.iter().map(|(p, _)| p.clone()).collect();
+        let new = 32 - 6;
+        let (out, stats) = generate(&model, &GenerateRequest::new(&prompts, SamplingParams::greedy(new))).unwrap();
+        let distinct: std::collections::HashSet<&Vec<u32>> = prompts.iter().collect();
+        let longest = prompts.iter().map(Vec::len).max().unwrap();
+        assert!(
+            stats.prefill_slots < distinct.len() * longest / 2,
+            "{name}: the prefill ran {} slots, not each distinct prompt and shared beginning once",
+            stats.prefill_slots
+        );
+        for c in &out {
+            assert_eq!(c.token_ids, cases[c.prompt_index].1[..new], "{name}: prompt {}", c.prompt_index);
+        }
+        // Sampled, the log-probs are those of each prompt generated alone.
+        let params = SamplingParams { temperature: 0.8, top_p: 1.0, top_k: 0, max_new_tokens: 8, seed: 5 };
+        let mut req = GenerateRequest::new(&prompts, params);
+        req.num_samples = 2;
+        let (out, _) = generate(&model, &req).unwrap();
+        let pairs: Vec<(Vec<u32>, Vec<u32>)> =
+            out.iter().map(|c| (prompts[c.prompt_index].clone(), c.token_ids.clone())).collect();
+        let scored = score::score(&model, &pairs, 0.8).unwrap();
+        for (c, s) in out.iter().zip(&scored) {
+            let d = max_abs_diff(&c.logprobs, s);
+            assert!(d < 1e-4, "{name}: prompt {} sample {}: log-probs differ by {d}", c.prompt_index, c.sample_index);
+        }
+    }
+}
+
+#[test]
 fn scoring_matches_reference_log_softmax() {
     for name in FIXTURES {
         let model = load(name);

@@ -528,7 +528,7 @@ fn autodiff_forward(q: AdTensor, k: AdTensor, v: AdTensor, bias: Option<FlexTens
 mod tests {
     use super::*;
     use crate::backend::flex_fast::without_fast_paths;
-    use crate::model::layout::{Heads, Layout, LayoutTensors};
+    use crate::model::layout::{Heads, Layout, LayoutTensors, Pad};
     use crate::model::{ModelConfig, Rope};
     use burn::backend::Autodiff;
     use burn::tensor::Distribution;
@@ -568,14 +568,26 @@ mod tests {
 
     fn layouts() -> Vec<(Layout, usize, usize, usize)> {
         vec![
-            (Layout::dense(2, 70), 4, 2, 8),                             // two query blocks, GQA
-            (Layout::dense(3, 200), 8, 8, 16),                           // four query blocks
-            (Layout { pads: vec![0, 3, 5], start: 0, len: 9 }, 6, 2, 4), // padded prefill
-            (Layout { pads: vec![0, 2], start: 7, len: 1 }, 4, 1, 8),    // decode, padded
-            (Layout { pads: vec![0; 3], start: 5, len: 1 }, 3, 3, 4),    // decode without a bias
-            (Layout { pads: vec![1, 0], start: 4, len: 3 }, 2, 1, 4),    // chunk after a cache
-            (Layout { pads: vec![0, 3], start: 0, len: 6 }, 1, 1, 4),    // one head, padded
-            (Layout { pads: vec![0, 3], start: 6, len: 1 }, 1, 1, 4),    // one head, decode
+            (Layout::dense(2, 70), 4, 2, 8),                  // two query blocks, GQA
+            (Layout::dense(3, 200), 8, 8, 16),                // four query blocks
+            (Layout::left_padded(&[0, 3, 5], 0, 9), 6, 2, 4), // padded prefill
+            (Layout::left_padded(&[0, 2], 7, 1), 4, 1, 8),    // decode, padded
+            (Layout::left_padded(&[0; 3], 5, 1), 3, 3, 4),    // decode without a bias
+            (Layout::left_padded(&[1, 0], 4, 3), 2, 1, 4),    // chunk after a cache
+            (Layout::left_padded(&[0, 3], 0, 6), 1, 1, 4),    // one head, padded
+            (Layout::left_padded(&[0, 3], 6, 1), 1, 1, 4),    // one head, decode
+            // A shared beginning, then each row's pad and the rest of its prompt, and decoding.
+            (
+                Layout {
+                    pads: vec![Pad { at: 3, len: 2 }, Pad { at: 3, len: 0 }, Pad { at: 1, len: 4 }],
+                    start: 3,
+                    len: 4,
+                },
+                4,
+                2,
+                4,
+            ),
+            (Layout { pads: vec![Pad { at: 3, len: 2 }, Pad { at: 1, len: 4 }], start: 7, len: 1 }, 2, 1, 4),
         ]
     }
 

@@ -1,10 +1,11 @@
 //! The batched sampling engine (no autodiff) and response scoring.
 //!
 //! [`generate`] runs `prompts × num_samples` sequences together:
-//! 1. **prefill** the distinct prompts once, left-padded to a common length, in chunks that
-//!    bound activation memory; keep the last position's logits;
+//! 1. **prefill** each distinct prompt once, and a beginning that prompts share once
+//!    ([`prefill`]), left-padded to a common length, in chunks that bound activation memory;
+//!    keep the last position's logits;
 //! 2. **fan out** the KV cache to `num_samples` rows per prompt (prompts are never recomputed
-//!    per sample);
+//!    per sample or per repeat);
 //! 3. **decode** one token per step for every live row, sampling on the CPU in parallel;
 //!    rows that finished are dropped from the batch once they are an eighth of it, so long
 //!    tails do not pay for finished sequences.
@@ -12,6 +13,7 @@
 //! Determinism: each sequence samples from its own random stream (see [`sampler`]), so a seed
 //! reproduces every sample exactly, whatever the batch composition.
 
+mod prefill;
 pub mod sampler;
 pub mod score;
 pub mod shared_prompt;
@@ -27,7 +29,7 @@ pub use sampler::SamplingParams;
 pub const MAX_TOKENS: usize = 1 << 22;
 
 use crate::error::{Error, Result};
-use crate::model::{CausalLm, KvCache, Layout};
+use crate::model::{CausalLm, KvCache, Layout, Pad};
 use crate::tokenizer::Tokenizer;
 
 /// Why a sequence ended.
@@ -60,6 +62,9 @@ pub struct Completion {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GenerationStats {
     pub prompt_tokens: usize,
+    /// Slots the prefill ran, padding included: fewer than the prompts' tokens when prompts
+    /// repeat or begin alike.
+    pub prefill_slots: usize,
     pub generated_tokens: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
@@ -99,7 +104,7 @@ impl<'a> GenerateRequest<'a> {
 struct Sequence {
     index: usize,
     prompt_len: usize,
-    pad: usize,
+    pad: Pad,
     rng: rand_chacha::ChaCha8Rng,
     ids: Vec<u32>,
     logprobs: Vec<f32>,
@@ -159,44 +164,29 @@ pub fn generate<B: Backend>(
 
     // 1. Prefill.
     let started = Instant::now();
-    let width = req.prompts.iter().map(Vec::len).max().expect("non-empty");
-    let reserve = width + req.params.max_new_tokens.min(512);
-    let chunk = (req.prefill_token_budget / width).max(1);
-    let mut caches = Vec::new();
-    let mut prompt_logits: Vec<f32> = Vec::new();
-    for prompts in req.prompts.chunks(chunk) {
-        let mut cache = KvCache::new(model.config.num_hidden_layers, reserve);
-        let pads: Vec<usize> = prompts.iter().map(|p| width - p.len()).collect();
-        let mut ids = vec![0i64; prompts.len() * width];
-        for (r, p) in prompts.iter().enumerate() {
-            for (j, &t) in p.iter().enumerate() {
-                ids[r * width + pads[r] + j] = t as i64;
-            }
-        }
-        prompt_logits.extend(forward_last(model, ids, Layout { pads, start: 0, len: width }, &mut cache)?);
-        caches.push(cache);
-    }
-    let mut cache = KvCache::concat(caches);
+    let reserve_new = req.params.max_new_tokens.min(512);
+    let prefilled = prefill::prefill(model, req.prompts, req.prefill_token_budget, reserve_new)?;
+    let mut cache = prefilled.cache;
+    stats.prefill_slots = prefilled.slots;
     stats.prefill_seconds = started.elapsed().as_secs_f64();
 
-    // 2. Fan out to samples.
+    // 2. Fan out to samples (and to repeats of a prompt).
     let g = req.num_samples;
     let n = req.prompts.len() * g;
-    if g > 1 {
-        cache.select_rows(&(0..n).map(|i| i / g).collect::<Vec<_>>());
+    let source: Vec<usize> = (0..n).map(|i| prefilled.row_of[i / g]).collect();
+    if source.iter().enumerate().any(|(i, &row)| row != i) {
+        cache.select_rows(&source);
     }
-    let vocab = prompt_logits.len() / req.prompts.len();
+    let vocab = prefilled.logits.len() / prefilled.pads.len();
     let mut logits: Vec<f32> = Vec::with_capacity(n * vocab);
-    for i in 0..n {
-        let p = i / g;
-        logits.extend_from_slice(&prompt_logits[p * vocab..(p + 1) * vocab]);
+    for &row in &source {
+        logits.extend_from_slice(&prefilled.logits[row * vocab..(row + 1) * vocab]);
     }
-    drop(prompt_logits);
     let mut rows: Vec<Sequence> = (0..n)
         .map(|i| Sequence {
             index: i,
             prompt_len: req.prompts[i / g].len(),
-            pad: width - req.prompts[i / g].len(),
+            pad: prefilled.pads[source[i]],
             rng: sampler::sequence_rng(req.params.seed, i as u64),
             ids: Vec::new(),
             logprobs: Vec::new(),
@@ -251,6 +241,7 @@ pub fn generate<B: Backend>(
     stats.generated_tokens = completions.iter().map(|c| c.token_ids.len()).sum();
     tracing::info!(
         generated = stats.generated_tokens,
+        prefill_slots = stats.prefill_slots,
         prefill_s = stats.prefill_seconds,
         decode_s = stats.decode_seconds,
         "generation done"

@@ -101,6 +101,11 @@ impl PromptGroups {
     pub fn repeat(&self) -> bool {
         self.groups.iter().any(|g| g.members.len() > 1)
     }
+
+    /// Each group's shared prefix length and its members (request indices, in request order).
+    pub fn iter(&self) -> impl Iterator<Item = (usize, &[usize])> {
+        self.groups.iter().map(|g| (g.prefix, g.members.as_slice()))
+    }
 }
 
 impl Group {
@@ -207,7 +212,7 @@ impl Passes {
         for pass in &self.passes {
             start = if pass.continues { start } else { 0 };
             // Right-padded, from the prompt's end: later slots never influence earlier ones.
-            layouts.push(model.layout_tensors(&Layout { pads: vec![0; pass.rows], start, len: pass.len }));
+            layouts.push(model.layout_tensors(&Layout { start, ..Layout::dense(pass.rows, pass.len) }));
             start += pass.len;
         }
         layouts

@@ -110,14 +110,46 @@ impl<B: Backend> KvCache<B> {
     /// Keeps only the rows `rows` (in that order; a row may repeat), e.g. to fan one prefilled
     /// prompt out to G samples or to drop finished sequences.
     pub fn select_rows(&mut self, rows: &[usize]) {
-        for kv in self.layers.iter_mut().flatten() {
-            let dev = kv.k.device();
-            let idx = Tensor::<B, 1, Int>::from_data(
-                TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
-                &dev,
-            );
-            kv.k = kv.k.clone().select(0, idx.clone());
-            kv.v = kv.v.clone().select(0, idx);
+        *self = self.copy_rows(rows);
+    }
+
+    /// A new cache of the rows `rows` of this one (in that order; a row may repeat): one
+    /// prefilled prefix fanned out to the prompts that continue it, in buffers of their own.
+    pub fn copy_rows(&self, rows: &[usize]) -> Self {
+        let layers = self
+            .layers
+            .iter()
+            .map(|kv| {
+                kv.as_ref().map(|kv| {
+                    let dev = kv.k.device();
+                    let idx = Tensor::<B, 1, Int>::from_data(
+                        TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
+                        &dev,
+                    );
+                    LayerKv { k: kv.k.clone().select(0, idx.clone()), v: kv.v.clone().select(0, idx) }
+                })
+            })
+            .collect();
+        KvCache { layers, len: self.len, reserve: self.reserve }
+    }
+
+    /// Inserts `slots` empty slots before slot `at` in every row (zeros, which the rows' pads
+    /// must cover: see [`super::layout`]), so that caches prefilled to different lengths can
+    /// be stacked.
+    pub fn widen(&mut self, at: usize, slots: usize) {
+        if slots == 0 {
+            return;
         }
+        for kv in self.layers.iter_mut().flatten() {
+            let [b, h, cap, d] = kv.k.dims();
+            let options = TensorCreationOptions::new(kv.k.device()).with_dtype(kv.k.dtype());
+            let widen = |x: Tensor<B, 4>| {
+                let (head, tail) = (x.clone().slice([0..b, 0..h, 0..at, 0..d]), x.slice([0..b, 0..h, at..cap, 0..d]));
+                Tensor::cat(vec![head, Tensor::zeros([b, h, slots, d], options.clone()), tail], 2)
+            };
+            kv.k = widen(kv.k.clone());
+            kv.v = widen(kv.v.clone());
+        }
+        self.len += slots;
     }
 }

@@ -1,11 +1,13 @@
 //! Where each token of a batch sits: RoPE positions and the attention mask.
 //!
-//! One description serves training, scoring, prefill and decode. Rows are *left-padded*: row
-//! `b` has `pads[b]` empty slots before its first token. A forward pass feeds the slots
+//! One description serves training, scoring, prefill and decode. A row may have one run of
+//! empty slots, its [`Pad`]: `len` slots from slot `at`. Usually `at` is 0 (*left padding*);
+//! a prefill whose prompts share a beginning keeps that beginning first and pads between it
+//! and the rest of each prompt ([`crate::generate`]). A forward pass feeds the slots
 //! `start .. start + len` of every row (the same for all rows, so the KV cache stays one
-//! rectangular tensor). Slot `s` of row `b` has RoPE position `s - pads[b]`; a query at slot `i`
-//! sees key slots `pads[b] ..= i`. Query slots inside the padding see only themselves, which
-//! keeps their softmax finite; their outputs are never read.
+//! rectangular tensor). Slots after the pad have RoPE positions `s - pad.len`; a query at
+//! slot `i` sees every key slot `..= i` outside its row's pad. Query slots inside the pad see
+//! only themselves, which keeps their softmax finite; their outputs are never read.
 //!
 //! The device tensors are laid out for speed on CPU: every elementwise op of RoPE and of the
 //! mask is either same-shape or "one row shared by all rows", the two patterns burn-flex runs
@@ -16,10 +18,28 @@ use burn::tensor::{Tensor, TensorData, backend::Backend};
 
 use super::rope::Rope;
 
+/// A row's empty slots: `len` of them from slot `at`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Pad {
+    pub at: usize,
+    pub len: usize,
+}
+
+impl Pad {
+    /// `len` empty slots before the row's first token.
+    pub fn left(len: usize) -> Self {
+        Pad { at: 0, len }
+    }
+
+    fn contains(&self, slot: usize) -> bool {
+        (self.at..self.at + self.len).contains(&slot)
+    }
+}
+
 /// Slots fed to one forward pass, for every row of the batch.
 #[derive(Clone, Debug)]
 pub struct Layout {
-    pub pads: Vec<usize>,
+    pub pads: Vec<Pad>,
     pub start: usize,
     pub len: usize,
 }
@@ -28,7 +48,12 @@ impl Layout {
     /// A batch of `batch` unpadded rows of `len` tokens from position 0 (training, scoring;
     /// right padding needs no mask because later slots never influence earlier ones).
     pub fn dense(batch: usize, len: usize) -> Self {
-        Layout { pads: vec![0; batch], start: 0, len }
+        Layout { pads: vec![Pad::default(); batch], start: 0, len }
+    }
+
+    /// `pads[b]` empty slots before row `b`'s first token.
+    pub fn left_padded(pads: &[usize], start: usize, len: usize) -> Self {
+        Layout { pads: pads.iter().map(|&p| Pad::left(p)).collect(), start, len }
     }
 
     pub fn batch(&self) -> usize {
@@ -41,18 +66,19 @@ impl Layout {
     }
 
     fn padded(&self) -> bool {
-        self.pads.iter().any(|&p| p > 0)
+        self.pads.iter().any(|p| p.len > 0)
     }
 
-    /// RoPE position of slot `slot` in row `row`.
+    /// RoPE position of slot `slot` in row `row` (that of the pad's first slot inside it).
     fn position(&self, row: usize, slot: usize) -> usize {
-        slot.saturating_sub(self.pads[row])
+        let pad = self.pads[row];
+        if slot < pad.at { slot } else { slot.saturating_sub(pad.len).max(pad.at) }
     }
 
     /// Whether the query at `slot` of `row` may attend to key slot `key`.
     fn visible(&self, row: usize, slot: usize, key: usize) -> bool {
         let pad = self.pads[row];
-        if slot < pad { key == slot } else { key >= pad && key <= slot }
+        if pad.contains(slot) { key == slot } else { key <= slot && !pad.contains(key) }
     }
 }
 

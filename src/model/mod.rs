@@ -22,7 +22,7 @@ use burn::tensor::backend::Backend;
 
 pub use config::{Family, ModelConfig};
 pub use kv_cache::KvCache;
-pub use layout::{Layout, LayoutTensors};
+pub use layout::{Layout, LayoutTensors, Pad};
 pub use rope::Rope;
 pub use safetensors_io::SaveDtype;
 pub use transformer::CausalLm;

@@ -193,7 +193,7 @@ mod tests {
         for (start, chunk) in [(0, &ids[..4]), (4, &ids[4..5]), (5, &ids[5..6]), (6, &ids[6..])] {
             let t = chunk.len();
             let input = Tensor::<Cpu, 2, Int>::from_data(TensorData::new(chunk.to_vec(), [1, t]), &m.device());
-            let layout = Layout { pads: vec![0], start, len: t };
+            let layout = Layout { start, ..Layout::dense(1, t) };
             let h = m.forward_hidden(input, &m.layout_tensors(&layout), Some(&mut cache));
             hidden = Some(h.slice([0..1, t - 1..t, 0..32]).reshape([1, 32]));
         }

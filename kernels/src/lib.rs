@@ -280,3 +280,119 @@ simd_kernel! {
         }
     }
 }
+
+// --- bf16 weights ----------------------------------------------------------------------------
+
+/// A bf16 number (its bits) as f32: exact, bf16 being f32's upper half.
+#[inline(always)]
+fn bf16_to_f32(bits: u16) -> f32 {
+    f32::from_bits((bits as u32) << 16)
+}
+
+/// Columns of a [`bf16_matmul_rows`] tile: two AVX2 registers, one AVX-512 register.
+const TILE_COLS: usize = 16;
+
+/// `out[r][c] = Σ_i x[r][i] · w[i][c]` for `R` rows and `TILE_COLS` columns, the weights read
+/// once as bf16 and widened in registers.
+#[inline(always)]
+fn bf16_tile<const R: usize>(x: &[f32], k: usize, w: &[u16], n: usize, col: usize) -> [[f32; TILE_COLS]; R] {
+    let mut acc = [[0f32; TILE_COLS]; R];
+    for i in 0..k {
+        let row: &[u16; TILE_COLS] = w[i * n + col..i * n + col + TILE_COLS].try_into().expect("a full tile");
+        let mut wf = [0f32; TILE_COLS];
+        for c in 0..TILE_COLS {
+            wf[c] = bf16_to_f32(row[c]);
+        }
+        for r in 0..R {
+            let xv = x[r * k + i];
+            for c in 0..TILE_COLS {
+                acc[r][c] = xv.mul_add(wf[c], acc[r][c]);
+            }
+        }
+    }
+    acc
+}
+
+/// Rows `x` (`rows × k`, row-major) times the columns `cols` of the bf16 matrix `w` (`k × n`,
+/// row-major): `out` is `rows × cols.len()`, row-major. Every weight is read from memory once
+/// per four rows at half f32's bytes, which is what decoding waits on.
+#[inline(always)]
+fn bf16_matmul_rows_body(x: &[f32], rows: usize, k: usize, w: &[u16], n: usize, cols: (usize, usize), out: &mut [f32]) {
+    let (first, end) = cols;
+    let width = end - first;
+    let mut col = first;
+    while col + TILE_COLS <= end {
+        let mut r = 0;
+        while r < rows {
+            let x = &x[r * k..];
+            let at = r * width + col - first;
+            macro_rules! tile {
+                ($n:literal) => {{
+                    for (j, acc) in bf16_tile::<$n>(x, k, w, n, col).iter().enumerate() {
+                        out[at + j * width..at + j * width + TILE_COLS].copy_from_slice(acc);
+                    }
+                    r += $n;
+                }};
+            }
+            match rows - r {
+                1 => tile!(1),
+                2 => tile!(2),
+                3 => tile!(3),
+                _ => tile!(4),
+            }
+        }
+        col += TILE_COLS;
+    }
+    // The last columns, fewer than a tile.
+    for r in 0..rows {
+        for c in col..end {
+            let mut s = 0f32;
+            for i in 0..k {
+                s = x[r * k + i].mul_add(bf16_to_f32(w[i * n + c]), s);
+            }
+            out[r * width + c - first] = s;
+        }
+    }
+}
+
+simd_kernel! {
+    /// `out = x · w[:, cols]` for rows `x` (`rows × k`, row-major) and a bf16 matrix `w`
+    /// (`k × n`, row-major, as its bits), `out` being `rows × (cols.1 − cols.0)` row-major; the
+    /// products are accumulated in f32.
+    pub fn bf16_matmul_rows(x: &[f32], rows: usize, k: usize, w: &[u16], n: usize, cols: (usize, usize), out: &mut [f32]) {
+        assert!(x.len() >= rows * k && w.len() >= k * n && cols.0 <= cols.1 && cols.1 <= n);
+        assert!(out.len() >= rows * (cols.1 - cols.0));
+        bf16_matmul_rows_body(x, rows, k, w, n, cols, out)
+    }
+}
+
+/// `Σ_i x[i] · w[i]` over a bf16 row, with [`LANES`] partial sums.
+#[inline(always)]
+fn bf16_dot(x: &[f32], w: &[u16]) -> f32 {
+    let mut acc = [0f32; LANES];
+    let (cx, cw) = (x.chunks_exact(LANES), w.chunks_exact(LANES));
+    let rest: f32 = cx.remainder().iter().zip(cw.remainder()).map(|(&a, &b)| a * bf16_to_f32(b)).sum();
+    for (a, b) in cx.zip(cw) {
+        for l in 0..LANES {
+            acc[l] = a[l].mul_add(bf16_to_f32(b[l]), acc[l]);
+        }
+    }
+    acc.iter().sum::<f32>() + rest
+}
+
+simd_kernel! {
+    /// `out = x · w[cols, :]ᵀ` for rows `x` (`rows × k`, row-major) and a bf16 matrix `w`
+    /// (`n × k`, row-major, as its bits: an LM head read through its embedding, or the rollout
+    /// copy's weights), `out` being `rows × (cols.1 − cols.0)` row-major; the products are
+    /// accumulated in f32. Each column's weights are read once, as one contiguous run.
+    pub fn bf16_matmul_cols(x: &[f32], rows: usize, k: usize, w: &[u16], cols: (usize, usize), out: &mut [f32]) {
+        let width = cols.1 - cols.0;
+        assert!(x.len() >= rows * k && w.len() >= cols.1 * k && out.len() >= rows * width);
+        for c in cols.0..cols.1 {
+            let wrow = &w[c * k..(c + 1) * k];
+            for r in 0..rows {
+                out[r * width + c - cols.0] = bf16_dot(&x[r * k..(r + 1) * k], wrow);
+            }
+        }
+    }
+}

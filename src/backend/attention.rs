@@ -33,6 +33,13 @@ use crate::dtype::ComputeDtype;
 /// and keys after the block's last query are skipped.
 const QUERY_BLOCK: usize = 64;
 
+/// The KV cache's dtype: the attention's ([`ComputeDtype::attention`]), except on the CPU
+/// backend, whose fused kernels read f32 (a bf16 cache sent decoding to burn's generic ops,
+/// which copy the cache to f32 at every step and layer).
+pub fn cache_dtype<B: Backend>(compute: ComputeDtype) -> crate::dtype::Dtype {
+    if cpu_backend::<B>(&[]).is_some() { crate::dtype::Dtype::F32 } else { compute.attention() }
+}
+
 /// Multiply-adds below which inference runs its blocks on the calling thread.
 const PARALLEL_WORK: usize = 1 << 18;
 
@@ -43,7 +50,7 @@ const PARALLEL_WORK: usize = 1 << 18;
 /// `[batch, t, heads·head_dim]`.
 ///
 /// The generic path multiplies in [`ComputeDtype::attention`] (softmax in f32); the CPU path
-/// computes in f32 (and takes the generic path for a bf16 KV cache).
+/// computes in f32, and keeps its KV cache in f32 ([`cache_dtype`]).
 ///
 /// Precondition of the CPU path: the query at slot `keys − t + i` sees no later key (true of
 /// every layout in [`crate::model::layout`]).

@@ -3,8 +3,8 @@
 //! that test builds, which compile this crate at opt-level 1, still compile them vectorised.
 
 pub use hacpo_kernels::{
-    AdamWStep, adamw, add_into, neg_scaled_softmax, rms_norm, rms_norm_backward, scaled_logsumexp, silu_mul,
-    silu_mul_backward, softmax, softmax_backward,
+    AdamWStep, adamw, add_into, bf16_matmul_cols, bf16_matmul_rows, neg_scaled_softmax, rms_norm, rms_norm_backward,
+    scaled_logsumexp, silu_mul, silu_mul_backward, softmax, softmax_backward,
 };
 
 #[cfg(test)]

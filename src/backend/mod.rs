@@ -7,6 +7,7 @@
 //! [`with_backend!`](crate::with_backend) and stay generic below.
 
 pub mod attention;
+pub mod bf16_matmul;
 pub mod flex_fast;
 pub mod fused;
 pub mod kernels;

@@ -14,18 +14,21 @@
 //! reach the f32 weights through the casts. Sampling and scoring read [`rollout_copy`], the
 //! policy with every weight stored in the compute dtype once, so decoding does not cast the
 //! whole model per token; the KL reference is stored the same way, and with bf16 the KV
-//! cache too ([`ComputeDtype::attention`]). The CPU's fused attention computes in f32.
+//! cache too ([`ComputeDtype::attention`]; f32 on the CPU, whose fused attention computes in
+//! f32). On the CPU the rollout copy's bf16 weights are read as stored by
+//! [`crate::backend::bf16_matmul`].
 //! f16 training scales the loss ([`crate::train::loss_scale`]) so that small gradients stay
 //! within f16's range; bf16 has f32's range and needs no scaling.
 //!
-//! Where it is available: CUDA (bf16, f16), the CPU backend (both; burn-flex has half-precision
-//! GEMMs but no faster than f32 ones, so on the CPU this is for checking, not speed), wgpu f16
+//! Where it is available: CUDA (bf16, f16), the CPU backend (both; faster than f32 only for
+//! decoding a few sequences in bf16, see [`ComputeDtype::speed_warning`]), wgpu f16
 //! only: WGSL has no bf16 type, and cubecl-wgpu 0.10 does not fail on one but computes
 //! garbage, so the config refuses it there.
 
 use burn::module::Param;
 use burn::tensor::{Tensor, backend::Backend};
 
+use crate::backend::bf16_matmul;
 use crate::dtype::{ComputeDtype, Dtype, FrozenDtype};
 
 use super::transformer::CausalLm;
@@ -47,7 +50,21 @@ pub fn rollout_copy<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
     }
     // Adapters run in f32 (see `Linear::forward`).
     let dtype = model.compute;
-    cast_params(model, dtype, |name, _| !name.contains(".lora_"))
+    let model = cast_params(model, dtype, |name, _| !name.contains(".lora_"));
+    if dtype != Dtype::Bf16 {
+        return model;
+    }
+    // The CPU's bf16 product reads each output's weights as one run.
+    struct Relayout;
+    impl<B: Backend> ParamVisitor<B> for Relayout {
+        fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+            p
+        }
+        fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, stored_transposed: bool) -> Param<Tensor<B, 2>> {
+            if stored_transposed && !name.contains(".lora_") { p.map(bf16_matmul::for_decoding) } else { p }
+        }
+    }
+    walk_params(model, &mut Relayout)
 }
 
 /// `model` with every weight that does not train (no gradient required) stored as `dtype`.
@@ -82,6 +99,7 @@ mod tests {
 
     use super::*;
     use crate::backend::Cpu;
+    use crate::backend::flex_fast::without_fast_paths;
     use crate::model::lora::tests::{logits, logits_tensor, max_diff, model};
     use crate::model::lora::{LoraConfig, attach};
     use burn::tensor::DType;
@@ -201,13 +219,18 @@ mod tests {
     }
 
     #[test]
-    fn decoding_through_a_bf16_kv_cache_stays_within_bf16_rounding_of_the_uncached_forward() {
+    fn decoding_through_the_kv_cache_stays_within_the_compute_dtypes_rounding_of_the_uncached_forward() {
         let ids = [5i64, 9, 1, 33, 60, 2, 17];
         for (dtype, tolerance) in [(ComputeDtype::F32, 1e-5), (ComputeDtype::Bf16, 5e-2)] {
             let m = rollout_copy(set_compute(model::<Cpu>(false), dtype));
-            let whole = logits(&m);
-            let d = max_diff(&cached_last_logits(&m, &ids), &whole[6 * 64..]);
-            assert!(d < tolerance, "{dtype:?}: cached decoding differs by {d}");
+            // The CPU's own bf16 products with an f32 cache, and burn's generic ops with a
+            // bf16 cache (the GPUs' path).
+            for generic in [false, true] {
+                let run = || (logits(&m), cached_last_logits(&m, &ids));
+                let (whole, cached) = if generic { without_fast_paths(run) } else { run() };
+                let d = max_diff(&cached, &whole[6 * 64..]);
+                assert!(d < tolerance, "{dtype:?}, generic ops {generic}: cached decoding differs by {d}");
+            }
         }
     }
 

@@ -32,6 +32,7 @@ use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
+use crate::backend::bf16_matmul;
 use crate::dtype::ComputeDtype;
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
@@ -51,7 +52,7 @@ impl<B: Backend> Linear<B> {
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
         // GEMM per batch row and sum them.
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
-        let mut y = compute.matmul(x2.clone(), self.weight.val());
+        let mut y = bf16_matmul::product(compute, x2.clone(), self.weight.val());
         if let Some(adapter) = &self.lora {
             y = y + adapter.forward(x2);
         }
@@ -115,8 +116,12 @@ impl<B: Backend> Attention<B> {
         let k = apply_rope(k, &layout.key).swap_dims(1, 2);
 
         let (k, v) = match cache {
-            // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read.
-            Some((cache, layer, start)) => cache.append(layer, start, c.attention().cast(k), c.attention().cast(v)),
+            // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read
+            // (f32 on the CPU, whose attention reads f32).
+            Some((cache, layer, start)) => {
+                let dtype = crate::backend::attention::cache_dtype::<B>(c);
+                cache.append(layer, start, dtype.cast(k), dtype.cast(v))
+            }
             None => (k, v),
         };
         let out = crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c);
@@ -245,6 +250,6 @@ impl<B: Backend> CausalLm<B> {
     /// Logits `[n, vocab]` for hidden states `[n, hidden]`. Callers select the rows they need
     /// first: full-sequence logits for a 152k vocabulary would not fit in memory.
     pub fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        self.compute.matmul(hidden, self.lm_head_weight().transpose())
+        bf16_matmul::product(self.compute, hidden, self.lm_head_weight().transpose())
     }
 }

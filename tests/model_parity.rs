@@ -5,7 +5,7 @@ mod common;
 
 use common::{device, fixture, full_logits, max_abs_diff, reference};
 use hacpo::backend::Cpu;
-use hacpo::generate::{FinishReason, GenerateRequest, SamplingParams, generate, score};
+use hacpo::generate::{Completion, FinishReason, GenerateRequest, SamplingParams, generate, score};
 use hacpo::model::{CausalLm, SaveDtype, load_model_dir, save_model};
 
 const FIXTURES: [&str; 4] = ["llama31-tiny", "llama32-tiny", "qwen2-tiny", "qwen3-tiny"];
@@ -102,18 +102,28 @@ fn prompts_that_repeat_or_begin_alike_generate_what_each_does_alone() {
             assert_eq!(c.token_ids, cases[c.prompt_index].1[..new], "{name}: prompt {}", c.prompt_index);
         }
         // Sampled, the log-probs are those of each prompt generated alone.
-        let params = SamplingParams { temperature: 0.8, top_p: 1.0, top_k: 0, max_new_tokens: 8, seed: 5 };
-        let mut req = GenerateRequest::new(&prompts, params);
+        let mut req = GenerateRequest::new(&prompts, sampling(8, 5));
         req.num_samples = 2;
-        let (out, _) = generate(&model, &req).unwrap();
-        let pairs: Vec<(Vec<u32>, Vec<u32>)> =
-            out.iter().map(|c| (prompts[c.prompt_index].clone(), c.token_ids.clone())).collect();
-        let scored = score::score(&model, &pairs, 0.8).unwrap();
-        for (c, s) in out.iter().zip(&scored) {
-            let d = max_abs_diff(&c.logprobs, s);
-            assert!(d < 1e-4, "{name}: prompt {} sample {}: log-probs differ by {d}", c.prompt_index, c.sample_index);
-        }
+        sample_as_scored(&model, &req, name);
     }
+}
+
+/// Sampling at temperature 0.8 with `max_new_tokens` and `seed`.
+fn sampling(max_new_tokens: usize, seed: u64) -> SamplingParams {
+    SamplingParams { temperature: 0.8, top_p: 1.0, top_k: 0, max_new_tokens, seed }
+}
+
+/// Generates `req` and checks each sample's log-probs against teacher-forced scoring.
+fn sample_as_scored(model: &CausalLm<Cpu>, req: &GenerateRequest<'_>, name: &str) -> Vec<Completion> {
+    let (out, _) = generate(model, req).unwrap();
+    let pairs: Vec<(Vec<u32>, Vec<u32>)> =
+        out.iter().map(|c| (req.prompts[c.prompt_index].clone(), c.token_ids.clone())).collect();
+    let scored = score::score(model, &pairs, req.params.temperature).unwrap();
+    for (c, s) in out.iter().zip(&scored) {
+        let d = max_abs_diff(&c.logprobs, s);
+        assert!(d < 1e-4, "{name}: prompt {} sample {}: log-probs differ by {d}", c.prompt_index, c.sample_index);
+    }
+    out
 }
 
 #[test]
@@ -139,17 +149,9 @@ fn scoring_matches_reference_log_softmax() {
 fn generation_logprobs_agree_with_scoring() {
     let model = load("qwen3-tiny");
     let prompts = vec![vec![5u32, 17, 99, 3], vec![42u32]];
-    let params = SamplingParams { temperature: 0.8, top_p: 1.0, top_k: 0, max_new_tokens: 12, seed: 3 };
-    let mut req = GenerateRequest::new(&prompts, params);
+    let mut req = GenerateRequest::new(&prompts, sampling(12, 3));
     req.num_samples = 3;
-    let (out, _) = generate(&model, &req).unwrap();
-    let pairs: Vec<(Vec<u32>, Vec<u32>)> =
-        out.iter().map(|c| (prompts[c.prompt_index].clone(), c.token_ids.clone())).collect();
-    let scored = score::score(&model, &pairs, 0.8).unwrap();
-    for (c, s) in out.iter().zip(&scored) {
-        let d = max_abs_diff(&c.logprobs, s);
-        assert!(d < 1e-4, "sampling log-probs differ from teacher-forced scoring by {d}");
-    }
+    let out = sample_as_scored(&model, &req, "qwen3-tiny");
     // Same seed → same samples; another seed → different ones.
     let (again, _) = generate(&model, &req).unwrap();
     assert_eq!(again, out);

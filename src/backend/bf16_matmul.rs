@@ -71,8 +71,14 @@ pub fn matmul<B: Backend, const D: usize>(
     let n = b.layout().shape()[1];
     let x: Vec<f32> = elems(&contiguous(&a)).iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
     // The dot-product kernel reads every row of `x` again for each column: few rows only.
-    let rows = if bits(&b).is_some_and(|(_, rows)| !rows) { DOT_ROWS } else { TILED_ROWS };
-    let mut out = if m <= rows { tiled(&x, m, k, &b, n) } else { widened(x, m, k, b, n) };
+    // Any other layout is read from a row-major copy.
+    let b = if bits(&b).is_some() { b } else { contiguous(&b) };
+    let (w, rows) = bits(&b).expect("a contiguous tensor is row-major");
+    let mut out = if m <= if rows { TILED_ROWS } else { DOT_ROWS } {
+        tiled(&x, m, k, w, rows, n)
+    } else {
+        widened(x, m, k, w, rows, n)
+    };
     out.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32());
     Ok(tensor::<B, D, _>(FlexTensor::from_data(TensorData::new(out, [m, n]))))
 }
@@ -92,16 +98,8 @@ fn bits(b: &FlexTensor) -> Option<(&[u16], bool)> {
     Some((&all[layout.start_offset()..][..k * n], rows))
 }
 
-/// `x · b` tile by tile, the columns split over the threads.
-fn tiled(x: &[f32], m: usize, k: usize, b: &FlexTensor, n: usize) -> Vec<f32> {
-    let copy;
-    let (w, rows) = match bits(b) {
-        Some(found) => found,
-        None => {
-            copy = contiguous(b);
-            bits(&copy).expect("a contiguous copy is row-major")
-        }
-    };
+/// `x · w` tile by tile (`w` as [`bits`] reads it), the columns split over the threads.
+fn tiled(x: &[f32], m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<f32> {
     let tasks: Vec<(usize, usize)> = (0..n).step_by(TASK_COLS).map(|c| (c, (c + TASK_COLS).min(n))).collect();
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
@@ -124,16 +122,8 @@ fn tiled(x: &[f32], m: usize, k: usize, b: &FlexTensor, n: usize) -> Vec<f32> {
     out
 }
 
-/// `x · b` through the f32 GEMM, `b`'s elements widened to f32 in the order they are stored.
-fn widened(x: Vec<f32>, m: usize, k: usize, b: FlexTensor, n: usize) -> Vec<f32> {
-    let copy;
-    let (w, rows) = match bits(&b) {
-        Some(found) => found,
-        None => {
-            copy = contiguous(&b);
-            bits(&copy).expect("a contiguous copy is row-major")
-        }
-    };
+/// `x · w` through the f32 GEMM, `w`'s elements widened to f32 in the order they are stored.
+fn widened(x: Vec<f32>, m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<f32> {
     let mut wide = vec![0f32; k * n];
     wide.par_chunks_mut(1 << 16).zip(w.par_chunks(1 << 16)).for_each(|(wide, w)| {
         wide.iter_mut().zip(w).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));

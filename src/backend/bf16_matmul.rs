@@ -3,21 +3,30 @@
 //! burn-flex multiplies bf16 tensors by copying both operands to f32 (a strided view, such as
 //! the LM head read through its embedding, first to a contiguous copy), running the f32 GEMM
 //! and rounding the result: decoding SmolLM2-135M one token at a time ran at a tenth of f32's
-//! speed, the whole model copied per token. Here the rollout copy's bf16 weights are read as
-//! they are stored, at half f32's bytes, which is what decoding waits on; a batch of many rows
-//! (a prefill) widens the weights once and runs the f32 GEMM. The numbers are burn-flex's:
-//! the activations rounded to bf16, products accumulated in f32, the result rounded to bf16
-//! (returned in f32), only the order of the sums differs.
+//! speed, the whole model copied per token, and a bf16 train step at 0.6× f32's. Here the
+//! bf16 operands are read as they are stored, at half f32's bytes:
 //!
-//! Inference only (the plain CPU backend); training's bf16 matmuls take burn's ops.
+//! - on a CPU with AVX512-BF16, every product (prefill, decoding, and training forward and
+//!   backward through [`PairProduct`]) runs through `vdpbf16ps`, which multiplies pairs of
+//!   bf16 numbers at twice the rate of f32 FMAs (`hacpo_kernels::bf16_dot_products`);
+//! - elsewhere, decoding's few rows read the weights as bf16 tile by tile, a prefill's many
+//!   rows widen them once for the f32 GEMM, and training takes burn's ops.
+//!
+//! The numbers are burn-flex's: the operands rounded to bf16, products accumulated in f32, the
+//! result rounded to bf16 (returned in f32); only the order of the sums differs.
+
+use std::sync::Arc;
 
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
+use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use half::bf16;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex, tensor};
+use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
 use super::kernels;
 use crate::dtype::ComputeDtype;
 
@@ -27,8 +36,13 @@ const TILED_ROWS: usize = 64;
 /// Rows up to which a weight stored as the transpose of `[n, k]` is read as bf16, one column
 /// after the other; above, through the f32 GEMM.
 const DOT_ROWS: usize = 4;
-/// Columns per parallel task of the tiled product (a multiple of its 16-column tiles).
+/// Columns per parallel task of the tiled product (a multiple of its 16-column tiles), and of
+/// the pair products (whose task's weights, 256 × k bf16, then stay in L2).
 const TASK_COLS: usize = 256;
+/// Rows up to which the pair products split their work over the threads by columns (decoding:
+/// too few rows to split); above, by rows, at most this many per task.
+const PAIR_ROWS_BY_COLUMNS: usize = 16;
+const TASK_ROWS: usize = 128;
 
 /// `a · b` multiplied in `compute` ([`ComputeDtype::matmul`]), bf16 on the CPU backend by this
 /// module's path, returned in f32.
@@ -36,22 +50,34 @@ pub fn product<B: Backend, const D: usize>(compute: ComputeDtype, a: Tensor<B, D
     if compute != ComputeDtype::Bf16 {
         return compute.matmul(a, b);
     }
+    if D == 2 && pair_products() && cpu_backend::<B>(&[a.dtype(), b.dtype()]) == Some(CpuBackend::Autodiff) {
+        return trained(a, b);
+    }
     match matmul(a, compute.cast(b)) {
         Ok(y) => y,
         Err((a, b)) => compute.matmul(a, b),
     }
 }
 
-/// `w` (`[in, out]`) holding the same values, read through the transpose of an `[out, in]`
-/// buffer on the CPU backend: each output's weights are then contiguous, which is how the
-/// decoding product streams them fastest (a stored `[in, out]` weight is read 32 bytes per
-/// row, and decoding SmolLM2-135M ran no faster in bf16 than in f32). Other backends' tensors
-/// are returned as they are.
+/// `w` (`[k, n]`) holding the same values, read through the transpose of an `[n, k]` buffer
+/// on the CPU backend: each output's weights are then contiguous, which is how the products
+/// here read them fastest (decoding streams them; the pair products need no copy). The
+/// rollout copy's linear weights (stored `[in, out]`, read 32 bytes per row, decoding
+/// SmolLM2-135M ran no faster in bf16 than in f32) and the LM head's gradient product take
+/// it. Other backends' tensors are returned as they are.
 pub fn for_decoding<B: Backend>(w: Tensor<B, 2>) -> Tensor<B, 2> {
     if cpu_backend::<B>(&[]) != Some(CpuBackend::Plain) {
         return w;
     }
-    tensor::<B, 2, _>(flex(w).transpose(0, 1).to_contiguous().transpose(0, 1))
+    let is_bf16 = w.dtype() == DType::BF16;
+    let w = flex(w);
+    if let Some((bits, true)) = is_bf16.then(|| bits(&w)).flatten() {
+        // A bf16 `[k, n]` in rows: the blocked transpose (burn's copy goes element by element).
+        let [k, n] = [w.layout().shape()[0], w.layout().shape()[1]];
+        let t: Vec<bf16> = bytemuck::cast_vec(transpose_bits(bits, k, n));
+        return tensor::<B, 2, _>(FlexTensor::from_data(TensorData::new(t, [n, k])).transpose(0, 1));
+    }
+    tensor::<B, 2, _>(w.transpose(0, 1).to_contiguous().transpose(0, 1))
 }
 
 /// `a · b` in bf16 for `a: [m, k]` in f32 and a bf16 `b: [k, n]` (stored so, or a transposed
@@ -69,17 +95,30 @@ pub fn matmul<B: Backend, const D: usize>(
     let (a, b) = (flex(a), flex(b));
     let [m, k] = [a.layout().shape()[0], a.layout().shape()[1]];
     let n = b.layout().shape()[1];
-    let x: Vec<f32> = elems(&contiguous(&a)).iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
-    // The dot-product kernel reads every row of `x` again for each column: few rows only.
-    // Any other layout is read from a row-major copy.
+    // Any layout but the two is read from a row-major copy.
     let b = if bits(&b).is_some() { b } else { contiguous(&b) };
     let (w, rows) = bits(&b).expect("a contiguous tensor is row-major");
-    let mut out = if m <= if rows { TILED_ROWS } else { DOT_ROWS } {
-        tiled(&x, m, k, w, rows, n)
+    let out = if pair_products() {
+        // Each output's weights in one contiguous run, as the rollout copy stores them.
+        let transposed;
+        let bt = if rows {
+            transposed = transpose_bits(w, k, n);
+            &transposed[..]
+        } else {
+            w
+        };
+        dot_products(&rounded_rows(&a), m, k, bt, n)
     } else {
-        widened(x, m, k, w, rows, n)
+        let x: Vec<f32> = elems(&contiguous(&a)).iter().map(|&v| bf16::from_f32(v).to_f32()).collect();
+        let mut out = if m <= if rows { TILED_ROWS } else { DOT_ROWS } {
+            // The dot-product kernel reads every row of `x` again for each column: few rows only.
+            tiled(&x, m, k, w, rows, n)
+        } else {
+            widened(x, m, k, w, rows, n)
+        };
+        round_to_bf16(&mut out);
+        out
     };
-    out.iter_mut().for_each(|v| *v = bf16::from_f32(*v).to_f32());
     Ok(tensor::<B, D, _>(FlexTensor::from_data(TensorData::new(out, [m, n]))))
 }
 
@@ -96,6 +135,190 @@ fn bits(b: &FlexTensor) -> Option<(&[u16], bool)> {
     }
     let all: &[u16] = bytemuck::cast_slice(b.storage::<bf16>());
     Some((&all[layout.start_offset()..][..k * n], rows))
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Set by tests to run the portable kernels on a CPU that has AVX512-BF16.
+    static PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether products go through AVX512-BF16's pair products ([`dot_products`]).
+fn pair_products() -> bool {
+    #[cfg(test)]
+    if PORTABLE.with(|p| p.get()) {
+        return false;
+    }
+    kernels::bf16_dot_instructions()
+}
+
+/// `x · btᵀ` rounded to bf16 (in f32), for `x` (`[m, k]`) and `bt` (`[n, k]`) row-major bf16
+/// bits, through AVX512-BF16's pair products. A prefill's many rows are split over the threads
+/// by rows, each task writing its rows of the result and rounding them while they are in
+/// cache; decoding's few rows by columns.
+fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32> {
+    if m * k * n == 0 {
+        return vec![0f32; m * n];
+    }
+    let mut out = vec![0f32; m * n];
+    if m > PAIR_ROWS_BY_COLUMNS {
+        let rows = m.div_ceil(4 * rayon::current_num_threads()).clamp(16, TASK_ROWS);
+        out.par_chunks_mut(rows * n).zip(xb.par_chunks(rows * k)).for_each(|(out, xb)| {
+            let rows = xb.len() / k;
+            for first in (0..n).step_by(TASK_COLS) {
+                let cols = (first, (first + TASK_COLS).min(n));
+                kernels::bf16_dot_products(xb, k, rows, k, bt, cols, &mut out[first..], n);
+            }
+            round_to_bf16(out);
+        });
+        return out;
+    }
+    let tasks: Vec<(usize, usize)> = (0..n).step_by(TASK_COLS).map(|c| (c, (c + TASK_COLS).min(n))).collect();
+    let parts: Vec<Vec<f32>> = tasks
+        .par_iter()
+        .map(|&cols| {
+            let width = cols.1 - cols.0;
+            let mut part = vec![0f32; m * width];
+            kernels::bf16_dot_products(xb, k, m, k, bt, cols, &mut part, width);
+            round_to_bf16(&mut part);
+            part
+        })
+        .collect();
+    for (&(first, end), part) in tasks.iter().zip(&parts) {
+        for (r, row) in part.chunks_exact(end - first).enumerate() {
+            out[r * n + first..r * n + end].copy_from_slice(row);
+        }
+    }
+    out
+}
+
+/// Each value to its nearest bf16 number (ties to even), kept in f32.
+fn round_to_bf16(values: &mut [f32]) {
+    values.par_chunks_mut(1 << 16).for_each(kernels::bf16_round);
+}
+
+/// The f32 matrix `a` (`[m, k]`) rounded to bf16, as row-major bits; a transposed view (an LM
+/// head's gradient reads its logits' gradient so) through a blocked transpose of the bits,
+/// not burn's element-by-element copy.
+fn rounded_rows(a: &FlexTensor) -> Vec<u16> {
+    let layout = a.layout();
+    let (m, k) = (layout.shape()[0], layout.shape()[1]);
+    if layout.strides() == [1, m as isize] {
+        let all = &a.storage::<f32>()[layout.start_offset()..][..m * k];
+        return transpose_bits(&bf16_bits(all), k, m);
+    }
+    bf16_bits(elems(&contiguous(a)))
+}
+
+/// `values` rounded to bf16 (ties to even), as bits.
+fn bf16_bits(values: &[f32]) -> Vec<u16> {
+    let mut bits = vec![0u16; values.len()];
+    bits.par_chunks_mut(1 << 16).zip(values.par_chunks(1 << 16)).for_each(|(bits, values)| {
+        kernels::bf16_round_bits(values, bits);
+    });
+    bits
+}
+
+/// `w` (`[k, n]` row-major bits) as `[n, k]` row-major, 32 × 32 blocks at a time (a column
+/// walk through a large `w` misses the cache on every element).
+fn transpose_bits(w: &[u16], k: usize, n: usize) -> Vec<u16> {
+    const BLOCK: usize = 32;
+    let mut t = vec![0u16; k * n];
+    if k * n == 0 {
+        return t;
+    }
+    t.par_chunks_mut(BLOCK * k).enumerate().for_each(|(block, t)| {
+        let (first, cols) = (block * BLOCK, t.len() / k);
+        for i0 in (0..k).step_by(BLOCK) {
+            for i in i0..(i0 + BLOCK).min(k) {
+                for (c, &v) in w[i * n + first..i * n + first + cols].iter().enumerate() {
+                    t[c * k + i] = v;
+                }
+            }
+        }
+    });
+    t
+}
+
+// --- training: bf16 products with their backward ---------------------------------------------
+
+/// `a · b` in bf16 on the CPU autodiff backend, for `a: [m, k]` and the f32 master weight
+/// `b: [k, n]`, with its backward as one op: the same numbers as burn's ops on the bf16 casts
+/// (operands and incoming gradient rounded to bf16, products accumulated in f32, each product
+/// rounded to bf16), all three products through the pair products. burn's ops copy each bf16
+/// operand to f32 for the f32 GEMM, forward and backward, and a bf16 train step ran at 0.6×
+/// f32's speed.
+fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+    let (a, b) = (ad(a), ad(b));
+    let x = contiguous(&a.primitive);
+    let (shape_a, shape_b) = (x.layout().shape(), b.primitive.layout().shape());
+    let (m, k, n) = (shape_a[0], shape_a[1], shape_b[1]);
+    let xb = bf16_bits(elems(&x));
+    // The weight rounded, in both layouts: `[n, k]` for this product, `[k, n]` for the
+    // inputs' gradient.
+    let (w_rows, w_cols) = match bits_of_f32(&b.primitive) {
+        (w, true) => {
+            let t = transpose_bits(&w, k, n);
+            (w, t)
+        }
+        (w, false) => (transpose_bits(&w, n, k), w),
+    };
+    let out = dot_products(&xb, m, k, &w_cols, n);
+    let out = FlexTensor::from_data(TensorData::new(out, [m, n]));
+    let state = Arc::new(PairProductState { xb, w_rows, m, k, n });
+    let out = match PairProduct.prepare::<NoCheckpointing>([a.node.clone(), b.node.clone()]).compute_bound().stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish(state, out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    };
+    tensor::<B, D, _>(out)
+}
+
+/// An f32 matrix `[k, n]` rounded to bf16 bits, and whether they are `[k, n]` row-major (else
+/// `[n, k]` row-major: the matrix was a transposed view, read without a copy).
+fn bits_of_f32(w: &FlexTensor) -> (Vec<u16>, bool) {
+    let layout = w.layout();
+    let (shape, strides) = (layout.shape(), layout.strides());
+    if strides == [1, shape[0] as isize] {
+        let all = &w.storage::<f32>()[layout.start_offset()..][..shape[0] * shape[1]];
+        return (bf16_bits(all), false);
+    }
+    (bf16_bits(elems(&contiguous(w))), true)
+}
+
+#[derive(Debug)]
+struct PairProductState {
+    /// The inputs rounded, `[m, k]`.
+    xb: Vec<u16>,
+    /// The weight rounded, `[k, n]`.
+    w_rows: Vec<u16>,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+#[derive(Debug)]
+struct PairProduct;
+
+impl Backward<Cpu, 2> for PairProduct {
+    type State = Arc<PairProductState>;
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let PairProductState { xb, w_rows, m, k, n } = &*ops.state;
+        let (m, k, n) = (*m, *k, *n);
+        let dy = bf16_bits(elems(&contiguous(&grads.consume::<Cpu>(&ops.node))));
+        let [node_x, node_w] = ops.parents;
+        if let Some(node) = node_x {
+            // dx = dy · wᵀ: `w` `[k, n]` is already the transposed operand the kernel reads.
+            let dx = dot_products(&dy, m, n, w_rows, k);
+            grads.register::<Cpu>(node.id, FlexTensor::from_data(TensorData::new(dx, [m, k])));
+        }
+        if let Some(node) = node_w {
+            // dw = xᵀ · dy, both transposed so that the sum over the rows runs along memory.
+            let dw = dot_products(&transpose_bits(xb, m, k), k, m, &transpose_bits(&dy, m, n), n);
+            grads.register::<Cpu>(node.id, FlexTensor::from_data(TensorData::new(dw, [k, n])));
+        }
+    }
 }
 
 /// `x · w` tile by tile (`w` as [`bits`] reads it), the columns split over the threads.
@@ -152,25 +375,106 @@ mod tests {
     fn bf16_products_match_burns_for_every_layout_and_size() {
         let dev = Default::default();
         let u = Distribution::Uniform(-1.0, 1.0);
-        // Rows for the tiles (1, 3: a partial row group, 5) and for the GEMM; columns that do
-        // and do not fill the last tile and task.
-        for (m, k, n) in [(1, 40, 16), (3, 33, 45), (5, 64, 300), (70, 24, 37), (2, 7, 1)] {
-            let a = Tensor::<Cpu, 2>::random([m, k], u, &dev);
+        // The pair products where the CPU has them, and the portable kernels everywhere.
+        let kernels: &[bool] = if kernels::bf16_dot_instructions() { &[false, true] } else { &[true] };
+        if !kernels::bf16_dot_instructions() {
+            eprintln!("this CPU has no AVX512-BF16: only the portable bf16 products are checked here");
+        }
+        // Rows for the tiles (1, 3: a partial row group, 5), for the GEMM and past a pair
+        // products' task (130); columns that do and do not fill the last tile and task; inner
+        // sizes with and without a last partial register of 32.
+        for (m, k, n) in [(1, 40, 16), (3, 33, 45), (5, 64, 300), (70, 24, 37), (2, 7, 1), (130, 70, 260)] {
+            // The inputs in rows, and read through a transpose (an LM head's gradient).
+            let (a, a_t) = (Tensor::<Cpu, 2>::random([m, k], u, &dev), Tensor::<Cpu, 2>::random([k, m], u, &dev));
             let stored = Tensor::<Cpu, 2>::random([k, n], u, &dev).cast(FloatDType::BF16);
             let embedding = Tensor::<Cpu, 2>::random([n, k], u, &dev).cast(FloatDType::BF16);
             let sliced = Tensor::<Cpu, 2>::random([k, n + 3], u, &dev).cast(FloatDType::BF16).slice([0..k, 2..n + 2]);
-            for (name, b) in
-                [("[k, n]", stored), ("[n, k] transposed", embedding.transpose()), ("a strided view", sliced)]
-            {
+            let cases = [
+                ("[k, n]", a.clone(), stored),
+                ("[n, k] transposed", a, embedding.transpose()),
+                ("a strided view, inputs transposed", a_t.transpose(), sliced),
+            ];
+            for (name, a, b) in cases {
                 let want = reference(a.clone(), b.clone());
-                let got: Vec<f32> =
-                    matmul(a.clone(), b).unwrap_or_else(|_| panic!("the CPU path")).into_data().to_vec().unwrap();
-                // Sums in another order may round to the neighbouring bf16 number, rarely.
-                let neighbours = want.iter().zip(&got).all(|(w, g)| (w - g).abs() <= w.abs() / 128.0 + 1e-30);
-                let same = want.iter().zip(&got).filter(|(w, g)| w == g).count();
-                assert!(neighbours, "{m}x{k}x{n}, {name}: beyond the neighbouring bf16 number");
-                assert!(same * 10 >= want.len() * 9, "{m}x{k}x{n}, {name}: {same} of {} equal", want.len());
-                assert!(got.iter().all(|v| bf16::from_f32(*v).to_f32() == *v), "{name}: not rounded to bf16");
+                for &portable in kernels {
+                    PORTABLE.with(|p| p.set(portable));
+                    let got = matmul(a.clone(), b.clone()).unwrap_or_else(|_| panic!("the CPU path"));
+                    PORTABLE.with(|p| p.set(false));
+                    let got: Vec<f32> = got.into_data().to_vec().unwrap();
+                    let name = format!("{m}x{k}x{n}, {name}, {}", if portable { "portable" } else { "pair products" });
+                    assert_bf16_close(&want, &got, k, &name);
+                    assert!(got.iter().all(|v| bf16::from_f32(*v).to_f32() == *v), "{name}: not rounded to bf16");
+                }
+            }
+        }
+    }
+
+    /// `want` and `got` equal or neighbouring bf16 numbers, mostly equal: sums of `inner`
+    /// products of numbers below 1 in another order round to the neighbour, rarely, and where
+    /// they cancel to almost nothing, differ by the f32 sums' rounding.
+    fn assert_bf16_close(want: &[f32], got: &[f32], inner: usize, name: &str) {
+        assert_eq!(want.len(), got.len(), "{name}");
+        let off = |w: f32, g: f32| (w - g).abs() - (w.abs() / 128.0).max(2e-6 * inner as f32);
+        let (worst, by) = want
+            .iter()
+            .zip(got)
+            .enumerate()
+            .fold((0, f32::MIN), |(i, by), (j, (&w, &g))| if off(w, g) > by { (j, off(w, g)) } else { (i, by) });
+        assert!(
+            by <= 0.0,
+            "{name}: [{worst}] {} against {}, beyond the neighbouring bf16 number",
+            got[worst],
+            want[worst]
+        );
+        let same = want.iter().zip(got).filter(|(w, g)| w == g).count();
+        assert!(same * 10 >= want.len() * 9, "{name}: {same} of {} equal", want.len());
+    }
+
+    #[test]
+    fn bf16_training_products_and_their_gradients_are_the_rounded_sums() {
+        type Ad = burn::backend::Autodiff<Cpu>;
+        let dev = Default::default();
+        let u = Distribution::Uniform(-1.0, 1.0);
+        if !kernels::bf16_dot_instructions() {
+            eprintln!("this CPU has no AVX512-BF16: bf16 training takes burn's ops, checked against the same sums");
+        }
+        let read = |t: Tensor<Cpu, 2>| t.into_data().to_vec::<f32>().unwrap();
+        let rounded = |v: &[f32]| v.iter().map(|&x| bf16::from_f32(x).to_f32() as f64).collect::<Vec<_>>();
+        // `Σ_t x[i, t] · y[t, j]` of the bf16-rounded operands, in f64, rounded to bf16: what a
+        // bf16 product with f32 sums gives, up to the sums' order.
+        let exact = |x: &[f64], y: &[f64], (rows, inner, cols): (usize, usize, usize)| -> Vec<f32> {
+            (0..rows * cols)
+                .map(|o| {
+                    let sum: f64 = (0..inner).map(|t| x[o / cols * inner + t] * y[t * cols + o % cols]).sum();
+                    bf16::from_f64(sum).to_f32()
+                })
+                .collect()
+        };
+        let transpose = |x: &[f64], rows: usize, cols: usize| -> Vec<f64> {
+            (0..rows * cols).map(|o| x[o % rows * cols + o / rows]).collect()
+        };
+        // A weight stored `[k, n]` (the linear layers) and read through a transpose (an LM head).
+        for (m, k, n) in [(3, 33, 45), (130, 70, 260), (17, 64, 8)] {
+            for transposed in [false, true] {
+                let (a, g) = (Tensor::<Ad, 2>::random([m, k], u, &dev), Tensor::<Ad, 2>::random([m, n], u, &dev));
+                let stored = Tensor::<Ad, 2>::random(if transposed { [n, k] } else { [k, n] }, u, &dev);
+                let (a, stored) = (a.require_grad(), stored.require_grad());
+                let w = if transposed { stored.clone().transpose() } else { stored.clone() };
+                let y = product(ComputeDtype::Bf16, a.clone(), w.clone());
+                let grads = (y.clone() * g.clone()).sum().backward();
+                let gw = stored.grad(&grads).unwrap();
+                let gw = if transposed { gw.transpose() } else { gw };
+                let got = [read(y.inner()), read(a.grad(&grads).unwrap()), read(gw)];
+                let (av, wv, gv) = (rounded(&read(a.inner())), rounded(&read(w.inner())), rounded(&read(g.inner())));
+                let want = [
+                    exact(&av, &wv, (m, k, n)),
+                    exact(&gv, &transpose(&wv, k, n), (m, n, k)),
+                    exact(&transpose(&av, m, k), &gv, (k, m, n)),
+                ];
+                let what = [("product", k), ("inputs' gradient", n), ("weight's gradient", m)];
+                for ((want, got), (what, inner)) in want.iter().zip(&got).zip(what) {
+                    assert_bf16_close(want, got, inner, &format!("{m}x{k}x{n}, transposed {transposed}: {what}"));
+                }
             }
         }
     }

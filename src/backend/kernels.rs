@@ -3,8 +3,9 @@
 //! that test builds, which compile this crate at opt-level 1, still compile them vectorised.
 
 pub use hacpo_kernels::{
-    AdamWStep, adamw, add_into, bf16_matmul_cols, bf16_matmul_rows, neg_scaled_softmax, rms_norm, rms_norm_backward,
-    scaled_logsumexp, silu_mul, silu_mul_backward, softmax, softmax_backward,
+    AdamWStep, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols, bf16_matmul_rows,
+    bf16_round, bf16_round_bits, neg_scaled_softmax, rms_norm, rms_norm_backward, scaled_logsumexp, silu_mul,
+    silu_mul_backward, softmax, softmax_backward,
 };
 
 #[cfg(test)]
@@ -92,6 +93,73 @@ mod tests {
                 let num = (loss(&x, &wp) - loss(&x, &wm)) / (2.0 * h as f64);
                 assert!((dw[i] as f64 - num).abs() < 2e-3, "n {n} dw {i}: {} vs {num}", dw[i]);
             }
+        }
+    }
+
+    #[test]
+    fn bf16_pair_products_are_the_sums_of_the_products() {
+        if !bf16_dot_instructions() {
+            // This CPU cannot run them: they must refuse, not compute something else.
+            let run = || bf16_dot_products(&[0], 1, 1, 1, &[0], (0, 1), &mut [0.0], 1);
+            assert!(std::panic::catch_unwind(run).is_err(), "ran without AVX512-BF16");
+            eprintln!("this CPU has no AVX512-BF16: checked only that the pair products refuse to run");
+            return;
+        }
+        let bits = |i: usize| half::bf16::from_f32(((i * 7919 % 211) as f32 - 105.0) / 37.0).to_bits();
+        let value = |b: u16| f32::from_bits((b as u32) << 16) as f64;
+        // Inner sizes around the 32-element register and past a block of the shared dimension
+        // (and none); rows for the streaming kernel and for the tiles, columns that fill no,
+        // one and several tiles; `a`'s rows and `out`'s rows further apart than their lengths.
+        for (rows, k, n) in [
+            (1, 1, 1),
+            (5, 31, 9),
+            (4, 32, 8),
+            (9, 33, 17),
+            (3, 100, 30),
+            (21, 70, 19),
+            (3, 2100, 5),
+            (18, 2100, 9),
+            (2, 0, 3),
+        ] {
+            let (a_stride, out_stride) = (k + 3, n + 5);
+            let a: Vec<u16> = (0..rows * a_stride).map(bits).collect();
+            let bt: Vec<u16> = (0..n * k).map(|i| bits(i + 13)).collect();
+            for cols in [(0, n), (n / 3, n)] {
+                let mut out = vec![f32::NAN; rows * out_stride];
+                bf16_dot_products(&a, a_stride, rows, k, &bt, cols, &mut out, out_stride);
+                for r in 0..rows {
+                    for c in cols.0..cols.1 {
+                        let terms = (0..k).map(|i| value(a[r * a_stride + i]) * value(bt[c * k + i]));
+                        let (sum, size) = terms.fold((0.0, 0.0), |(s, z), t| (s + t, z + t.abs()));
+                        let got = out[r * out_stride + c - cols.0] as f64;
+                        assert!((got - sum).abs() <= 1e-6 * size, "{rows}x{k}x{n} [{r}, {c}]: {got} vs {sum}");
+                    }
+                    // Nothing written past a row's columns.
+                    assert!(out[r * out_stride + cols.1 - cols.0..(r + 1) * out_stride].iter().all(|v| v.is_nan()));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_rounding_is_halfs() {
+        // Ties both ways, the largest finite values, infinities, NaNs, subnormals, and a
+        // spread of everything else.
+        let mut values: Vec<f32> =
+            [0x3f80_8000u32, 0x3f81_8000, 0x3f80_8001, 0x7f7f_ffff, 0xff7f_ffff, 0x7f80_0000, 0xff80_0000]
+                .into_iter()
+                .chain([0x7fc0_0000, 0x7f80_0001, 0xffff_ffff, 0x0000_8000, 0x8001_8000, 0x0000_0001, 0])
+                .map(f32::from_bits)
+                .collect();
+        values.extend((0..100_000u32).map(|i| f32::from_bits(i.wrapping_mul(2_654_435_761))));
+        let mut bits = vec![0u16; values.len()];
+        bf16_round_bits(&values, &mut bits);
+        let mut rounded = values.clone();
+        bf16_round(&mut rounded);
+        for ((v, b), r) in values.iter().zip(&bits).zip(&rounded) {
+            let want = half::bf16::from_f32(*v);
+            assert_eq!(*b, want.to_bits(), "{v:e} ({:#x})", v.to_bits());
+            assert_eq!(r.to_bits(), want.to_f32().to_bits(), "{v:e} ({:#x})", v.to_bits());
         }
     }
 }

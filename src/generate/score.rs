@@ -15,7 +15,7 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use crate::backend::flex_fast;
+use crate::backend::{bf16_matmul, flex_fast};
 use crate::dtype::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
@@ -34,7 +34,10 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
 /// `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
 fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
     let dtype = FloatDType::from(weight.dtype());
-    f32_weight(cast_to(rows, dtype).matmul(weight.transpose()))
+    match bf16_matmul::matmul(rows, weight.transpose()) {
+        Ok(z) => z,
+        Err((rows, weight_t)) => f32_weight(cast_to(rows, dtype).matmul(weight_t)),
+    }
 }
 
 /// Forward for one chunk: (log-prob of each target, log-sum-exp of each row).
@@ -125,6 +128,10 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         let (dtype, hidden_dtype) = (FloatDType::from(weight.dtype()), FloatDType::from(hidden.dtype()));
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
+        // The inputs' gradient reads the weight along the vocabulary: a bf16 weight is laid
+        // out so once for every chunk (the CPU's bf16 product would transpose it per chunk).
+        let weight_down =
+            if dtype == FloatDType::BF16 { bf16_matmul::for_decoding(weight.clone()) } else { weight.clone() };
         for start in (0..n).step_by(rows) {
             let end = (start + rows).min(n);
             let h = hidden.clone().slice([start..end, 0..d]);
@@ -136,13 +143,19 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
                 grad_out.clone().narrow(0, start, end - start),
                 inv_t,
             );
-            let dz = cast_to(dz, dtype);
             if node_hidden.is_some() {
-                grad_hidden.push(cast_to(dz.clone().matmul(weight.clone()), hidden_dtype));
+                let gh = match bf16_matmul::matmul(dz.clone(), weight_down.clone()) {
+                    Ok(gh) => gh,
+                    Err((dz, w)) => cast_to(dz, dtype).matmul(w),
+                };
+                grad_hidden.push(cast_to(gh, hidden_dtype));
             }
             if node_weight.is_some() {
                 // Summed over chunks in f32.
-                let gw = f32_weight(dz.transpose().matmul(cast_to(h, dtype)));
+                let gw = match bf16_matmul::matmul(dz.transpose(), cast_to(h, dtype)) {
+                    Ok(gw) => gw,
+                    Err((dz_t, h)) => f32_weight(cast_to(dz_t, dtype).matmul(h)),
+                };
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc + gw,
                     None => gw,

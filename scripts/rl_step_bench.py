@@ -15,7 +15,9 @@ Runs alternate, hacpo then TRL, --rounds times; each run trains --steps steps an
 each, hacpo's stages (generation, old log-probs, update) and the ratio. `--also-separate` adds a
 hacpo run that scores the old log-probs in a pass of their own (algo.score_old_separately), as
 every hacpo step did before the update's own pass gave them; `--also-hacpo BINARY` adds another
-hacpo build (an earlier commit's, to measure a change).
+hacpo build (an earlier commit's, to measure a change); `--also-bf16` a hacpo run with its
+products in bf16 (algo.compute_dtype); `--no-trl` leaves TRL out (no venv needed), the ratios
+then against hacpo's f32 run.
 
 Usage:
   python3 scripts/rl_step_bench.py --python <venv with torch, transformers, trl, gguf, datasets> \\
@@ -43,7 +45,7 @@ def questions():
     return [(r["question"].strip(), r["answer"].split("####")[-1].strip().replace(",", "")) for r in rows]
 
 
-def hacpo_config(gguf, out, steps, separately):
+def hacpo_config(gguf, out, steps, separately, dtype="f32"):
     return f"""
 [run]
 out_dir = "{out}"
@@ -59,6 +61,7 @@ minibatch_prompts = {PROMPTS}
 micro_batch_sequences = {MICRO}
 kl_coef = 0.0
 {"score_old_separately = true" if separately else ""}
+{f'compute_dtype = "{dtype}"' if dtype != "f32" else ""}
 
 [algo.optimizer]
 lr = {LR}
@@ -84,13 +87,13 @@ model = "{gguf}"
 """
 
 
-def run_hacpo(args, separately, binary):
+def run_hacpo(args, separately, binary, dtype="f32"):
     """Seconds per step after the first, and the stages' seconds of each."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "run")
         config = os.path.join(tmp, "config.toml")
         with open(config, "w") as f:
-            f.write(hacpo_config(os.path.abspath(args.gguf), out, args.steps, separately))
+            f.write(hacpo_config(os.path.abspath(args.gguf), out, args.steps, separately, dtype))
         env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
         subprocess.run([binary, "train", "--config", config, "--skip-memory-check"], check=True, env=env,
                        stdout=subprocess.DEVNULL)
@@ -174,6 +177,10 @@ def main():
                     help="also time hacpo with the old log-probs scored in a pass of their own")
     ap.add_argument("--also-hacpo", action="append", default=[], metavar="BINARY",
                     help="also time this hacpo build (repeatable)")
+    ap.add_argument("--also-bf16", action="store_true",
+                    help="also time hacpo with its products in bf16 (algo.compute_dtype = \"bf16\")")
+    ap.add_argument("--no-trl", action="store_true",
+                    help="time hacpo only (no TRL venv needed); ratios against the f32 hacpo run")
     ap.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.steps < 2:
@@ -181,24 +188,29 @@ def main():
     if args.trl_worker:
         return trl_worker(args)
     # Who runs, and how: (hacpo binary, whether it asks for the old log-probs' own pass; a build
-    # from before that setting has no such key), None for TRL.
-    runs = {"hacpo": (args.hacpo, False), "trl": None}
+    # from before that setting has no such key; the compute dtype), None for TRL.
+    runs = {"hacpo": (args.hacpo, False, "f32")}
+    if not args.no_trl:
+        runs["trl"] = None
     if args.also_separate:
-        runs["hacpo, separate old pass"] = (args.hacpo, True)
+        runs["hacpo, separate old pass"] = (args.hacpo, True, "f32")
+    if args.also_bf16:
+        runs["hacpo, bf16 compute"] = (args.hacpo, False, "bf16")
     for binary in args.also_hacpo:
-        runs[f"hacpo {binary}"] = (binary, False)
+        runs[f"hacpo {binary}"] = (binary, False, "f32")
     steps = {who: [] for who in runs}
     for r in range(args.rounds):
         for who, how in runs.items():
             t = time.time()
-            steps[who] += run_trl(args) if how is None else run_hacpo(args, separately=how[1], binary=how[0])
+            steps[who] += run_trl(args) if how is None else run_hacpo(args, how[1], how[0], how[2])
             print(f"round {r + 1}: {who} {time.time() - t:.0f} s", file=sys.stderr, flush=True)
-    trl = statistics.median(s["step"] for s in steps["trl"])
-    print(f"{'':<26} {'s/step':>8} {'TRL / it':>9}   stages (median s)")
+    base = "hacpo" if args.no_trl else "trl"
+    reference = statistics.median(s["step"] for s in steps[base])
+    print(f"{'':<26} {'s/step':>8} {base.upper() if base == 'trl' else base:>5} / it   stages (median s)")
     for who, runs in steps.items():
         median = statistics.median(s["step"] for s in runs)
         stages = ", ".join(f"{k} {statistics.median(s[k] for s in runs):.1f}" for k in runs[0] if k != "step")
-        print(f"{who:<26} {median:>8.1f} {trl / median:>8.2f}x   {stages}")
+        print(f"{who:<26} {median:>8.1f} {reference / median:>8.2f}x   {stages}")
     print(f"({sum(len(v) for v in steps.values())} steps timed, {args.threads} threads)")
 
 

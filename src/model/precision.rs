@@ -16,12 +16,14 @@
 //! whole model per token; the KL reference is stored the same way, and with bf16 the KV
 //! cache too ([`ComputeDtype::attention`]; f32 on the CPU, whose fused attention computes in
 //! f32). On the CPU the rollout copy's bf16 weights are read as stored by
-//! [`crate::backend::bf16_matmul`].
+//! [`crate::backend::bf16_matmul`], which on a CPU with AVX512-BF16 also runs training's bf16
+//! products (forward and backward).
 //! f16 training scales the loss ([`crate::train::loss_scale`]) so that small gradients stay
 //! within f16's range; bf16 has f32's range and needs no scaling.
 //!
-//! Where it is available: CUDA (bf16, f16), the CPU backend (both; faster than f32 only for
-//! decoding a few sequences in bf16, see [`ComputeDtype::speed_warning`]), wgpu f16
+//! Where it is available: CUDA (bf16, f16), the CPU backend (both; bf16 faster than f32 in
+//! prefill, decoding and training on a CPU with AVX512-BF16, elsewhere only for decoding a few
+//! sequences, see [`ComputeDtype::speed_warning`]), wgpu f16
 //! only: WGSL has no bf16 type, and cubecl-wgpu 0.10 does not fail on one but computes
 //! garbage, so the config refuses it there.
 

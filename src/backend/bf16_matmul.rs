@@ -164,8 +164,8 @@ fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32
     if m * k * n == 0 {
         return vec![0f32; m * n];
     }
-    let mut out = vec![0f32; m * n];
     if m > PAIR_ROWS_BY_COLUMNS {
+        let mut out = vec![0f32; m * n];
         let rows = m.div_ceil(4 * rayon::current_num_threads()).clamp(16, TASK_ROWS);
         out.par_chunks_mut(rows * n).zip(xb.par_chunks(rows * k)).for_each(|(out, xb)| {
             let rows = xb.len() / k;
@@ -177,17 +177,26 @@ fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32
         });
         return out;
     }
+    by_columns(m, n, |cols, part| {
+        kernels::bf16_dot_products(xb, k, m, k, bt, cols, part, cols.1 - cols.0);
+        round_to_bf16(part);
+    })
+}
+
+/// The `m × n` result of `fill`, which writes columns `cols` of all rows into `part` (`m ×
+/// width`, row-major), run for each task of [`TASK_COLS`] columns over the threads: decoding's
+/// few rows are too few to split.
+fn by_columns(m: usize, n: usize, fill: impl Fn((usize, usize), &mut [f32]) + Sync) -> Vec<f32> {
     let tasks: Vec<(usize, usize)> = (0..n).step_by(TASK_COLS).map(|c| (c, (c + TASK_COLS).min(n))).collect();
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&cols| {
-            let width = cols.1 - cols.0;
-            let mut part = vec![0f32; m * width];
-            kernels::bf16_dot_products(xb, k, m, k, bt, cols, &mut part, width);
-            round_to_bf16(&mut part);
+            let mut part = vec![0f32; m * (cols.1 - cols.0)];
+            fill(cols, &mut part);
             part
         })
         .collect();
+    let mut out = vec![0f32; m * n];
     for (&(first, end), part) in tasks.iter().zip(&parts) {
         for (r, row) in part.chunks_exact(end - first).enumerate() {
             out[r * n + first..r * n + end].copy_from_slice(row);
@@ -205,13 +214,10 @@ fn round_to_bf16(values: &mut [f32]) {
 /// head's gradient reads its logits' gradient so) through a blocked transpose of the bits,
 /// not burn's element-by-element copy.
 fn rounded_rows(a: &FlexTensor) -> Vec<u16> {
-    let layout = a.layout();
-    let (m, k) = (layout.shape()[0], layout.shape()[1]);
-    if layout.strides() == [1, m as isize] {
-        let all = &a.storage::<f32>()[layout.start_offset()..][..m * k];
-        return transpose_bits(&bf16_bits(all), k, m);
+    match bits_of_f32(a) {
+        (bits, true) => bits,
+        (bits, false) => transpose_bits(&bits, a.layout().shape()[1], a.layout().shape()[0]),
     }
-    bf16_bits(elems(&contiguous(a)))
 }
 
 /// `values` rounded to bf16 (ties to even), as bits.
@@ -254,10 +260,9 @@ fn transpose_bits(w: &[u16], k: usize, n: usize) -> Vec<u16> {
 /// f32's speed.
 fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
     let (a, b) = (ad(a), ad(b));
-    let x = contiguous(&a.primitive);
-    let (shape_a, shape_b) = (x.layout().shape(), b.primitive.layout().shape());
+    let (shape_a, shape_b) = (a.primitive.layout().shape(), b.primitive.layout().shape());
     let (m, k, n) = (shape_a[0], shape_a[1], shape_b[1]);
-    let xb = bf16_bits(elems(&x));
+    let xb = rounded_rows(&a.primitive);
     // The weight rounded, in both layouts: `[n, k]` for this product, `[k, n]` for the
     // inputs' gradient.
     let (w_rows, w_cols) = match bits_of_f32(&b.primitive) {
@@ -279,7 +284,8 @@ fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tens
 }
 
 /// An f32 matrix `[k, n]` rounded to bf16 bits, and whether they are `[k, n]` row-major (else
-/// `[n, k]` row-major: the matrix was a transposed view, read without a copy).
+/// `[n, k]` row-major: the matrix was a transposed view, read without a copy; any other layout
+/// is read from a row-major copy).
 fn bits_of_f32(w: &FlexTensor) -> (Vec<u16>, bool) {
     let layout = w.layout();
     let (shape, strides) = (layout.shape(), layout.strides());
@@ -327,26 +333,13 @@ impl Backward<Cpu, 2> for PairProduct {
 
 /// `x · w` tile by tile (`w` as [`bits`] reads it), the columns split over the threads.
 fn tiled(x: &[f32], m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<f32> {
-    let tasks: Vec<(usize, usize)> = (0..n).step_by(TASK_COLS).map(|c| (c, (c + TASK_COLS).min(n))).collect();
-    let parts: Vec<Vec<f32>> = tasks
-        .par_iter()
-        .map(|&cols| {
-            let mut part = vec![0f32; m * (cols.1 - cols.0)];
-            if rows {
-                kernels::bf16_matmul_rows(x, m, k, w, n, cols, &mut part);
-            } else {
-                kernels::bf16_matmul_cols(x, m, k, w, cols, &mut part);
-            }
-            part
-        })
-        .collect();
-    let mut out = vec![0f32; m * n];
-    for (&(first, end), part) in tasks.iter().zip(&parts) {
-        for (r, row) in part.chunks_exact(end - first).enumerate() {
-            out[r * n + first..r * n + end].copy_from_slice(row);
+    by_columns(m, n, |cols, part| {
+        if rows {
+            kernels::bf16_matmul_rows(x, m, k, w, n, cols, part);
+        } else {
+            kernels::bf16_matmul_cols(x, m, k, w, cols, part);
         }
-    }
-    out
+    })
 }
 
 /// `x · w` through the f32 GEMM, `w`'s elements widened to f32 in the order they are stored.

@@ -33,10 +33,15 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
 /// `rows · weightᵀ` multiplied in the weight's dtype (the model's compute dtype, see
 /// `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
 fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
-    let dtype = FloatDType::from(weight.dtype());
-    match bf16_matmul::matmul(rows, weight.transpose()) {
-        Ok(z) => z,
-        Err((rows, weight_t)) => f32_weight(cast_to(rows, dtype).matmul(weight_t)),
+    product_in(FloatDType::from(weight.dtype()), rows, weight.transpose())
+}
+
+/// `a · b` multiplied in `dtype`, returned in f32: through the CPU's bf16 product where it
+/// applies ([`bf16_matmul::matmul`]), else burn's ops on the casts.
+fn product_in<B: Backend>(dtype: FloatDType, a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
+    match bf16_matmul::matmul(a, cast_to(b, dtype)) {
+        Ok(p) => p,
+        Err((a, b)) => f32_weight(cast_to(a, dtype).matmul(b)),
     }
 }
 
@@ -144,18 +149,11 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
                 inv_t,
             );
             if node_hidden.is_some() {
-                let gh = match bf16_matmul::matmul(dz.clone(), weight_down.clone()) {
-                    Ok(gh) => gh,
-                    Err((dz, w)) => cast_to(dz, dtype).matmul(w),
-                };
-                grad_hidden.push(cast_to(gh, hidden_dtype));
+                grad_hidden.push(cast_to(product_in(dtype, dz.clone(), weight_down.clone()), hidden_dtype));
             }
             if node_weight.is_some() {
                 // Summed over chunks in f32.
-                let gw = match bf16_matmul::matmul(dz.transpose(), cast_to(h, dtype)) {
-                    Ok(gw) => gw,
-                    Err((dz_t, h)) => f32_weight(cast_to(dz_t, dtype).matmul(h)),
-                };
+                let gw = product_in(dtype, dz.transpose(), h);
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc + gw,
                     None => gw,

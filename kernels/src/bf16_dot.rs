@@ -143,12 +143,49 @@ mod x86 {
                     }
                 }
             }
+            if R == 4 && C == 4 {
+                // The full tile's 16 sums reduced together (a third of the instructions of 16
+                // reductions one by one), row r's four in lane r.
+                let sums = sums_of_16(std::array::from_fn(|j| acc[j / 4][j % 4]));
+                let rows = [
+                    _mm512_extractf32x4_ps::<0>(sums),
+                    _mm512_extractf32x4_ps::<1>(sums),
+                    _mm512_extractf32x4_ps::<2>(sums),
+                    _mm512_extractf32x4_ps::<3>(sums),
+                ];
+                for (r, row) in rows.into_iter().enumerate() {
+                    let o = out.add(r * out_stride);
+                    _mm_storeu_ps(o, if add { _mm_add_ps(_mm_loadu_ps(o), row) } else { row });
+                }
+                return;
+            }
             for (r, acc) in acc.iter().enumerate() {
                 for (c, acc) in acc.iter().enumerate() {
                     let o = out.add(r * out_stride + c);
                     *o = if add { *o } else { 0.0 } + _mm512_reduce_add_ps(*acc);
                 }
             }
+        }
+    }
+
+    /// The sums of 16 registers' lanes, register j's in lane j: pairs added after interleaving
+    /// them, then quadruples, then 128-bit lanes twice (45 instructions).
+    #[inline(always)]
+    unsafe fn sums_of_16(v: [__m512; 16]) -> __m512 {
+        unsafe {
+            // Per 128-bit lane: [v0 of its 0+2, v1 of 0+2, v0 of 1+3, v1 of 1+3].
+            let pairs: [__m512; 8] =
+                std::array::from_fn(|j| _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1])));
+            // Per 128-bit lane: the lane's sums of v(4j) .. v(4j + 3).
+            let quads: [__m512; 4] = std::array::from_fn(|j| {
+                let (a, b) = (pairs[2 * j], pairs[2 * j + 1]);
+                _mm512_add_ps(_mm512_shuffle_ps::<0b01_00_01_00>(a, b), _mm512_shuffle_ps::<0b11_10_11_10>(a, b))
+            });
+            let halves = |a: __m512, b: __m512| {
+                _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(a, b), _mm512_shuffle_f32x4::<0b11_01_11_01>(a, b))
+            };
+            let (low, high) = (halves(quads[0], quads[1]), halves(quads[2], quads[3]));
+            halves(low, high)
         }
     }
 

@@ -15,7 +15,9 @@
 use std::sync::OnceLock;
 
 mod bf16_dot;
+mod transpose;
 pub use bf16_dot::{bf16_dot_instructions, bf16_dot_products};
+pub use transpose::transpose_u16;
 
 /// `exp(x)` for f32, branch-free so loops over slices auto-vectorise (libm's `expf` does not,
 /// and it was 9% of a training step). Cody–Waite range reduction and a degree-7 polynomial:

@@ -5,7 +5,7 @@
 pub use hacpo_kernels::{
     AdamWStep, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols, bf16_matmul_rows,
     bf16_round, bf16_round_bits, neg_scaled_softmax, rms_norm, rms_norm_backward, scaled_logsumexp, silu_mul,
-    silu_mul_backward, softmax, softmax_backward,
+    silu_mul_backward, softmax, softmax_backward, transpose_u16,
 };
 
 #[cfg(test)]
@@ -137,6 +137,24 @@ mod tests {
                     // Nothing written past a row's columns.
                     assert!(out[r * out_stride + cols.1 - cols.0..(r + 1) * out_stride].iter().all(|v| v.is_nan()));
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn transposes_move_every_element_once_at_every_size_and_column_range() {
+        for (k, n) in [(0, 5), (1, 1), (7, 9), (8, 8), (16, 24), (19, 33), (64, 40)] {
+            let w: Vec<u16> = (0..k * n).map(|i| i as u16).collect();
+            for cols in [(0, n), (n / 3, n), (1.min(n), (n / 2).max(1.min(n)))] {
+                let width = cols.1 - cols.0;
+                let mut t = vec![u16::MAX; width * k + 3];
+                transpose_u16(&w, k, n, cols, &mut t);
+                for c in cols.0..cols.1 {
+                    for i in 0..k {
+                        assert_eq!(t[(c - cols.0) * k + i], w[i * n + c], "{k}×{n}, columns {cols:?}: ({i}, {c})");
+                    }
+                }
+                assert!(t[width * k..].iter().all(|&v| v == u16::MAX), "{k}×{n}: written past the columns");
             }
         }
     }

@@ -400,6 +400,26 @@ simd_kernel! {
     }
 }
 
+simd_kernel! {
+    /// `out[r·n + c] += Σ_i x[r·k + i] · w[i·n + c]` over the rows `i ∈ inner.0..inner.1` of
+    /// `w` (`k × n`, row-major), for the `rows` rows of `x` (`rows × k`, row-major) and every
+    /// column `c < n`: a few rows' product with a slice of the shared dimension, reading that
+    /// slice of `w` once, in the order it is stored.
+    pub fn f32_rows_accumulate(x: &[f32], rows: usize, k: usize, w: &[f32], n: usize, inner: (usize, usize), out: &mut [f32]) {
+        assert!(x.len() >= rows * k && inner.0 <= inner.1 && inner.1 <= k && w.len() >= k * n);
+        assert!(out.len() >= rows * n);
+        for i in inner.0..inner.1 {
+            let w_row = &w[i * n..(i + 1) * n];
+            for r in 0..rows {
+                let a = x[r * k + i];
+                for (o, &v) in out[r * n..(r + 1) * n].iter_mut().zip(w_row) {
+                    *o = a.mul_add(v, *o);
+                }
+            }
+        }
+    }
+}
+
 /// `Σ_i x[i] · w[i]` over a bf16 row, with [`LANES`] partial sums.
 #[inline(always)]
 fn bf16_dot(x: &[f32], w: &[u16]) -> f32 {

@@ -27,7 +27,7 @@ use rayon::prelude::*;
 
 use super::Cpu;
 use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
-use super::kernels;
+use super::{few_rows, kernels};
 use crate::dtype::ComputeDtype;
 
 /// Rows up to which the weights are read as bf16 tile by tile; above, widening them once and
@@ -45,8 +45,11 @@ const PAIR_ROWS_BY_COLUMNS: usize = 16;
 const TASK_ROWS: usize = 128;
 
 /// `a · b` multiplied in `compute` ([`ComputeDtype::matmul`]), bf16 on the CPU backend by this
-/// module's path, returned in f32.
+/// module's path (and f32 products of a few rows by [`few_rows`]), returned in f32.
 pub fn product<B: Backend, const D: usize>(compute: ComputeDtype, a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+    if compute == ComputeDtype::F32 {
+        return few_rows::matmul(a, b).unwrap_or_else(|(a, b)| compute.matmul(a, b));
+    }
     if compute != ComputeDtype::Bf16 {
         return compute.matmul(a, b);
     }
@@ -184,10 +187,15 @@ fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32
 }
 
 /// The `m × n` result of `fill`, which writes columns `cols` of all rows into `part` (`m ×
-/// width`, row-major), run for each task of [`TASK_COLS`] columns over the threads: decoding's
-/// few rows are too few to split.
+/// width`, row-major), run for tasks of at most [`TASK_COLS`] columns over the threads:
+/// decoding's few rows are too few to split. The tasks are a multiple of the threads in
+/// number and equal in width (a multiple of 16, the tiles' width), so that no thread waits
+/// on a last narrow task or runs a small product alone.
 fn by_columns(m: usize, n: usize, fill: impl Fn((usize, usize), &mut [f32]) + Sync) -> Vec<f32> {
-    let tasks: Vec<(usize, usize)> = (0..n).step_by(TASK_COLS).map(|c| (c, (c + TASK_COLS).min(n))).collect();
+    let threads = rayon::current_num_threads();
+    let count = threads * n.div_ceil(threads * TASK_COLS);
+    let width = n.div_ceil(count.max(1)).next_multiple_of(16);
+    let tasks: Vec<(usize, usize)> = (0..n).step_by(width.max(1)).map(|c| (c, (c + width).min(n))).collect();
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&cols| {

@@ -4,8 +4,8 @@
 
 pub use hacpo_kernels::{
     AdamWStep, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols, bf16_matmul_rows,
-    bf16_round, bf16_round_bits, neg_scaled_softmax, rms_norm, rms_norm_backward, scaled_logsumexp, silu_mul,
-    silu_mul_backward, softmax, softmax_backward, transpose_u16,
+    bf16_round, bf16_round_bits, f32_rows_accumulate, neg_scaled_softmax, rms_norm, rms_norm_backward,
+    scaled_logsumexp, silu_mul, silu_mul_backward, softmax, softmax_backward, transpose_u16,
 };
 
 #[cfg(test)]

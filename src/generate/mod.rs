@@ -140,6 +140,13 @@ pub fn generate<B: Backend>(
     model: &CausalLm<B>,
     req: &GenerateRequest<'_>,
 ) -> Result<(Vec<Completion>, GenerationStats)> {
+    crate::backend::on_a_cpu_worker::<B, _>(|| generate_here(model, req))
+}
+
+fn generate_here<B: Backend>(
+    model: &CausalLm<B>,
+    req: &GenerateRequest<'_>,
+) -> Result<(Vec<Completion>, GenerationStats)> {
     req.params.validate()?;
     if req.num_samples == 0 {
         return Err(Error::InvalidArgument("num-samples must be at least 1".into()));

@@ -49,7 +49,9 @@ pub fn score_samples<B: Backend>(
 ) -> Result<Scored> {
     let view: &[Sample] = samples;
     let items = policies.iter().map(|p| (p.index, p));
-    let results = crate::policy::per_policy(items, "scoring", |p| score_policy(p, view, settings));
+    let results = crate::policy::per_policy(items, "scoring", |p| {
+        crate::backend::on_a_cpu_worker::<B, _>(|| score_policy(p, view, settings))
+    });
     let mut out = Scored { ref_logps: vec![None; samples.len()], old_s: 0.0, ref_s: 0.0 };
     for r in results {
         let (old, reference, old_s, ref_s) = r?;

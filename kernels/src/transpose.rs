@@ -45,7 +45,7 @@ mod x86 {
                 let (x, y) = (r[j / 2 * 2], r[j / 2 * 2 + 1]);
                 if j % 2 == 0 { _mm_unpacklo_epi16(x, y) } else { _mm_unpackhi_epi16(x, y) }
             });
-            // b[j]: columns 2j and 2j + 1 of rows 0–3 (j < 4), of rows 4–7 (j ≥ 4).
+            // b[j]: columns 2(j mod 4) and 2(j mod 4) + 1 of rows 0–3 (j < 4), of rows 4–7 (j ≥ 4).
             let b: [__m128i; 8] = std::array::from_fn(|j| {
                 let (x, y) = (a[j / 4 * 4 + j % 4 / 2], a[j / 4 * 4 + j % 4 / 2 + 2]);
                 if j % 2 == 0 { _mm_unpacklo_epi32(x, y) } else { _mm_unpackhi_epi32(x, y) }

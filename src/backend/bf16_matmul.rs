@@ -189,13 +189,14 @@ fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32
 /// The `m × n` result of `fill`, which writes columns `cols` of all rows into `part` (`m ×
 /// width`, row-major), run for tasks of at most [`TASK_COLS`] columns over the threads:
 /// decoding's few rows are too few to split. The tasks are a multiple of the threads in
-/// number and equal in width (a multiple of 16, the tiles' width), so that no thread waits
-/// on a last narrow task or runs a small product alone.
+/// number where there are enough 16-column tiles, and equal in width to within one tile, so
+/// that no thread waits on a last task alone or leaves a small product to one thread.
 fn by_columns(m: usize, n: usize, fill: impl Fn((usize, usize), &mut [f32]) + Sync) -> Vec<f32> {
     let threads = rayon::current_num_threads();
     let count = threads * n.div_ceil(threads * TASK_COLS);
-    let width = n.div_ceil(count.max(1)).next_multiple_of(16);
-    let tasks: Vec<(usize, usize)> = (0..n).step_by(width.max(1)).map(|c| (c, (c + width).min(n))).collect();
+    let tiles = n.div_ceil(16);
+    let edge = |t: usize| (16 * (t * tiles / count.max(1))).min(n);
+    let tasks: Vec<(usize, usize)> = (0..count).map(|t| (edge(t), edge(t + 1))).filter(|(a, b)| a < b).collect();
     let parts: Vec<Vec<f32>> = tasks
         .par_iter()
         .map(|&cols| {

@@ -14,8 +14,8 @@ use rayon::prelude::*;
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex, tensor};
 use super::{flex_fast, kernels};
 
-/// Rows up to which a product goes this way: the partial sums of each thread's slice, rows ×
-/// columns, stay in L1 while the weight streams through.
+/// Rows up to which a product goes this way: each thread's partial sums, rows × columns,
+/// stay in cache while the weight streams through (in L1 for a layer of SmolLM2's size).
 const FEW_ROWS: usize = 4;
 /// Weights below this many elements stay on one thread (the split and the sum of the parts
 /// cost more than they save on a small model).
@@ -29,7 +29,12 @@ pub fn matmul<B: Backend, const D: usize>(
     b: Tensor<B, D>,
 ) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, D>)> {
     let [m, k, n] = [a.dims()[0], a.dims()[D - 1], b.dims()[D - 1]];
-    let applies = D == 2 && a.dtype() == DType::F32 && b.dtype() == DType::F32 && m <= FEW_ROWS && k * n >= MIN_SPLIT;
+    let applies = D == 2
+        && b.dims()[0] == k
+        && a.dtype() == DType::F32
+        && b.dtype() == DType::F32
+        && m <= FEW_ROWS
+        && k * n >= MIN_SPLIT;
     if !applies || cpu_backend::<B>(&[]) != Some(CpuBackend::Plain) || !flex_fast::enabled() {
         return Err((a, b));
     }

@@ -39,8 +39,9 @@ pub fn on_lane<R>(lane: usize, work: impl FnOnce() -> R) -> R {
     }
 }
 
-/// Runs `work` on one of rayon's worker threads when `B` is the CPU backend (elsewhere, on a
-/// worker already, and with the fast paths off for a test, where it is called).
+/// Runs `work` on one of rayon's worker threads when `B` is the plain CPU backend (elsewhere,
+/// autodiff included, on a worker already, and with the fast paths off for a test, where it
+/// is called).
 ///
 /// The CPU backend splits each op over rayon's threads. Called from a thread outside the
 /// pool, each op hands its tasks to the pool and sleeps until they are done: two context
@@ -55,7 +56,7 @@ pub fn on_lane<R>(lane: usize, work: impl FnOnce() -> R) -> R {
 /// Training gained about 1% this way, sampling one sequence 1.4–1.7×.
 pub fn on_a_cpu_worker<B: burn::tensor::backend::Backend, R: Send>(work: impl FnOnce() -> R + Send) -> R {
     let here = rayon::current_thread_index().is_some() || !flex_fast::enabled();
-    if here || fused::cpu_backend::<B>(&[]).is_none() {
+    if here || fused::cpu_backend::<B>(&[]) != Some(fused::CpuBackend::Plain) {
         return work();
     }
     // The caller's span stays the parent of the work's spans (progress and logs follow it).

@@ -12,7 +12,7 @@ use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex, tensor};
-use super::{flex_fast, kernels};
+use super::kernels;
 
 /// Rows up to which a product goes this way: each thread's partial sums, rows × columns,
 /// stay in cache while the weight streams through (in L1 for a layer of SmolLM2's size).
@@ -35,7 +35,7 @@ pub fn matmul<B: Backend, const D: usize>(
         && b.dtype() == DType::F32
         && m <= FEW_ROWS
         && k * n >= MIN_SPLIT;
-    if !applies || cpu_backend::<B>(&[]) != Some(CpuBackend::Plain) || !flex_fast::enabled() {
+    if !applies || cpu_backend::<B>(&[]) != Some(CpuBackend::Plain) {
         return Err((a, b));
     }
     let (a, b) = (flex(a), flex(b));

@@ -8,7 +8,7 @@
 
 pub mod attention;
 pub mod bf16_matmul;
-pub mod few_rows;
+pub mod f32_matmul;
 pub mod flex_fast;
 pub mod fused;
 pub mod kernels;

@@ -15,7 +15,7 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use crate::backend::{bf16_matmul, flex_fast};
+use crate::backend::{bf16_matmul, f32_matmul, flex_fast};
 use crate::dtype::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
@@ -36,9 +36,12 @@ fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<
     product_in(FloatDType::from(weight.dtype()), rows, weight.transpose())
 }
 
-/// `a · b` multiplied in `dtype`, returned in f32: through the CPU's bf16 product where it
-/// applies ([`bf16_matmul::matmul`]), else burn's ops on the casts.
+/// `a · b` multiplied in `dtype`, returned in f32: through the CPU's own products where they
+/// apply ([`f32_matmul::matmul`], [`bf16_matmul::matmul`]), else burn's ops on the casts.
 fn product_in<B: Backend>(dtype: FloatDType, a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
+    if dtype == FloatDType::F32 {
+        return f32_matmul::matmul(cast_to(a, dtype), cast_to(b, dtype)).unwrap_or_else(|(a, b)| a.matmul(b));
+    }
     match bf16_matmul::matmul(a, cast_to(b, dtype)) {
         Ok(p) => p,
         Err((a, b)) => f32_weight(cast_to(a, dtype).matmul(b)),

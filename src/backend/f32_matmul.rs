@@ -96,8 +96,9 @@ fn in_blocks(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Fl
     let mut out: Vec<f32> = Vec::with_capacity(m * n);
     let [a_rs, a_cs] = [a.layout().strides()[0], a.layout().strides()[1]];
     let [b_rs, b_cs] = [b.layout().strides()[0], b.layout().strides()[1]];
-    let a_ptr = a.storage::<f32>()[a.layout().start_offset()..].as_ptr() as usize;
-    let b_ptr = b.storage::<f32>()[b.layout().start_offset()..].as_ptr() as usize;
+    // From the whole buffer's pointer: a view may step back from its first element.
+    let a_ptr = a.storage::<f32>().as_ptr().wrapping_add(a.layout().start_offset()) as usize;
+    let b_ptr = b.storage::<f32>().as_ptr().wrapping_add(b.layout().start_offset()) as usize;
     let out_ptr = out.as_mut_ptr() as usize;
     (0..tasks).into_par_iter().for_each(|t| {
         let (lo, hi) = (bounds[t], bounds[t + 1]);

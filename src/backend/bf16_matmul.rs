@@ -174,8 +174,7 @@ fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32
         return vec![0f32; m * n];
     }
     if !pair_products() {
-        let x: Vec<f32> = xb.iter().map(|&h| f32::from_bits((h as u32) << 16)).collect();
-        let mut out = widened(x, m, k, bt, false, n);
+        let mut out = widened(widen(xb), m, k, bt, false, n);
         round_to_bf16(&mut out);
         return out;
     }
@@ -357,12 +356,18 @@ fn tiled(x: &[f32], m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<
     })
 }
 
+/// bf16 bits as f32 numbers (exact: bf16 is f32's upper half).
+fn widen(bits: &[u16]) -> Vec<f32> {
+    let mut wide = vec![0f32; bits.len()];
+    wide.par_chunks_mut(1 << 16).zip(bits.par_chunks(1 << 16)).for_each(|(wide, bits)| {
+        wide.iter_mut().zip(bits).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
+    });
+    wide
+}
+
 /// `x · w` through the f32 GEMM, `w`'s elements widened to f32 in the order they are stored.
 fn widened(x: Vec<f32>, m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<f32> {
-    let mut wide = vec![0f32; k * n];
-    wide.par_chunks_mut(1 << 16).zip(w.par_chunks(1 << 16)).for_each(|(wide, w)| {
-        wide.iter_mut().zip(w).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
-    });
+    let wide = widen(w);
     let wide = if rows {
         Tensor::<Cpu, 2>::from_data(TensorData::new(wide, [k, n]), &Default::default())
     } else {

@@ -17,5 +17,10 @@ mod tests {
         assert_eq!(fast_exp(-100.0), 0.0);
         assert_eq!(fast_exp(f32::NEG_INFINITY), 0.0);
         assert_eq!(fast_exp(0.0), 1.0);
+        assert!(fast_exp(f32::NAN).is_nan());
+        // The low end of the range, where the power of two is 2⁻¹²⁶; the high end overflows.
+        let low = fast_exp(-87.3);
+        assert!(((low - (-87.3f32).exp()) / low).abs() < 1e-6, "exp(-87.3) = {low}");
+        assert_eq!(fast_exp(f32::INFINITY), f32::INFINITY);
     }
 }

@@ -48,16 +48,11 @@ fn product_in<B: Backend>(dtype: FloatDType, a: Tensor<B, 2>, b: Tensor<B, 2>) -
     }
 }
 
-/// Forward for one chunk: (log-prob of each target, log-sum-exp of each row).
-fn chunk_forward<B: Backend>(
-    hidden: Tensor<B, 2>,
-    weight: Tensor<B, 2>,
-    targets: &[u32],
-    inv_temperature: f32,
-) -> (Tensor<B, 1>, Tensor<B, 1>) {
-    let n = hidden.dims()[0];
-    let device = hidden.device();
-    let z = head_product(hidden, weight); // [n, vocab]
+/// Forward for one chunk, from its logits `z: [n, vocab]`: (log-prob of each target,
+/// log-sum-exp of each row).
+fn chunk_logprobs<B: Backend>(z: Tensor<B, 2>, targets: &[u32], inv_temperature: f32) -> (Tensor<B, 1>, Tensor<B, 1>) {
+    let n = z.dims()[0];
+    let device = z.device();
     if let Some((logp, lse)) = flex_fast::target_logprobs(&z, targets, inv_temperature) {
         let vec = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [n]), &device);
         return (vec(logp), vec(lse));
@@ -105,7 +100,7 @@ pub fn token_logprobs<B: Backend>(
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
         let h = hidden.clone().slice([start..end, 0..d]);
-        parts.push(chunk_forward(h, weight.clone(), &targets[start..end], inv_temperature).0);
+        parts.push(chunk_logprobs(head_product(h, weight.clone()), &targets[start..end], inv_temperature).0);
     }
     if parts.is_empty() {
         return Tensor::zeros([0], &device);
@@ -116,9 +111,23 @@ pub fn token_logprobs<B: Backend>(
 #[derive(Debug)]
 struct ChunkedLogProbs;
 
-/// Saved for the backward pass: hidden, weight, targets, per-row log-sum-exp, 1/T, rows per
-/// chunk.
-type ChunkedState<B> = (FloatTensor<B>, FloatTensor<B>, Vec<u32>, FloatTensor<B>, f32, usize);
+/// Saved for the backward pass.
+#[derive(Clone, Debug)]
+struct ChunkedState<B: Backend> {
+    hidden: FloatTensor<B>,
+    weight: FloatTensor<B>,
+    targets: Vec<u32>,
+    /// Per-row log-sum-exp of the logits over the temperature.
+    lse: FloatTensor<B>,
+    inv_temperature: f32,
+    rows: usize,
+    /// The first chunk's logits, kept from the forward pass rather than recomputed: the
+    /// forward pass holds them beside the chunk it computes, the backward pass frees them
+    /// before it computes another, so no more logits are alive than the memory plan's three
+    /// chunks (`memory_plan`: logits, softmax, gradient). A batch that fits one chunk (a small
+    /// vocabulary or few tokens) skips the recomputation altogether.
+    first_logits: Option<FloatTensor<B>>,
+}
 
 impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
     type State = ChunkedState<B>;
@@ -126,7 +135,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
     fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
         let [node_hidden, node_weight] = ops.parents;
         let grad_out: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
-        let (hidden, weight, targets, lse, inv_t, rows) = ops.state;
+        let ChunkedState { hidden, weight, targets, lse, inv_temperature: inv_t, rows, mut first_logits } = ops.state;
         let hidden: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(hidden));
         let weight: Tensor<B, 2> = Tensor::from_primitive(TensorPrimitive::Float(weight));
         let lse: Tensor<B, 1> = Tensor::from_primitive(TensorPrimitive::Float(lse));
@@ -143,7 +152,10 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         for start in (0..n).step_by(rows) {
             let end = (start + rows).min(n);
             let h = hidden.clone().slice([start..end, 0..d]);
-            let z = head_product(h.clone(), weight.clone());
+            let z = match first_logits.take() {
+                Some(z) => Tensor::from_primitive(TensorPrimitive::Float(z)),
+                None => head_product(h.clone(), weight.clone()),
+            };
             let dz = chunk_logits_grad(
                 z,
                 lse.clone().narrow(0, start, end - start),
@@ -183,7 +195,7 @@ pub fn token_logprobs_autodiff<B: Backend, C: CheckpointStrategy>(
     inv_temperature: f32,
 ) -> Tensor<Autodiff<B, C>, 1> {
     let rows = chunk_rows(weight.dims()[0]);
-    token_logprobs_autodiff_in_chunks(hidden, weight, targets, inv_temperature, rows)
+    token_logprobs_autodiff_in_chunks(hidden, weight, targets, inv_temperature, rows, true)
 }
 
 fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
@@ -192,6 +204,7 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
     targets: &[u32],
     inv_temperature: f32,
     rows: usize,
+    keep_first_logits: bool,
 ) -> Tensor<Autodiff<B, C>, 1> {
     let n = hidden.dims()[0];
     assert_eq!(n, targets.len(), "one target per hidden row");
@@ -204,14 +217,14 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
 
     let mut logps = Vec::new();
     let mut lses = Vec::new();
+    let mut first_logits = None;
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
-        let (lp, lse) = chunk_forward(
-            h_inner.clone().slice([start..end, 0..d]),
-            w_inner.clone(),
-            &targets[start..end],
-            inv_temperature,
-        );
+        let z = head_product(h_inner.clone().slice([start..end, 0..d]), w_inner.clone());
+        if start == 0 && keep_first_logits {
+            first_logits = Some(z.clone().into_primitive().tensor());
+        }
+        let (lp, lse) = chunk_logprobs(z, &targets[start..end], inv_temperature);
         logps.push(lp);
         lses.push(lse);
     }
@@ -224,7 +237,15 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
 
     let result = match ChunkedLogProbs.prepare::<C>([h.node.clone(), w.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish(
-            (h.primitive, w.primitive, targets.to_vec(), lse.into_primitive().tensor(), inv_temperature, rows),
+            ChunkedState {
+                hidden: h.primitive,
+                weight: w.primitive,
+                targets: targets.to_vec(),
+                lse: lse.into_primitive().tensor(),
+                inv_temperature,
+                rows,
+                first_logits,
+            },
             out,
         ),
         OpsKind::UnTracked(prep) => prep.finish(out),
@@ -386,10 +407,11 @@ mod tests {
         c: &Tensor<Cpu, 1>,
         inv_t: f32,
         rows: usize,
+        keep_first_logits: bool,
     ) -> [Vec<f32>; 3] {
         let h = Tensor::<Ad, 2>::from_inner(h.clone()).require_grad();
         let w = Tensor::<Ad, 2>::from_inner(w.clone()).require_grad();
-        let lp = token_logprobs_autodiff_in_chunks(h.clone(), w.clone(), t, inv_t, rows);
+        let lp = token_logprobs_autodiff_in_chunks(h.clone(), w.clone(), t, inv_t, rows, keep_first_logits);
         let grads = (lp.clone() * Tensor::from_inner(c.clone())).sum().backward();
         let v = |x: Tensor<Cpu, 2>| x.into_data().into_vec::<f32>().unwrap();
         [lp.inner().into_data().into_vec().unwrap(), v(h.grad(&grads).unwrap()), v(w.grad(&grads).unwrap())]
@@ -427,13 +449,14 @@ mod tests {
         let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
         for inv_t in [1.0, 1.0 / 0.7] {
             let want = naive(&h, &w, &targets, &c, inv_t);
-            for rows in [4, 13, 100] {
-                let fast = chunked(&h, &w, &targets, &c, inv_t, rows);
-                let generic = without_fast_paths(|| chunked(&h, &w, &targets, &c, inv_t, rows));
+            for (rows, keep) in [(4, false), (4, true), (13, true), (100, false)] {
+                let fast = chunked(&h, &w, &targets, &c, inv_t, rows, keep);
+                let generic = without_fast_paths(|| chunked(&h, &w, &targets, &c, inv_t, rows, keep));
                 for (name, got) in [("flex fast path", &fast), ("generic ops", &generic)] {
-                    close(&got[0], &want[0], &format!("{name}: values, {rows} rows/chunk"));
-                    close(&got[1], &want[1], &format!("{name}: d hidden, {rows} rows/chunk"));
-                    close(&got[2], &want[2], &format!("{name}: d weight, {rows} rows/chunk"));
+                    let case = format!("{rows} rows/chunk, first logits kept: {keep}");
+                    close(&got[0], &want[0], &format!("{name}: values, {case}"));
+                    close(&got[1], &want[1], &format!("{name}: d hidden, {case}"));
+                    close(&got[2], &want[2], &format!("{name}: d weight, {case}"));
                 }
             }
         }
@@ -451,7 +474,28 @@ mod tests {
             .into_data()
             .into_vec::<f32>()
             .unwrap();
-        close(&a, &chunked(&h, &w, &targets, &c, 1.0, 3)[0], "no-grad vs autodiff");
+        close(&a, &chunked(&h, &w, &targets, &c, 1.0, 3, true)[0], "no-grad vs autodiff");
         close(&a, &b, "fast vs generic");
+    }
+
+    /// Keeping the first chunk's logits from the forward pass changes no bit of the result:
+    /// the backward pass would recompute the same product.
+    #[test]
+    fn kept_logits_give_the_recomputed_gradients_bit_for_bit() {
+        let dev = Default::default();
+        // Enough multiply-adds that the CPU's product splits over its threads.
+        let (n, d, vocab) = (96, 64, 2000);
+        let h = Tensor::<Cpu, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<Cpu, 2>::random([vocab, d], Distribution::Normal(0.0, 0.5), &dev);
+        let c = Tensor::<Cpu, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev);
+        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 611 + 3) % vocab as u32).collect();
+        for rows in [n, 40] {
+            let kept = chunked(&h, &w, &targets, &c, 1.0, rows, true);
+            let recomputed = chunked(&h, &w, &targets, &c, 1.0, rows, false);
+            for (what, i) in [("values", 0), ("d hidden", 1), ("d weight", 2)] {
+                let same = kept[i].iter().zip(&recomputed[i]).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "{what}, {rows} rows/chunk: kept logits changed the result");
+            }
+        }
     }
 }

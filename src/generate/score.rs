@@ -5,8 +5,9 @@
 //! versions here walk the rows in chunks of at most [`CHUNK_ELEMENTS`] logits:
 //! - [`token_logprobs`] (any backend, no gradient) for rollouts and evaluation;
 //! - [`token_logprobs_autodiff`] for training, a custom autodiff op whose backward recomputes
-//!   each chunk's logits instead of keeping them, so the graph holds only `h`, `W` and one
-//!   log-sum-exp per token (the "fused linear cross-entropy" trick).
+//!   each chunk's logits but the first instead of keeping them, so the graph holds only `h`,
+//!   `W`, one log-sum-exp per token and at most one chunk of logits (the "fused linear
+//!   cross-entropy" trick).
 
 use burn::tensor::{FloatDType, IndexingUpdateOp, ops::FloatTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};

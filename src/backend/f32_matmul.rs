@@ -80,6 +80,11 @@ pub fn matmul<B: Backend, const D: usize>(
     Ok(tensor::<B, D, _>(FlexTensor::from_data(TensorData::new(out, [m, n]))))
 }
 
+/// `a · b` through [`matmul`] where it applies, else burn's own product.
+pub fn product<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+    matmul(a, b).unwrap_or_else(|(a, b)| a.matmul(b))
+}
+
 /// Multiply-adds from which a product of more rows is split over the threads (burn-flex's
 /// own threshold for its threaded GEMM).
 const MIN_BLOCKS: usize = 192 * 192 * 192;
@@ -201,13 +206,7 @@ mod tests {
                         a.matmul(w)
                     }
                 };
-                let got: Vec<f32> = got.into_data().to_vec().unwrap();
-                for (i, (w, g)) in want.iter().zip(&got).enumerate() {
-                    assert!(
-                        (w - g).abs() <= 1e-5 * (k as f32).sqrt() * w.abs().max(1.0),
-                        "{m}x{k}x{n} {name} [{i}]: {g} against {w}"
-                    );
-                }
+                assert_close(&want, &got.into_data().to_vec::<f32>().unwrap(), k, &format!("{m}x{k}x{n} {name}"));
             }
         }
     }

@@ -38,10 +38,10 @@ fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<
 }
 
 /// `a · b` multiplied in `dtype`, returned in f32: through the CPU's own products where they
-/// apply ([`f32_matmul::matmul`], [`bf16_matmul::matmul`]), else burn's ops on the casts.
+/// apply ([`f32_matmul::product`], [`bf16_matmul::matmul`]), else burn's ops on the casts.
 fn product_in<B: Backend>(dtype: FloatDType, a: Tensor<B, 2>, b: Tensor<B, 2>) -> Tensor<B, 2> {
     if dtype == FloatDType::F32 {
-        return f32_matmul::matmul(cast_to(a, dtype), cast_to(b, dtype)).unwrap_or_else(|(a, b)| a.matmul(b));
+        return f32_matmul::product(cast_to(a, dtype), cast_to(b, dtype));
     }
     match bf16_matmul::matmul(a, cast_to(b, dtype)) {
         Ok(p) => p,
@@ -434,6 +434,22 @@ mod tests {
         [lp.inner().into_data().into_vec().unwrap(), v(h.grad(&grads).unwrap()), v(w.grad(&grads).unwrap())]
     }
 
+    /// Random hidden states `[n, d]`, an LM head `[vocab, d]`, per-token loss weights `[n]` and
+    /// targets spread over the vocabulary.
+    fn inputs(
+        n: usize,
+        d: usize,
+        vocab: usize,
+        step: u32,
+    ) -> (Tensor<Cpu, 2>, Tensor<Cpu, 2>, Tensor<Cpu, 1>, Vec<u32>) {
+        let dev = Default::default();
+        let h = Tensor::<Cpu, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &dev);
+        let w = Tensor::<Cpu, 2>::random([vocab, d], Distribution::Normal(0.0, 0.5), &dev);
+        let c = Tensor::<Cpu, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev);
+        let targets = (0..n as u32).map(|i| (i * step + 5) % vocab as u32).collect();
+        (h, w, c, targets)
+    }
+
     fn close(a: &[f32], b: &[f32], what: &str) {
         let scale = b.iter().fold(0f32, |m, x| m.max(x.abs())).max(1e-3);
         let err = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
@@ -442,12 +458,7 @@ mod tests {
 
     #[test]
     fn chunked_logprobs_match_full_log_softmax_values_and_gradients() {
-        let dev = Default::default();
-        let (n, d, vocab) = (13, 16, 300);
-        let h = Tensor::<Cpu, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &dev);
-        let w = Tensor::<Cpu, 2>::random([vocab, d], Distribution::Normal(0.0, 0.5), &dev);
-        let c = Tensor::<Cpu, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev);
-        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 37 + 5) % vocab as u32).collect();
+        let (h, w, c, targets) = inputs(13, 16, 300, 37);
         for inv_t in [1.0, 1.0 / 0.7] {
             let want = naive(&h, &w, &targets, &c, inv_t);
             for (rows, keep) in [(4, false), (4, true), (13, true), (100, false)] {
@@ -483,13 +494,9 @@ mod tests {
     /// the backward pass would recompute the same product.
     #[test]
     fn kept_logits_give_the_recomputed_gradients_bit_for_bit() {
-        let dev = Default::default();
         // Enough multiply-adds that the CPU's product splits over its threads.
-        let (n, d, vocab) = (96, 64, 2000);
-        let h = Tensor::<Cpu, 2>::random([n, d], Distribution::Normal(0.0, 1.0), &dev);
-        let w = Tensor::<Cpu, 2>::random([vocab, d], Distribution::Normal(0.0, 0.5), &dev);
-        let c = Tensor::<Cpu, 1>::random([n], Distribution::Normal(0.0, 1.0), &dev);
-        let targets: Vec<u32> = (0..n as u32).map(|i| (i * 611 + 3) % vocab as u32).collect();
+        let n = 96;
+        let (h, w, c, targets) = inputs(n, 64, 2000, 611);
         for rows in [n, 40] {
             let kept = chunked(&h, &w, &targets, &c, 1.0, rows, true);
             let recomputed = chunked(&h, &w, &targets, &c, 1.0, rows, false);

@@ -1,9 +1,10 @@
 //! Training machinery shared by every algorithm: the optimizer and schedule
 //! ([`optim`]), checkpoints and resume ([`checkpoint`]), metrics sinks ([`metrics`],
 //! [`tensorboard`]), the value head of actor-critic algorithms ([`critic`]), gradient
-//! checkpointing ([`recompute`]). It knows nothing
+//! checkpointing ([`recompute`]), the parameters' autodiff graph ([`autodiff_graph`]). It knows nothing
 //! about which algorithm computes the loss.
 
+pub mod autodiff_graph;
 pub mod checkpoint;
 pub mod critic;
 pub mod interrupt;

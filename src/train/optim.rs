@@ -330,7 +330,8 @@ impl<B: Backend> AdamW<B> {
             }
         }
         let mut u = Update { grads: grads.grads, state: &mut self.state, step };
-        walk_params(model, &mut u)
+        // The new parameters are leaves of graphs of their own until joined.
+        super::autodiff_graph::join(walk_params(model, &mut u))
     }
 
     /// Writes the moments (`exp_avg.<name>`, `exp_avg_sq.<name>`, in the model's internal

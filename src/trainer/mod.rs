@@ -378,7 +378,7 @@ impl<B: Backend> Trainer<B> {
             }
         };
         let compute = config.algo.compute_dtype;
-        pretrained.model = set_compute(pretrained.model, compute);
+        pretrained.model = crate::train::autodiff_graph::join(set_compute(pretrained.model, compute));
         // The reference is always the starting model, also on resume (with LoRA, the base
         // under the adapters: no copy is loaded).
         let reference = if config.algo.kl_coef > 0.0 && lora.is_none() {

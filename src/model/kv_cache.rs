@@ -121,6 +121,14 @@ impl<B: Backend> KvCache<B> {
             .iter()
             .map(|kv| {
                 kv.as_ref().map(|kv| {
+                    // One row fanned out: a repeat, whose gradient is a sum over the copies
+                    // (a selection's is a scatter, element by element on the CPU backend).
+                    if kv.k.dims()[0] == 1 && rows.iter().all(|&r| r == 0) {
+                        return LayerKv {
+                            k: kv.k.clone().repeat_dim(0, rows.len()),
+                            v: kv.v.clone().repeat_dim(0, rows.len()),
+                        };
+                    }
                     let dev = kv.k.device();
                     let idx = Tensor::<B, 1, Int>::from_data(
                         TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),

@@ -37,7 +37,7 @@ struct Views<B: Backend>(Vec<Tensor<B, 1>>);
 impl<B: Backend> ParamVisitor<B> for Views<B> {
     fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
         if p.is_require_grad() {
-            self.0.push(p.val().slice([0..1]));
+            self.0.push(p.val().slice(0..1));
         }
         p
     }

@@ -25,8 +25,14 @@ use crate::model::weights::{ParamVisitor, walk_params};
 pub fn join<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
     let mut views = Views(Vec::new());
     let model = walk_params(model, &mut views);
-    if views.0.len() > 1 {
-        drop(Tensor::cat(views.0, 0));
+    // Trainable weights are f32 masters; one of another dtype would stay apart rather than
+    // fail the concatenation.
+    let mut views = views.0;
+    if let Some(dtype) = views.first().map(|v| v.dtype()) {
+        views.retain(|v| v.dtype() == dtype);
+    }
+    if views.len() > 1 {
+        drop(Tensor::cat(views, 0));
     }
     model
 }

@@ -60,7 +60,8 @@ impl<B: Backend> ParamVisitor<B> for Views<B> {
 mod tests {
     use super::*;
     use crate::backend::{Cpu, CpuAutodiff};
-    use crate::model::weights::{RandomWeights, build};
+    use crate::generate::score::response_hidden;
+    use crate::model::weights::{small_random_model, weighted_head_loss};
     use crate::train::optim::GradStore;
 
     /// The gradients of one loss through a joined model and through the same model unjoined
@@ -68,15 +69,12 @@ mod tests {
     /// after the first's backward pass has freed its graph).
     #[test]
     fn joined_parameters_give_the_same_gradients_bit_for_bit() {
-        let config = crate::bench::tiny_5m_config();
-        let dev = Default::default();
-        let model: CausalLm<CpuAutodiff> = build(&config, &mut RandomWeights::new(&config, 3, 0.02), &dev).unwrap();
+        let model = small_random_model::<CpuAutodiff>(true, 3);
         let requests = vec![(vec![1u32, 2, 3], vec![4u32, 5, 6, 7]), (vec![8u32, 9], vec![10u32, 11, 12])];
         let gradients = |model: &CausalLm<CpuAutodiff>| {
-            let (hidden, targets, _) = crate::generate::score::response_hidden(model, &requests).unwrap();
-            let logp = crate::generate::score::token_logprobs_autodiff(hidden, model.lm_head_weight(), &targets, 1.0);
+            let (hidden, _, _) = response_hidden(model, &requests).unwrap();
             let mut store = GradStore::<Cpu>::default();
-            store.accumulate(model, &logp.mean().neg().backward());
+            store.accumulate(model, &weighted_head_loss(model, hidden).backward());
             store.names().into_iter().map(|n| (n.clone(), store.host(&n).unwrap())).collect::<Vec<_>>()
         };
         let plain = gradients(&model);
@@ -96,16 +94,14 @@ mod tests {
     /// Joining marks nothing trainable that was not, and leaves frozen models alone.
     #[test]
     fn joining_keeps_what_is_trainable_and_accepts_a_model_without_autodiff() {
-        let config = crate::bench::tiny_5m_config();
-        let dev = Default::default();
-        let model: CausalLm<CpuAutodiff> = build(&config, &mut RandomWeights::new(&config, 4, 0.02), &dev).unwrap();
+        let model = small_random_model::<CpuAutodiff>(true, 4);
         let joined = join(model.clone());
         assert_eq!(joined.embed_tokens.is_require_grad(), model.embed_tokens.is_require_grad());
         assert_eq!(
             joined.layers[0].mlp.down_proj.weight.val().into_data(),
             model.layers[0].mlp.down_proj.weight.val().into_data()
         );
-        let frozen: CausalLm<Cpu> = build(&config, &mut RandomWeights::new(&config, 4, 0.02), &dev).unwrap();
+        let frozen = small_random_model::<Cpu>(true, 4);
         let kept = join(frozen.clone());
         assert_eq!(kept.embed_tokens.val().into_data(), frozen.embed_tokens.val().into_data());
     }

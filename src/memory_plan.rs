@@ -12,7 +12,11 @@
 //! the reference), no fused attention (every layer keeps its `heads × t × t` attention
 //! probabilities for the backward pass) and a KV cache that grows by doubling. Rollout and
 //! update do not overlap: the KV cache is freed before the update allocates its activations
-//! and gradients, so the peak is the persistent state plus the larger of the two phases.
+//! and gradients, so the peak is the persistent state plus the larger of the two phases. An
+//! offloaded policy (`[[agents]] offload`) keeps only its weights on the device for the run;
+//! its reference, moments and summed gradients are in host memory, and the device holds, one
+//! phase at a time, a backward pass's gradients, the reference for scoring, or one
+//! parameter's update.
 
 use std::fmt;
 use std::path::Path;
@@ -50,23 +54,62 @@ pub struct Footprint {
     pub critic: u64,
     /// … and its gradients and activations during an update.
     pub critic_update: u64,
+    /// The reference, moments and summed gradients wait in host memory (`[[agents]] offload`);
+    /// the three fields below are what the device then holds of them.
+    pub offloaded: bool,
+    /// Offloaded: the gradients one backward pass leaves on the device while they are copied
+    /// out. All of them without gradient checkpointing; with it, the head's and one layer's.
+    pub pass_gradients: u64,
+    /// Offloaded: AdamW's update of the largest parameter (its gradient, moments and new value
+    /// on the device, one parameter at a time).
+    pub step: u64,
+    /// Offloaded: the scoring stage's graph-free forward pass of one micro-batch, beside the
+    /// reference copied in for it.
+    pub scoring: u64,
 }
 
 impl Footprint {
-    /// Held for the whole run.
+    /// Held on the device for the whole run.
     pub fn persistent(&self) -> u64 {
-        self.weights.saturating_add(self.reference).saturating_add(self.optimizer).saturating_add(self.critic)
+        match self.offloaded {
+            true => self.weights.saturating_add(self.critic),
+            false => {
+                self.weights.saturating_add(self.reference).saturating_add(self.optimizer).saturating_add(self.critic)
+            }
+        }
     }
 
-    /// What an update holds whatever its batch sizes: the persistent state and the gradients.
+    /// What the device holds at some point whatever the batch sizes: the persistent state and
+    /// the gradients (offloaded: the reference or the update of the largest parameter).
     pub fn state(&self) -> u64 {
-        self.persistent().saturating_add(self.gradients)
+        match self.offloaded {
+            true => self.persistent().saturating_add(self.reference.max(self.step)),
+            false => self.persistent().saturating_add(self.gradients),
+        }
     }
 
-    /// The peak: the persistent state plus the larger phase (see the module docs).
+    /// The peak: the persistent state plus the largest phase (see the module docs).
     pub fn peak(&self) -> u64 {
-        let update = self.gradients.saturating_add(self.activations).saturating_add(self.critic_update);
-        self.persistent().saturating_add(update.max(self.rollout))
+        let gradients = if self.offloaded { self.pass_gradients } else { self.gradients };
+        let update = gradients.saturating_add(self.activations).saturating_add(self.critic_update);
+        let phase = match self.offloaded {
+            true => update.max(self.rollout).max(self.step).max(self.reference.saturating_add(self.scoring)),
+            false => update.max(self.rollout),
+        };
+        self.persistent().saturating_add(phase)
+    }
+
+    /// What waits in host memory (offloaded).
+    pub fn host(&self) -> u64 {
+        match self.offloaded {
+            true => self.reference.saturating_add(self.gradients).saturating_add(self.optimizer),
+            false => 0,
+        }
+    }
+
+    /// This footprint with the reference, moments and summed gradients in host memory.
+    pub fn offloaded(self) -> Footprint {
+        Footprint { offloaded: true, ..self }
     }
 }
 
@@ -182,6 +225,14 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     // Logits and sampling probabilities of one decoding step, and the prefill's attention.
     let sampling = 2 * rollout_seqs * vocab * F32W;
     let prefill = prefill_scores(m, w.rollout_sequences, w.rollout_prompt);
+    // Offloaded, with checkpointing: the head's pass leaves the LM head's gradient (the tied
+    // embedding's) alive while each layer's pass, then the embedding's, adds its own.
+    let layer_params = (m.num_parameters() as u128)
+        .saturating_sub(vocab * d * if m.tie_word_embeddings { 1 } else { 2 })
+        / layers.max(1);
+    let head_or_layer = layer_params.max(if m.tie_word_embeddings { 0 } else { vocab * d });
+    // The largest parameter: an embedding or LM head, or a layer's largest projection.
+    let largest = (vocab * d).max(f * d).max(q * d);
     // Sizes no device has saturate rather than wrap around (the settings bound the inputs).
     let clamp = |bytes: u128| u64::try_from(bytes).unwrap_or(u64::MAX);
     Footprint {
@@ -200,6 +251,16 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         // the log-prob op's logits (`trainer::update`).
         critic: clamp(if w.value_model { 3 * trained } else { 0 }),
         critic_update: clamp(if w.value_model { trained + seqs * t * layers * per_token_layer * F32W } else { 0 }),
+        offloaded: false,
+        pass_gradients: clamp(if w.checkpointing { trained.min((vocab * d + head_or_layer) * F32W) } else { trained }),
+        step: clamp(4 * largest.min(trained / F32W) * F32W),
+        // One layer at a time without a graph: the attention's scores and probabilities, the
+        // layer's hidden states; the log-prob op's logits chunk.
+        scoring: clamp(
+            (seqs * (2 * heads * t * t + t * (4 * d + 2 * q + 2 * kv + 3 * f))
+                + 3 * (seqs * t).min(chunk_rows) * vocab)
+                * F32W,
+        ),
     }
 }
 
@@ -215,6 +276,8 @@ type Change = Box<dyn Fn(&mut Workload)>;
 /// One policy's line of the plan.
 #[derive(Clone, Debug)]
 pub struct PolicyPlan {
+    /// Its place in the config's `[[agents]]`.
+    pub index: usize,
     pub name: String,
     pub model: String,
     pub device: DeviceSpec,
@@ -223,7 +286,23 @@ pub struct PolicyPlan {
     pub lora: Option<LoraConfig>,
     /// Storage of its frozen weights.
     pub frozen_dtype: FrozenDtype,
+    /// Its reference, moments and summed gradients wait in host memory (`offload`).
+    pub offload: bool,
     pub footprint: Footprint,
+}
+
+impl PolicyPlan {
+    /// Its footprint under `w`, with `lora` adapters and `frozen` storage. Offloading moves
+    /// state off a GPU; on the CPU the host is the device, so it changes nothing there.
+    fn footprint_as(&self, w: &Workload, lora: Option<&LoraConfig>, frozen: FrozenDtype) -> Footprint {
+        let f = footprint(&self.shape, w, lora, frozen);
+        if self.offload && self.device != DeviceSpec::Cpu { f.offloaded() } else { f }
+    }
+
+    /// Whether offloading would lower its footprint (a GPU's policy that does not offload yet).
+    fn could_offload(&self) -> bool {
+        !self.offload && self.device != DeviceSpec::Cpu
+    }
 }
 
 /// Where a device's memory figure comes from.
@@ -279,6 +358,9 @@ pub struct MemoryPlan {
     pub workload: Workload,
     pub policies: Vec<PolicyPlan>,
     pub devices: Vec<DevicePlan>,
+    /// This machine's memory, for what offloaded policies keep there: not checked when
+    /// `--device-memory` plans for another machine.
+    pub host: Capacity,
 }
 
 impl MemoryPlan {
@@ -289,16 +371,19 @@ impl MemoryPlan {
         let workload = Workload::of(cfg)?;
         let mut policies = Vec::with_capacity(cfg.policies.len());
         for (k, p) in cfg.policies.iter().enumerate().filter(|&(k, _)| hosted.get(k) == Some(&true)) {
-            let shape = model_shape(&p.model, cfg)?;
-            policies.push(PolicyPlan {
+            let mut plan = PolicyPlan {
+                index: k,
                 name: cfg.policy_name(k),
                 model: p.model.clone(),
                 device: DeviceSpec::parse_name(&p.device)?,
-                footprint: footprint(&shape, &workload, p.lora.as_ref(), p.frozen_dtype),
+                footprint: Footprint::default(),
                 lora: p.lora.clone(),
                 frozen_dtype: p.frozen_dtype,
-                shape,
-            });
+                offload: p.offload,
+                shape: model_shape(&p.model, cfg)?,
+            };
+            plan.footprint = plan.footprint_as(&workload, p.lora.as_ref(), p.frozen_dtype);
+            policies.push(plan);
         }
         let mut devices: Vec<DevicePlan> = Vec::new();
         for (k, p) in policies.iter().enumerate() {
@@ -321,7 +406,11 @@ impl MemoryPlan {
                 None => measured_capacity(d.device),
             };
         }
-        Ok(MemoryPlan { workload, policies, devices })
+        let host = match device_memory {
+            Some(_) => Capacity::Unknown,
+            None => available_ram().map_or(Capacity::Unknown, Capacity::Available),
+        };
+        Ok(MemoryPlan { workload, policies, devices, host })
     }
 
     /// This plan under workload `w`: the same policies, shapes and devices (their capacities as
@@ -330,7 +419,7 @@ impl MemoryPlan {
         let mut plan = self.clone();
         plan.workload = w;
         for p in &mut plan.policies {
-            p.footprint = footprint(&p.shape, &w, p.lora.as_ref(), p.frozen_dtype);
+            p.footprint = p.footprint_as(&w, p.lora.as_ref(), p.frozen_dtype);
         }
         for d in &mut plan.devices {
             d.need = d.policies.iter().map(|&k| plan.policies[k].footprint.peak()).sum();
@@ -338,52 +427,69 @@ impl MemoryPlan {
         plan
     }
 
-    /// Whether every device fits.
+    /// Whether every device fits, and what offloaded policies keep in host memory.
     pub fn fits(&self) -> bool {
-        self.devices.iter().all(DevicePlan::fits)
+        self.devices.iter().all(DevicePlan::fits) && self.host_fits()
+    }
+
+    /// What offloaded policies keep in host memory.
+    pub fn offloaded(&self) -> u64 {
+        self.policies.iter().map(|p| p.footprint.host()).sum()
+    }
+
+    /// Host memory for the offloaded state beside the CPU's own policies (no offload: the
+    /// CPU's device plan says it all).
+    fn host_fits(&self) -> bool {
+        let cpu: u64 = self.devices.iter().filter(|d| d.device == DeviceSpec::Cpu).map(|d| d.need).sum();
+        let need = self.offloaded();
+        need == 0 || self.host.bytes().is_none_or(|have| need.saturating_add(cpu) <= have)
     }
 
     /// For a plan of `cfg` that does not fit: `cfg` with the settings that leave the run's
     /// mathematics as it is chosen so that every device fits, its plan, and a line that says
     /// what was chosen and why. Those settings: fewer prompts sampled together (the same
     /// sampling; the chunks' seeds differ, so other random draws, as another seed gives),
-    /// gradient accumulation over a
-    /// smaller micro-batch, then gradient checkpointing as well (recomputation); the largest
-    /// rollout batch and micro-batch that fit are kept. None when the plan fits already or
-    /// these cannot make it fit (the error of [`MemoryPlan::check`] then names the changes
-    /// that alter the update).
+    /// gradient accumulation over a smaller micro-batch, then gradient checkpointing as well
+    /// (recomputation); the largest rollout batch and micro-batch that fit are kept. When no
+    /// such choice fits, the same search again with the GPU policies of the devices that do not
+    /// fit offloaded (their state in host memory, copied at every step). None when the plan
+    /// fits already or these cannot make it fit (the error of [`MemoryPlan::check`] then names
+    /// the changes that alter the update).
     pub fn fitted(&self, cfg: &TrainConfig) -> Option<(TrainConfig, MemoryPlan, String)> {
         if self.fits() {
             return None;
         }
+        let (prompts, micro_batch, checkpointing, plan) =
+            self.leanest_fit(cfg, false).or_else(|| self.leanest_fit(cfg, true))?;
         let w = self.workload;
-        let group = cfg.algo.group_size.max(1);
-        let halvings = |from: usize| std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2));
-        let checkpointing = if w.checkpointing { vec![true] } else { vec![false, true] };
-        // The rollout and the update never hold their memory at the same time (the peak is the
-        // larger of the two), so each keeps what it can.
-        let candidates = halvings(cfg.rollout.batch_prompts.max(1)).flat_map(|prompts| {
-            let halvings = halvings(w.micro_batch);
-            checkpointing.iter().flat_map(move |&ckpt| halvings.clone().map(move |m| (prompts, m, ckpt)))
-        });
-        let (prompts, micro_batch, checkpointing, plan) = candidates
-            .map(|(prompts, m, ckpt)| {
-                let lean = Workload { micro_batch: m, checkpointing: ckpt, rollout_sequences: prompts * group, ..w };
-                (prompts, m, ckpt, self.under(lean))
-            })
-            .find(|(.., plan)| plan.fits())?;
         let (mut chose, mut how) = (vec![], vec![]);
         if prompts != cfg.rollout.batch_prompts.max(1) {
             chose.push(format!("rollout.batch_prompts = {prompts} (was {})", cfg.rollout.batch_prompts));
-            how.push("prompts sampled in smaller batches (other random draws, as with another seed)");
+            how.push("prompts sampled in smaller batches (other random draws, as with another seed)".to_string());
         }
         if micro_batch != w.micro_batch {
             chose.push(format!("algo.micro_batch_sequences = {micro_batch} (was {})", w.micro_batch));
-            how.push("gradients accumulated over smaller micro-batches");
+            how.push("gradients accumulated over smaller micro-batches".to_string());
         }
         if checkpointing != w.checkpointing {
             chose.push("algo.gradient_checkpointing = true".to_string());
-            how.push("activations recomputed in the backward pass");
+            how.push("activations recomputed in the backward pass".to_string());
+        }
+        let newly: Vec<&PolicyPlan> = plan
+            .policies
+            .iter()
+            .zip(&self.policies)
+            .filter(|(p, was)| p.offload && !was.offload)
+            .map(|(p, _)| p)
+            .collect();
+        if !newly.is_empty() {
+            let names: Vec<&str> = newly.iter().map(|p| p.name.as_str()).collect();
+            let host: u64 = newly.iter().map(|p| p.footprint.host()).sum();
+            chose.push(format!("offload = true for {}", names.join(", ")));
+            how.push(format!(
+                "AdamW moments, summed gradients and KL reference waiting in host memory ({}, copied at every step)",
+                gb(host)
+            ));
         }
         let d = self.devices.iter().find(|d| !d.fits()).expect("one does not fit");
         let now = plan.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
@@ -398,7 +504,52 @@ impl MemoryPlan {
         let mut fitted = cfg.clone();
         (fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing) = (micro_batch, checkpointing);
         fitted.rollout.batch_prompts = prompts;
+        for p in &newly {
+            fitted.policies[p.index].offload = true;
+        }
         Some((fitted, plan, line))
+    }
+
+    /// The largest rollout batch, then micro-batch, without then with checkpointing, that
+    /// fit every device: (prompts per rollout batch, micro-batch, checkpointing, the plan).
+    /// `offload`: each candidate offloads the GPU policies of the devices it does not fit.
+    fn leanest_fit(&self, cfg: &TrainConfig, offload: bool) -> Option<(usize, usize, bool, MemoryPlan)> {
+        let w = self.workload;
+        let group = cfg.algo.group_size.max(1);
+        let halvings = |from: usize| std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2));
+        let checkpointing = if w.checkpointing { vec![true] } else { vec![false, true] };
+        // The rollout and the update never hold their memory at the same time (the peak is the
+        // larger of the two), so each keeps what it can.
+        let candidates = halvings(cfg.rollout.batch_prompts.max(1)).flat_map(|prompts| {
+            let halvings = halvings(w.micro_batch);
+            checkpointing.iter().flat_map(move |&ckpt| halvings.clone().map(move |m| (prompts, m, ckpt)))
+        });
+        candidates
+            .map(|(prompts, m, ckpt)| {
+                let lean = Workload { micro_batch: m, checkpointing: ckpt, rollout_sequences: prompts * group, ..w };
+                let plan = self.under(lean);
+                let plan = match offload {
+                    true => plan.offloading_where_it_does_not_fit().unwrap_or(plan),
+                    false => plan,
+                };
+                (prompts, m, ckpt, plan)
+            })
+            .find(|(.., plan)| plan.fits())
+    }
+
+    /// This plan with every GPU policy of a device that does not fit offloaded; None when
+    /// there is none to offload.
+    fn offloading_where_it_does_not_fit(&self) -> Option<MemoryPlan> {
+        let mut plan = self.clone();
+        let mut any = false;
+        for d in self.devices.iter().filter(|d| !d.fits()) {
+            for &k in &d.policies {
+                if plan.policies[k].could_offload() {
+                    (plan.policies[k].offload, any) = (true, true);
+                }
+            }
+        }
+        any.then(|| plan.under(self.workload))
     }
 
     /// An error naming every device that does not fit, its policies, the numbers and the
@@ -406,7 +557,7 @@ impl MemoryPlan {
     /// ways out).
     pub fn check(&self, cfg: &TrainConfig) -> Result<()> {
         let failing: Vec<&DevicePlan> = self.devices.iter().filter(|d| !d.fits()).collect();
-        if failing.is_empty() {
+        if failing.is_empty() && self.host_fits() {
             return Ok(());
         }
         // What hacpo would choose by itself (`MemoryPlan::fitted`) at its leanest.
@@ -420,6 +571,16 @@ impl MemoryPlan {
         let mut msg = String::new();
         for d in failing {
             msg.push_str(&self.device_report(cfg, d, &leanest));
+        }
+        if !self.host_fits() {
+            let names: Vec<&str> =
+                self.policies.iter().filter(|p| p.footprint.offloaded).map(|p| p.name.as_str()).collect();
+            msg.push_str(&format!(
+                "the offloaded state of {} (reference, AdamW moments, summed gradients) needs {} of host memory beside the CPU's policies, and this machine has {}.\nWays out: offload = false where the device fits without it; LoRA adapters (--lora 16); a machine with more memory, or the agents spread over machines (--host).\n",
+                names.join(", "),
+                gb(self.offloaded()),
+                self.host.describe()
+            ));
         }
         msg.push_str("--dry-run prints the whole plan; --skip-memory-check trains anyway.");
         Err(Error::InvalidArgument(msg))
@@ -442,7 +603,25 @@ impl MemoryPlan {
         }
         // Held through an update whatever the batch sizes.
         let state: u64 = d.policies.iter().map(|&k| self.policies[k].footprint.state()).sum();
-        if state > have {
+        let offloadable = d.policies.iter().any(|&k| self.policies[k].could_offload());
+        if state > have && offloadable {
+            let offloaded = leanest.offloading_where_it_does_not_fit().expect("a policy to offload");
+            let same = offloaded.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
+            let verdict = match (same <= have, offloaded.host_fits()) {
+                (true, true) => ", which fits: hacpo chooses such settings itself once every device fits".to_string(),
+                (_, false) => format!(
+                    ", and {} of host memory, more than this machine's {}",
+                    gb(offloaded.offloaded()),
+                    offloaded.host.describe()
+                ),
+                (false, true) => String::new(),
+            };
+            msg.push_str(&format!(
+                "Its weights, reference, gradients and AdamW moments alone need {}; with the last three in host memory (offload = true under its [[agents]], or --offload: the same update), micro-batch 1 with gradient checkpointing and one prompt per rollout batch needs {}{verdict}.\n",
+                gb(state),
+                gb(same),
+            ));
+        } else if state > have {
             msg.push_str(&format!(
                 "Its weights, reference, gradients and AdamW moments alone need {}: no batch size makes them fit, only a change to what is trained or stored.\n",
                 gb(state)
@@ -472,18 +651,19 @@ impl MemoryPlan {
         // `lora`: every policy of the device that trains fully gets default adapters; `bf16`:
         // every policy stores its frozen weights in bf16.
         let default_lora = LoraConfig::default();
-        let need_as = |w: &Workload, lora: bool, bf16: bool| -> u64 {
+        let need_as = |w: &Workload, lora: bool, bf16: bool, offload: bool| -> u64 {
             d.policies
                 .iter()
                 .map(|&k| {
-                    let p = &self.policies[k];
+                    let p = PolicyPlan { offload: self.policies[k].offload || offload, ..self.policies[k].clone() };
                     let adapters = p.lora.as_ref().or(lora.then_some(&default_lora));
                     let frozen = if bf16 { FrozenDtype::Bf16 } else { p.frozen_dtype };
-                    footprint(&p.shape, w, adapters, frozen).peak()
+                    p.footprint_as(w, adapters, frozen).peak()
                 })
                 .sum()
         };
-        let need = |w: &Workload, lora: bool| need_as(w, lora, false);
+        let offloadable = d.policies.iter().any(|&k| self.policies[k].could_offload());
+        let need = |w: &Workload, lora: bool| need_as(w, lora, false, false);
         let need_with = |w: &Workload| need(w, false);
         // bf16 storage lowers what is frozen: a LoRA base or a reference.
         let bf16_helps = d.policies.iter().any(|&k| {
@@ -543,7 +723,13 @@ impl MemoryPlan {
         if bf16_helps {
             out.push((
                 "frozen_dtype = \"bf16\" under each [[agents]] (the LoRA base or KL reference in bf16)".into(),
-                need_as(&w, false, true),
+                need_as(&w, false, true, false),
+            ));
+        }
+        if offloadable {
+            out.push((
+                "offload = true under each [[agents]] or --offload (moments, summed gradients and reference in host memory; the same update)".into(),
+                need_as(&w, false, false, true),
             ));
         }
         out.extend(changes.iter().map(|(what, change)| {
@@ -554,7 +740,10 @@ impl MemoryPlan {
         if out.len() > 1 {
             let mut all = w;
             changes.iter().for_each(|(_, change)| change(&mut all));
-            out.push(("all of these".into(), need_as(&all, !full.is_empty(), d.device != DeviceSpec::Wgpu)));
+            out.push((
+                "all of these".into(),
+                need_as(&all, !full.is_empty(), d.device != DeviceSpec::Wgpu, offloadable),
+            ));
         }
         out
     }
@@ -618,6 +807,21 @@ impl fmt::Display for MemoryPlan {
                 gb(fp.rollout),
                 gb(fp.peak()),
                 p.device
+            )?;
+        }
+        let host: u64 = self.policies.iter().map(|p| p.footprint.host()).sum();
+        if host > 0 {
+            let names: Vec<&str> =
+                self.policies.iter().filter(|p| p.footprint.offloaded).map(|p| p.name.as_str()).collect();
+            writeln!(
+                f,
+                "  offloaded ({}): {} of reference, moments and summed gradients in host memory{}; ref, grads and adamw above are there",
+                names.join(", "),
+                gb(host),
+                match self.host {
+                    Capacity::Available(have) => format!(" ({} available)", gb(have)),
+                    _ => String::new(),
+                }
             )?;
         }
         for d in &self.devices {
@@ -894,6 +1098,30 @@ mod tests {
         assert!(f.peak() as f64 > 80e9);
     }
 
+    /// Offloaded, the device keeps the weights for the run and, in turn, each phase's own:
+    /// with checkpointing a backward pass's gradients (the LM head's and one layer's or the
+    /// embedding's, far below all of them), the reference beside the scoring pass, one parameter's update; the
+    /// rest waits in host memory.
+    #[test]
+    fn offloading_leaves_the_weights_and_the_largest_phase_on_the_device() {
+        let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
+        let w = Workload { checkpointing: true, ..workload(4096, true) };
+        let resident = footprint(&shape, &w, None, FrozenDtype::F32);
+        let f = resident.offloaded();
+        assert_eq!(f.persistent(), f.weights);
+        assert_eq!(f.host(), f.reference + f.gradients + f.optimizer);
+        // The LM head's (128,256 × 4,096), alive while the embedding's pass adds as many: more
+        // than one layer's 218M parameters.
+        assert_eq!(f.pass_gradients, 2 * 128_256 * 4096 * 4);
+        assert_eq!(f.step, 4 * 128_256 * 4096 * 4, "the LM head's gradient, moments and new value");
+        let phases = [f.pass_gradients + f.activations, f.rollout, f.step, f.reference + f.scoring];
+        assert_eq!(f.peak(), f.weights + phases.into_iter().max().unwrap());
+        assert!(f.scoring < f.activations && f.peak() < resident.peak() / 2, "{f:?}");
+        // Without checkpointing one backward pass leaves every gradient on the device.
+        let plain = footprint(&shape, &workload(4096, true), None, FrozenDtype::F32).offloaded();
+        assert_eq!(plain.pass_gradients, plain.gradients);
+    }
+
     #[test]
     fn activations_grow_with_the_micro_batch_and_quadratically_with_length() {
         let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
@@ -1051,13 +1279,19 @@ mod tests {
         // Just above micro-batch 2 without recomputation: micro-batch 2, no recomputation.
         let (fitted, _, why) = fit(need(2, false)).unwrap();
         assert_eq!((fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing), (2, false), "{why}");
-        // Fits as it is, or cannot fit at all (below micro-batch 1 with recomputation and one
-        // prompt per rollout batch): nothing chosen.
+        // Fits as it is, or cannot fit at all (below micro-batch 1 with recomputation, one
+        // prompt per rollout batch and the adapters' moments in host memory): nothing chosen.
         assert!(fit(need(micro, false)).is_none());
         let mut leanest = cfg.clone();
         (leanest.algo.micro_batch_sequences, leanest.algo.gradient_checkpointing) = (1, true);
         leanest.rollout.batch_prompts = 1;
-        assert!(fit(MemoryPlan::of(&leanest, Some(1), &hosted).unwrap().devices[0].need - 1).is_none());
+        let resident = MemoryPlan::of(&leanest, Some(1), &hosted).unwrap().devices[0].need;
+        leanest.policies[0].offload = true;
+        let offloaded = MemoryPlan::of(&leanest, Some(1), &hosted).unwrap().devices[0].need;
+        assert!(offloaded < resident);
+        let (fitted, _, why) = fit(resident - 1).unwrap();
+        assert!(fitted.policies[0].offload && why.contains("offload = true for agent0-qwen-1.5b"), "{why}");
+        assert!(fit(offloaded - 1).is_none());
     }
 
     /// When the rollout is the phase that does not fit, `fitted` samples fewer prompts at a
@@ -1083,28 +1317,84 @@ mod tests {
         assert!(!plan(&twice, have).fits(), "{prompts} is the largest that fits");
     }
 
-    /// The headline pair with no preset on two 80 GB GPUs: qwen-1.5b would fit with batch sizes
-    /// hacpo chooses itself, llama-8b's full fine-tune cannot fit whatever they are, and the
-    /// error says both.
+    fn full_fine_tunes(models: &[&str], devices: &[&str]) -> TrainConfig {
+        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
+        cfg.policies = models
+            .iter()
+            .zip(devices)
+            .map(|(m, d)| crate::config::PolicyConfig { device: d.to_string(), ..crate::config::PolicyConfig::new(*m) })
+            .collect();
+        cfg
+    }
+
+    /// The headline pair with no preset on two 80 GB GPUs, fully fine-tuned in f32: qwen-1.5b
+    /// fits with batch sizes hacpo chooses itself; llama-8b's weights, reference, gradients and
+    /// moments (160.6 GB) fit no batch size, so its state waits in host memory as well, and
+    /// only its.
+    #[test]
+    fn the_headline_pair_fits_two_80_gb_gpus_with_llama_8b_offloaded() {
+        let cfg = full_fine_tunes(&["qwen-1.5b", "llama-8b"], &["cuda:0", "cuda:1"]);
+        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000), &[true, true]).unwrap();
+        assert!(!plan.fits());
+        let (fitted, fitted_plan, why) = plan.fitted(&cfg).unwrap();
+        assert!(fitted_plan.fits(), "{fitted_plan}");
+        assert_eq!((fitted.policies[0].offload, fitted.policies[1].offload), (false, true), "{why}");
+        assert!(fitted.algo.gradient_checkpointing && fitted.algo.micro_batch_sequences == 1, "{why}");
+        assert!(why.contains("offload = true for agent1-llama-8b") && why.contains("host memory"), "{why}");
+        let llama = &fitted_plan.policies[1].footprint;
+        assert!(llama.offloaded && llama.peak() <= 80_000_000_000 && llama.peak() > 60_000_000_000, "{llama:?}");
+        // Its reference, gradients and moments: 32.1 + 32.1 + 64.2 GB.
+        assert_eq!(gb(llama.host()), "128.5 GB");
+        assert!(fitted_plan.to_string().contains("offloaded (agent1-llama-8b): 128.5 GB"), "{fitted_plan}");
+    }
+
+    /// A machine whose memory cannot hold what offloading would put there: nothing is chosen,
+    /// and the error says how much host memory it would take; an offloaded plan that does not
+    /// fit the host is refused with the numbers.
+    #[test]
+    fn offloading_needs_the_host_memory_to_hold_the_state() {
+        let cfg = full_fine_tunes(&["qwen-1.5b", "llama-8b"], &["cuda:0", "cuda:1"]);
+        let mut plan = MemoryPlan::of(&cfg, Some(80_000_000_000), &[true, true]).unwrap();
+        plan.host = Capacity::Available(100_000_000_000);
+        assert!(plan.fitted(&cfg).is_none(), "128.5 GB of state does not fit 100 GB of RAM");
+        let err = plan.check(&cfg).unwrap_err().to_string();
+        let llama = &err[err.find("does not fit cuda:1").expect(&err)..];
+        assert!(
+            llama.contains("and 128.5 GB of host memory, more than this machine's 100.0 GB available RAM"),
+            "{err}"
+        );
+        assert!(!llama.contains("which fits"), "{err}");
+
+        let mut offloaded = cfg.clone();
+        offloaded.policies[1].offload = true;
+        let mut plan = MemoryPlan::of(&offloaded, Some(4_000_000_000_000), &[true, true]).unwrap();
+        assert!(plan.fits() && plan.offloaded() > 128_000_000_000);
+        plan.host = Capacity::Available(100_000_000_000);
+        let err = plan.check(&offloaded).unwrap_err().to_string();
+        assert!(err.contains("the offloaded state of agent1-llama-8b"), "{err}");
+        assert!(err.contains("needs 128.5 GB of host memory") && err.contains("100.0 GB available RAM"), "{err}");
+        assert!(!err.contains("does not fit cuda"), "the GPUs fit: {err}");
+    }
+
+    /// Where offloading is not enough (one 40 GB GPU) or saves nothing (the CPU, whose host is
+    /// its device), the error says what the state alone needs and what would fit.
     #[test]
     fn a_device_whose_state_alone_does_not_fit_says_so() {
-        let mut cfg = TrainConfig::from_toml("", "test", &[]).unwrap();
-        cfg.policies = ["qwen-1.5b", "llama-8b"]
-            .iter()
-            .enumerate()
-            .map(|(k, m)| crate::config::PolicyConfig {
-                device: format!("cuda:{k}"),
-                ..crate::config::PolicyConfig::new(*m)
-            })
-            .collect();
-        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000), &[true, true]).unwrap();
+        let cfg = full_fine_tunes(&["llama-8b"], &["cuda:0"]);
+        let plan = MemoryPlan::of(&cfg, Some(40_000_000_000), &[true]).unwrap();
         assert!(plan.fitted(&cfg).is_none());
         let err = plan.check(&cfg).unwrap_err().to_string();
-        let (qwen, llama) = err.split_at(err.find("does not fit cuda:1").expect(&err));
-        assert!(qwen.contains("does not fit cuda:0") && qwen.contains("(the same run) needs"), "{err}");
-        assert!(qwen.contains("which fits: hacpo chooses such settings itself once every device fits"), "{err}");
-        assert!(llama.contains("Its weights, reference, gradients and AdamW moments alone need 160.6 GB"), "{err}");
-        assert!(llama.contains("LoRA adapters for agent1-llama-8b"), "{err}");
+        assert!(err.contains("Its weights, reference, gradients and AdamW moments alone need 160.6 GB"), "{err}");
+        assert!(err.contains("with the last three in host memory (offload = true"), "{err}");
+        assert!(!err.contains("which fits"), "{err}");
+        assert!(err.contains("LoRA adapters for agent0-llama-8b") && err.contains("--offload"), "{err}");
+
+        let cfg = full_fine_tunes(&["llama-8b"], &["cpu"]);
+        let plan = MemoryPlan::of(&cfg, Some(80_000_000_000), &[true]).unwrap();
+        assert!(plan.fitted(&cfg).is_none());
+        let err = plan.check(&cfg).unwrap_err().to_string();
+        assert!(err.contains("alone need 160.6 GB: no batch size makes them fit"), "{err}");
+        assert!(!err.contains("offload"), "nothing to gain on the CPU: {err}");
     }
 
     #[test]

@@ -9,9 +9,19 @@ use serde_json::{Map, Value};
 
 use crate::error::{Error, Result};
 use crate::model::lora::LoraConfig;
+use crate::model::offload::HostModel;
 use crate::model::{CausalLm, Pretrained};
 use crate::tokenizer::{Message, Tokenizer};
 use crate::train::optim::{AdamW, AdamWConfig};
+
+/// Where the KL reference waits between scoring passes.
+pub enum Reference<B: Backend> {
+    /// On the policy's device, as sampling reads it.
+    Device(CausalLm<B>),
+    /// In host memory as stored, copied to the device for each scoring pass (`[[agents]]
+    /// offload`).
+    Host(HostModel<B>),
+}
 
 /// One trainable policy of a run.
 pub struct Policy<B: Backend> {
@@ -25,7 +35,7 @@ pub struct Policy<B: Backend> {
     pub model: CausalLm<Autodiff<B>>,
     /// The frozen initial model for the KL term (`None` when the KL coefficient is 0, and
     /// with LoRA, whose reference is the base under the adapters: see [`Policy::reference_model`]).
-    pub reference: Option<CausalLm<B>>,
+    pub reference: Option<Reference<B>>,
     /// The adapters' settings when the policy trains LoRA adapters on a frozen base.
     pub lora: Option<LoraConfig>,
     pub tokenizer: Tokenizer,
@@ -48,7 +58,7 @@ impl<B: Backend> Policy<B> {
         spec: String,
         device: B::Device,
         pretrained: Pretrained<Autodiff<B>>,
-        reference: Option<CausalLm<B>>,
+        reference: Option<Reference<B>>,
         chat_kwargs: Map<String, Value>,
         optimizer: AdamWConfig,
     ) -> Self {
@@ -84,9 +94,12 @@ impl<B: Backend> Policy<B> {
     /// The frozen model the KL term compares with: the loaded reference, or with LoRA the base
     /// without its adapters (the same weights, not a copy).
     pub fn reference_model(&self) -> Option<CausalLm<B>> {
-        match &self.lora {
-            Some(_) => Some(crate::model::lora::strip(self.inference_model())),
-            None => self.reference.clone(),
+        match (&self.lora, &self.reference) {
+            (Some(_), _) => Some(crate::model::lora::strip(self.inference_model())),
+            (None, Some(Reference::Device(model))) => Some(model.clone()),
+            // Copied to the device for this use; the caller drops it after.
+            (None, Some(Reference::Host(host))) => Some(crate::model::precision::rollout_copy(host.upload())),
+            (None, None) => None,
         }
     }
 

@@ -42,6 +42,13 @@ pub fn train(
     // One warning per kind of device the run's policies are on.
     let mut warnings: Vec<String> =
         cfg.policies.iter().filter_map(|p| cfg.algo.compute_dtype.speed_warning(&p.device)).collect();
+    if cfg.policies.iter().any(|p| {
+        p.offload && crate::backend::DeviceSpec::parse_name(&p.device).ok() == Some(crate::backend::DeviceSpec::Cpu)
+    }) {
+        warnings.push(
+            "note: offload on the CPU saves no memory (its host memory is its device's): the run is the same, with copies at every step".into(),
+        );
+    }
     warnings.sort();
     warnings.dedup();
     for w in warnings {

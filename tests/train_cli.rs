@@ -115,10 +115,21 @@ fn wait_for_checkpoint(
 /// after its first checkpoint into `NAME-killed`, then resumed. Asserts that the resumed run
 /// gives the uninterrupted run's metrics; returns that run's directory and metrics.
 fn resumed_equals_uninterrupted(s: &Setup, name: &str, args: &[&str]) -> (PathBuf, Vec<serde_json::Value>) {
+    let (whole, reference, _) = resumed_equals_uninterrupted_saying(s, name, args);
+    (whole, reference)
+}
+
+/// [`resumed_equals_uninterrupted`], with what the uninterrupted run wrote on stderr.
+fn resumed_equals_uninterrupted_saying(
+    s: &Setup,
+    name: &str,
+    args: &[&str],
+) -> (PathBuf, Vec<serde_json::Value>, String) {
     let cfg = s.config.to_str().unwrap();
     let (whole, killed) = (s.data.path().join(format!("{name}-whole")), s.data.path().join(format!("{name}-killed")));
     let out = run(&[&["train", "--config", cfg][..], args, &["--out", whole.to_str().unwrap()]].concat());
     assert!(out.status.success(), "{}", stderr(&out));
+    let said = stderr(&out);
     let reference = deterministic_metrics(&whole);
     common::train_killed_after_checkpoint(
         &[&["train", "--config", cfg][..], args, &["--out", killed.to_str().unwrap()]].concat(),
@@ -127,7 +138,7 @@ fn resumed_equals_uninterrupted(s: &Setup, name: &str, args: &[&str]) -> (PathBu
     let out = run(&["train", "--resume", killed.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(deterministic_metrics(&killed), reference);
-    (whole, reference)
+    (whole, reference, said)
 }
 
 #[test]
@@ -163,6 +174,45 @@ fn sigkill_and_resume_equals_an_uninterrupted_run() {
     let out = run(&["train", "--resume", killed.to_str().unwrap()]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(deterministic_metrics(&killed), reference);
+}
+
+/// `--offload`: each agent's KL reference, AdamW moments and summed gradients wait in host
+/// memory between uses. On the CPU that only adds copies, and the run is the resident run to
+/// the bit: its metrics, and every checkpoint's weights and optimizer state; it records the
+/// choice and resumes after SIGKILL to the same numbers.
+#[test]
+fn an_offloaded_run_is_the_resident_run_to_the_bit() {
+    let s = setup(3);
+    let cfg = s.config.to_str().unwrap();
+    let resident = s.data.path().join("resident");
+    let out = run(&["train", "--config", cfg, "--out", resident.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("offload"), "{}", stderr(&out));
+    let (offloaded, metrics, said) = resumed_equals_uninterrupted_saying(&s, "offload", &["--offload", "-v"]);
+    for agent in ["agent0", "agent1"] {
+        let line = said.lines().find(|l| l.contains("offloaded: the ") && l.contains(agent));
+        assert!(line.is_some_and(|l| l.contains("reference, AdamW moments and summed gradients")), "{agent}: {said}");
+    }
+    assert!(said.contains("offload on the CPU saves no memory"), "{said}");
+    assert_eq!(metrics, deterministic_metrics(&resident));
+    let config = std::fs::read_to_string(offloaded.join("config.toml")).unwrap();
+    assert_eq!(config.matches("offload = true").count(), 2, "{config}");
+    let checkpoints = |dir: &Path| {
+        let mut files: Vec<String> = walk(&dir.join("checkpoints"))
+            .into_iter()
+            .filter(|f| f.ends_with(".safetensors"))
+            .map(|f| f.strip_prefix(dir.to_str().unwrap()).unwrap().to_string())
+            .collect();
+        files.sort();
+        files
+    };
+    let files = checkpoints(&resident);
+    assert_eq!(files.iter().filter(|f| f.contains(".optim.")).count(), 6, "{files:?}");
+    assert_eq!(files, checkpoints(&offloaded));
+    for f in &files {
+        let read = |dir: &Path| std::fs::read(format!("{}{f}", dir.display())).unwrap();
+        assert!(read(&resident) == read(&offloaded), "{f} differs");
+    }
 }
 
 /// LoRA adapters on both agents (`--lora 4`), one base stored in bf16: the first step's KL

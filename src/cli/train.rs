@@ -69,6 +69,11 @@ pub struct TrainArgs {
     /// --set algo.compute_dtype=DTYPE. bf16 needs CUDA or the CPU (wgpu has f16 only).
     #[arg(long, value_name = "DTYPE", value_parser = ["f32", "bf16", "f16"])]
     pub compute_dtype: Option<String>,
+    /// Keep every agent's AdamW moments, summed gradients and KL reference in host memory
+    /// between uses (the same update; copies at every step). Per agent: offload = true under
+    /// its [[agents]]. The memory plan turns it on by itself where a GPU fits no other way.
+    #[arg(long)]
+    pub offload: bool,
 }
 
 impl TrainArgs {
@@ -80,6 +85,7 @@ impl TrainArgs {
             || self.lora.is_some()
             || self.frozen_dtype.is_some()
             || self.compute_dtype.is_some()
+            || self.offload
             || self.task.is_some()
             || self.seed.is_some()
             || !self.devices.is_empty()
@@ -128,6 +134,9 @@ fn build_config(args: &TrainArgs) -> Result<TrainConfig> {
     if let Some(d) = &args.frozen_dtype {
         let dtype = hacpo::dtype::FrozenDtype::parse(d).expect("clap checked the value");
         cfg.policies.iter_mut().for_each(|p| p.frozen_dtype = dtype);
+    }
+    if args.offload {
+        cfg.policies.iter_mut().for_each(|p| p.offload = true);
     }
     if let Some(d) = &args.compute_dtype {
         cfg.algo.compute_dtype = hacpo::dtype::ComputeDtype::parse(d).expect("clap checked the value");

@@ -232,6 +232,13 @@ pub struct PolicyConfig {
     /// or `f16`; compute stays f32.
     #[serde(default, skip_serializing_if = "crate::dtype::FrozenDtype::is_f32")]
     pub frozen_dtype: crate::dtype::FrozenDtype,
+    /// Keep in host memory what the device does not need between uses: AdamW's moments, the
+    /// gradients summed over micro-batches (with gradient checkpointing the device then holds
+    /// one layer's at a time) and the KL reference outside the scoring stage. The same update
+    /// to the bit, for copies between host and device at every step. The memory plan turns it
+    /// on by itself when a GPU's run fits no other way; on the CPU it saves nothing.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub offload: bool,
 }
 
 fn default_device() -> String {
@@ -249,6 +256,7 @@ impl PolicyConfig {
             lora: None,
             lr: None,
             frozen_dtype: Default::default(),
+            offload: false,
         }
     }
 }
@@ -742,7 +750,7 @@ impl TrainConfig {
         }
         let mut policies = saved.policies;
         for (p, r) in policies.iter_mut().zip(&req.policies) {
-            p.device = r.device.clone();
+            (p.device, p.offload) = (r.device.clone(), r.offload);
         }
         Ok(TrainConfig { run: RunConfig { out_dir: run_dir.to_path_buf(), ..req.run }, policies, ..saved })
     }
@@ -762,7 +770,7 @@ impl TrainConfig {
         keys.sort();
         keys.dedup();
         keys.into_iter()
-            .filter(|k| !may_change.contains(&k.as_str()) && !is_device_key(k) && a.get(*k) != b.get(*k))
+            .filter(|k| !may_change.contains(&k.as_str()) && !is_placement_key(k) && a.get(*k) != b.get(*k))
             .map(|k| {
                 let show = |m: &std::collections::BTreeMap<String, String>| {
                     m.get(k).cloned().unwrap_or_else(|| "(unset)".into())
@@ -773,12 +781,12 @@ impl TrainConfig {
     }
 }
 
-/// `policies.N.device`: a resumed run may move to other devices (a checkpoint is the same
-/// files on any of them).
-fn is_device_key(key: &str) -> bool {
+/// `policies.N.device` and `policies.N.offload`: a resumed run may move to other devices and
+/// keep its state elsewhere (a checkpoint is the same files either way).
+fn is_placement_key(key: &str) -> bool {
     key.strip_prefix("policies.")
         .and_then(|rest| rest.split_once('.'))
-        .is_some_and(|(index, field)| index.parse::<usize>().is_ok() && field == "device")
+        .is_some_and(|(index, field)| index.parse::<usize>().is_ok() && matches!(field, "device" | "offload"))
 }
 
 fn flatten(c: &TrainConfig) -> std::collections::BTreeMap<String, String> {

@@ -9,6 +9,7 @@ pub mod gguf;
 pub mod kv_cache;
 pub mod layout;
 pub mod lora;
+pub mod offload;
 pub mod precision;
 pub mod rope;
 pub mod safetensors_io;

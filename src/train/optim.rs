@@ -89,6 +89,19 @@ impl LrSchedule {
 pub enum Grad<B: Backend> {
     Vector(Tensor<B, 1>),
     Matrix(Tensor<B, 2>),
+    /// In host memory (an offloaded policy's, `[[agents]] offload`), in the tensor's layout.
+    Host(HostTensor),
+}
+
+/// `t`'s values in host memory, f32, in its layout.
+fn download<B: Backend, const D: usize>(t: Tensor<B, D>) -> HostTensor {
+    let shape = t.dims().to_vec();
+    HostTensor { shape, data: t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 tensor") }
+}
+
+/// What [`download`] took, back on `device`.
+fn upload<B: Backend, const D: usize>(h: HostTensor, device: &B::Device) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(h.data, h.shape), device)
 }
 
 impl<B: Backend> Grad<B> {
@@ -96,7 +109,12 @@ impl<B: Backend> Grad<B> {
         match (self, other) {
             (Grad::Vector(a), Grad::Vector(b)) => Grad::Vector(a + b),
             (Grad::Matrix(a), Grad::Matrix(b)) => Grad::Matrix(a + b),
-            _ => unreachable!("a parameter keeps its rank"),
+            // The same f32 additions, element by element, as the device's.
+            (Grad::Host(mut a), Grad::Host(b)) => {
+                a.data.iter_mut().zip(b.data).for_each(|(x, y)| *x += y);
+                Grad::Host(a)
+            }
+            _ => unreachable!("a parameter keeps its rank and its place"),
         }
     }
 
@@ -104,16 +122,46 @@ impl<B: Backend> Grad<B> {
         match self {
             Grad::Vector(a) => Grad::Vector(a.mul_scalar(s)),
             Grad::Matrix(a) => Grad::Matrix(a.mul_scalar(s)),
+            // `mul_scalar` rounds the factor to f32 and multiplies in f32, as here.
+            Grad::Host(mut a) => {
+                let s = s as f32;
+                a.data.iter_mut().for_each(|x| *x *= s);
+                Grad::Host(a)
+            }
+        }
+    }
+
+    fn into_host(self) -> Grad<B> {
+        match self {
+            Grad::Vector(a) => Grad::Host(download(a)),
+            Grad::Matrix(a) => Grad::Host(download(a)),
+            host => host,
+        }
+    }
+
+    /// On `device` (a host gradient is copied there).
+    fn on_device(self, device: &B::Device) -> Grad<B> {
+        match self {
+            Grad::Host(h) if h.shape.len() == 1 => Grad::Vector(upload(h, device)),
+            Grad::Host(h) => Grad::Matrix(upload(h, device)),
+            resident => resident,
         }
     }
 
     /// Sum of squares, the same to the last bit in every run: rows are reduced on the device
     /// (one thread per row) and the row sums added on the host in order. A whole-tensor `sum`
     /// on the CPU backend splits large tensors across threads in a timing-dependent order.
-    fn squared_norm(&self) -> f64 {
-        let rows = match self {
-            Grad::Vector(a) => crate::backend::reduce::row_sum(a.clone().powi_scalar(2).unsqueeze::<2>()),
-            Grad::Matrix(a) => crate::backend::reduce::row_sum(a.clone().powi_scalar(2)),
+    /// A host gradient is reduced on `device`, so it gives the same bits as a resident one.
+    fn squared_norm(&self, device: Option<&B::Device>) -> f64 {
+        let resident = match (self, device) {
+            (Grad::Host(_), Some(device)) => self.clone().on_device(device),
+            (Grad::Host(_), None) => unreachable!("a store that holds host gradients knows its device"),
+            _ => self.clone(),
+        };
+        let rows = match resident {
+            Grad::Vector(a) => crate::backend::reduce::row_sum(a.powi_scalar(2).unsqueeze::<2>()),
+            Grad::Matrix(a) => crate::backend::reduce::row_sum(a.powi_scalar(2)),
+            Grad::Host(_) => unreachable!("moved to the device above"),
         };
         let rows: Vec<f64> = rows.into_data().convert::<f64>().into_vec::<f64>().expect("f64 data");
         rows.iter().sum()
@@ -124,41 +172,57 @@ impl<B: Backend> Grad<B> {
 #[derive(Debug)]
 pub struct GradStore<B: Backend> {
     grads: BTreeMap<String, Grad<B>>,
+    /// Set for an offloaded policy: each backward pass's gradients are added up in host memory,
+    /// so the device holds only the pass's own; its norm is still taken on this device.
+    offloaded: Option<B::Device>,
 }
 
 impl<B: Backend> Default for GradStore<B> {
     fn default() -> Self {
-        GradStore { grads: BTreeMap::new() }
+        GradStore { grads: BTreeMap::new(), offloaded: None }
     }
 }
 
 impl<B: Backend> GradStore<B> {
+    /// A store that keeps the gradients in host memory (`[[agents]] offload`); `device` is the
+    /// policy's.
+    pub fn offloaded(device: B::Device) -> Self {
+        GradStore { grads: BTreeMap::new(), offloaded: Some(device) }
+    }
+
     /// Adds the gradients of `model`'s parameters from one backward pass.
     pub fn accumulate<AB: AutodiffBackend<InnerBackend = B>>(&mut self, model: &CausalLm<AB>, grads: &AB::Gradients) {
         struct Take<'a, AB: AutodiffBackend> {
             grads: &'a AB::Gradients,
             store: &'a mut BTreeMap<String, Grad<AB::InnerBackend>>,
+            host: bool,
+        }
+        impl<AB: AutodiffBackend> Take<'_, AB> {
+            fn add(&mut self, name: &str, g: Grad<AB::InnerBackend>) {
+                add_into(self.store, name, if self.host { g.into_host() } else { g });
+            }
         }
         impl<AB: AutodiffBackend> ParamVisitor<AB> for Take<'_, AB> {
             fn vector(&mut self, name: &str, p: Param<Tensor<AB, 1>>) -> Param<Tensor<AB, 1>> {
                 if let Some(g) = p.val().grad(self.grads) {
-                    add_into(self.store, name, Grad::Vector(g));
+                    self.add(name, Grad::Vector(g));
                 }
                 p
             }
             fn matrix(&mut self, name: &str, p: Param<Tensor<AB, 2>>, _: bool) -> Param<Tensor<AB, 2>> {
                 if let Some(g) = p.val().grad(self.grads) {
-                    add_into(self.store, name, Grad::Matrix(g));
+                    self.add(name, Grad::Matrix(g));
                 }
                 p
             }
         }
-        walk_params(model.clone(), &mut Take::<AB> { grads, store: &mut self.grads });
+        let host = self.offloaded.is_some();
+        walk_params(model.clone(), &mut Take::<AB> { grads, store: &mut self.grads, host });
     }
 
     /// Global L2 norm of all gradients.
     pub fn global_norm(&self) -> f64 {
-        self.grads.values().map(Grad::squared_norm).sum::<f64>().sqrt()
+        self.grads.values().map(|g| g.squared_norm(self.offloaded.as_ref())).sum::<f64>().sqrt()
     }
 
     /// Every gradient divided by `scale` (the loss scaler's factor).
@@ -186,6 +250,7 @@ impl<B: Backend> GradStore<B> {
         let data = match self.grads.get(name)? {
             Grad::Vector(a) => a.to_data(),
             Grad::Matrix(a) => a.to_data(),
+            Grad::Host(h) => return Some(h.data.clone()),
         };
         Some(data.convert::<f32>().into_vec::<f32>().expect("f32 gradient"))
     }
@@ -227,6 +292,8 @@ fn add_into<B: Backend>(store: &mut BTreeMap<String, Grad<B>>, name: &str, g: Gr
 enum Moments<B: Backend> {
     Vector(Tensor<B, 1>, Tensor<B, 1>),
     Matrix(Tensor<B, 2>, Tensor<B, 2>),
+    /// In host memory (`[[agents]] offload`), in the tensor's layout.
+    Host(HostTensor, HostTensor),
 }
 
 /// PyTorch AdamW with state by parameter name.
@@ -238,6 +305,10 @@ pub struct AdamW<B: Backend> {
     state: BTreeMap<String, Moments<B>>,
     /// The loss scaler of f16 compute ([`super::loss_scale`]), saved with the moments.
     pub scaler: Option<LossScaler>,
+    /// The moments (and the gradients, [`AdamW::grad_store`]) wait in host memory, each
+    /// parameter's copied to its device for its own update (`[[agents]] offload`). Where they
+    /// are is not saved: a checkpoint is the same either way.
+    offload: bool,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -250,7 +321,32 @@ struct OptimMeta {
 
 impl<B: Backend> AdamW<B> {
     pub fn new(config: AdamWConfig) -> Self {
-        AdamW { config, updates: 0, state: BTreeMap::new(), scaler: None }
+        AdamW { config, updates: 0, state: BTreeMap::new(), scaler: None, offload: false }
+    }
+
+    /// Moves the moments to host memory (`true`) or keeps them on the device.
+    pub fn set_offload(&mut self, offload: bool, device: &B::Device) {
+        self.offload = offload;
+        for moments in self.state.values_mut() {
+            *moments = match (moments.clone(), offload) {
+                (Moments::Vector(m, v), true) => Moments::Host(download(m), download(v)),
+                (Moments::Matrix(m, v), true) => Moments::Host(download(m), download(v)),
+                (Moments::Host(m, v), false) if m.shape.len() == 1 => {
+                    Moments::Vector(upload(m, device), upload(v, device))
+                }
+                (Moments::Host(m, v), false) => Moments::Matrix(upload(m, device), upload(v, device)),
+                (placed, _) => placed,
+            };
+        }
+    }
+
+    /// An empty store for the gradients of an update: in host memory when the optimizer's
+    /// state is offloaded.
+    pub fn grad_store(&self, device: &B::Device) -> GradStore<B> {
+        match self.offload {
+            true => GradStore::offloaded(device.clone()),
+            false => GradStore::default(),
+        }
     }
 
     /// One update of `model` with `grads` at learning rate `lr`.
@@ -280,6 +376,7 @@ impl<B: Backend> AdamW<B> {
             grads: BTreeMap<String, Grad<B>>,
             state: &'a mut BTreeMap<String, Moments<B>>,
             step: AdamWStep,
+            offload: bool,
         }
         impl<B: Backend> Update<'_, B> {
             fn apply<const D: usize>(
@@ -302,34 +399,53 @@ impl<B: Backend> AdamW<B> {
                 let p = p - (m.clone() / denom).mul_scalar(c.step);
                 [p, m, v]
             }
+
+            /// The moments to keep after an update: back to host memory when offloaded.
+            fn keep<const D: usize>(
+                &self,
+                m: Tensor<B, D>,
+                v: Tensor<B, D>,
+                resident: fn(Tensor<B, D>, Tensor<B, D>) -> Moments<B>,
+            ) -> Moments<B> {
+                if self.offload { Moments::Host(download(m), download(v)) } else { resident(m, v) }
+            }
         }
+        // Offloaded gradients and moments come to the parameter's device for its update alone.
         impl<AB: AutodiffBackend> ParamVisitor<AB> for Update<'_, AB::InnerBackend> {
             fn vector(&mut self, name: &str, p: Param<Tensor<AB, 1>>) -> Param<Tensor<AB, 1>> {
-                let Some(Grad::Vector(g)) = self.grads.remove(name) else { return p };
-                let (m, v) = match self.state.remove(name) {
-                    Some(Moments::Vector(m, v)) => (m, v),
-                    _ => (g.zeros_like(), g.zeros_like()),
-                };
+                let Some(g) = self.grads.remove(name) else { return p };
                 p.map(|t| {
-                    let [np, m, v] = self.apply(t.inner(), g, m, v);
-                    self.state.insert(name.to_string(), Moments::Vector(m, v));
+                    let (device, t) = (t.device(), t.inner());
+                    let Grad::Vector(g) = g.on_device(&device) else { unreachable!("a parameter keeps its rank") };
+                    let (m, v) = match self.state.remove(name) {
+                        Some(Moments::Vector(m, v)) => (m, v),
+                        Some(Moments::Host(m, v)) => (upload(m, &device), upload(v, &device)),
+                        _ => (g.zeros_like(), g.zeros_like()),
+                    };
+                    let [np, m, v] = self.apply(t, g, m, v);
+                    let kept = self.keep(m, v, Moments::Vector);
+                    self.state.insert(name.to_string(), kept);
                     Tensor::from_inner(np).require_grad()
                 })
             }
             fn matrix(&mut self, name: &str, p: Param<Tensor<AB, 2>>, _: bool) -> Param<Tensor<AB, 2>> {
-                let Some(Grad::Matrix(g)) = self.grads.remove(name) else { return p };
-                let (m, v) = match self.state.remove(name) {
-                    Some(Moments::Matrix(m, v)) => (m, v),
-                    _ => (g.zeros_like(), g.zeros_like()),
-                };
+                let Some(g) = self.grads.remove(name) else { return p };
                 p.map(|t| {
-                    let [np, m, v] = self.apply(t.inner(), g, m, v);
-                    self.state.insert(name.to_string(), Moments::Matrix(m, v));
+                    let (device, t) = (t.device(), t.inner());
+                    let Grad::Matrix(g) = g.on_device(&device) else { unreachable!("a parameter keeps its rank") };
+                    let (m, v) = match self.state.remove(name) {
+                        Some(Moments::Matrix(m, v)) => (m, v),
+                        Some(Moments::Host(m, v)) => (upload(m, &device), upload(v, &device)),
+                        _ => (g.zeros_like(), g.zeros_like()),
+                    };
+                    let [np, m, v] = self.apply(t, g, m, v);
+                    let kept = self.keep(m, v, Moments::Matrix);
+                    self.state.insert(name.to_string(), kept);
                     Tensor::from_inner(np).require_grad()
                 })
             }
         }
-        let mut u = Update { grads: grads.grads, state: &mut self.state, step };
+        let mut u = Update { grads: grads.grads, state: &mut self.state, step, offload: self.offload };
         // The new parameters are leaves of graphs of their own until joined.
         super::autodiff_graph::join(walk_params(model, &mut u))
     }
@@ -348,6 +464,7 @@ impl<B: Backend> AdamW<B> {
             let (m, v) = match &self.state[name] {
                 Moments::Vector(m, v) => (host(m.to_data()), host(v.to_data())),
                 Moments::Matrix(m, v) => (host(m.to_data()), host(v.to_data())),
+                Moments::Host(m, v) => (m.clone(), v.clone()),
             };
             tensors.push((format!("exp_avg.{name}"), m));
             tensors.push((format!("exp_avg_sq.{name}"), v));
@@ -396,7 +513,7 @@ impl<B: Backend> AdamW<B> {
             };
             state.insert(name.to_string(), moments);
         }
-        Ok(AdamW { config: meta.config, updates: meta.updates, state, scaler: meta.loss_scale })
+        Ok(AdamW { config: meta.config, updates: meta.updates, state, scaler: meta.loss_scale, offload: false })
     }
 }
 
@@ -429,7 +546,7 @@ mod tests {
         let run = |fast: bool| {
             let go = || {
                 let mut opt = AdamW::<Cpu>::new(cfg.clone());
-                let regrads = |s: &GradStore<Cpu>| GradStore { grads: s.grads.clone() };
+                let regrads = |s: &GradStore<Cpu>| GradStore { grads: s.grads.clone(), offloaded: None };
                 let m1 = opt.step(model.clone(), regrads(&store), cfg.lr);
                 host(&opt.step(m1, regrads(&store), cfg.lr))
             };
@@ -453,6 +570,58 @@ mod tests {
             assert!((tensor_ops[i] as f64 - p).abs() < 1e-6, "tensor ops {i}: {} vs {p}", tensor_ops[i]);
             assert!((fused[i] - tensor_ops[i]).abs() <= 1e-7, "{i}: {} vs {}", fused[i], tensor_ops[i]);
         }
+    }
+
+    /// Offloading (gradients added up and moments kept in host memory) changes where the
+    /// optimizer's numbers wait, not one bit of them: two updates, each from two backward
+    /// passes, a loss-scale division and a clipping that bites, give the resident optimizer's
+    /// norms, weights and saved moments; the saved state then loads either way.
+    #[test]
+    fn offloaded_gradients_and_moments_give_the_resident_update_bit_for_bit() {
+        use crate::generate::score::response_hidden;
+        use crate::model::weights::{export, small_random_model, weighted_head_loss};
+        let dev = Default::default();
+        let model = small_random_model::<CpuAutodiff>(false, 7);
+        let micro = [vec![(vec![1u32, 2, 3], vec![4u32, 5, 6])], vec![(vec![7u32, 8], vec![9u32, 10, 11, 12])]];
+        let dir = tempfile::tempdir().unwrap();
+        let run = |offload: bool| {
+            let mut opt = AdamW::<Cpu>::new(AdamWConfig { lr: 1e-2, weight_decay: 0.1, ..AdamWConfig::default() });
+            opt.set_offload(offload, &dev);
+            let (mut m, mut norms) = (model.clone(), Vec::new());
+            for _ in 0..2 {
+                let mut store = opt.grad_store(&dev);
+                for requests in &micro {
+                    let (hidden, _, _) = response_hidden(&m, requests).unwrap();
+                    store.accumulate(&m, &weighted_head_loss(&m, hidden).backward());
+                }
+                assert_eq!(store.grads.values().all(|g| matches!(g, Grad::Host(_))), offload);
+                store.unscale(3.0);
+                norms.push(store.clip_global_norm(0.5));
+                m = opt.step(m, store, 1e-2);
+            }
+            assert_eq!(opt.state.values().all(|m| matches!(m, Moments::Host(..))), offload);
+            let path = dir.path().join(format!("optimizer-{offload}.safetensors"));
+            opt.save(&path).unwrap();
+            (norms, export(&m), std::fs::read(&path).unwrap(), path)
+        };
+        let (resident, offloaded) = (run(false), run(true));
+        assert!(resident.0[0] > 0.5, "the clipping bites: norm {}", resident.0[0]);
+        assert_eq!(
+            resident.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            offloaded.0.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(resident.1.len(), offloaded.1.len());
+        for ((name, a), (_, b)) in resident.1.iter().zip(&offloaded.1) {
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&a.data), bits(&b.data), "{name}");
+        }
+        assert_eq!(resident.2, offloaded.2, "the saved moments");
+        // A checkpoint of either loads into either placement, and back.
+        let mut loaded = AdamW::<Cpu>::load(&offloaded.3, &dev).unwrap();
+        loaded.set_offload(true, &dev);
+        loaded.set_offload(false, &dev);
+        loaded.save(&resident.3).unwrap();
+        assert_eq!(std::fs::read(&resident.3).unwrap(), offloaded.2);
     }
 
     #[test]

@@ -33,8 +33,9 @@ use crate::config::TrainConfig;
 use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
 use crate::model::lora;
+use crate::model::offload::HostModel;
 use crate::model::precision::{rollout_copy, set_compute, store_frozen};
-use crate::policy::Policy;
+use crate::policy::{Policy, Reference};
 use crate::rl::algorithm::{ValueModel, ValuedResponse};
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
 use crate::run_dir::{RunDir, RunLock};
@@ -379,15 +380,8 @@ impl<B: Backend> Trainer<B> {
         };
         let compute = config.algo.compute_dtype;
         pretrained.model = crate::train::autodiff_graph::join(set_compute(pretrained.model, compute));
-        // The reference is always the starting model, also on resume (with LoRA, the base
-        // under the adapters: no copy is loaded).
-        let reference = if config.algo.kl_coef > 0.0 && lora.is_none() {
-            let model = crate::model::load::<B>(&source, &device)?.model;
-            // With half-precision compute, stored as its forward reads it (half the bytes).
-            Some(rollout_copy(set_compute(store_frozen(model, config.policies[k].frozen_dtype), compute)))
-        } else {
-            None
-        };
+        let offload = config.policies[k].offload;
+        let reference = load_reference::<B>(config, k, &source, &device, lora.is_some())?;
         let mut policy = Policy::new(
             k,
             config.policy_name(k),
@@ -405,6 +399,7 @@ impl<B: Backend> Trainer<B> {
         if let Some(c) = checkpoint {
             policy.optimizer = crate::train::optim::AdamW::load(&checkpoint::optimizer_path(c, k), &device)?;
         }
+        policy.optimizer.set_offload(offload, &device);
         // f16 gradients need a loss scale; a resumed run keeps its saved one.
         if compute == crate::dtype::ComputeDtype::F16 && policy.optimizer.scaler.is_none() {
             let scale = config.algo.f16_loss_scale;
@@ -919,4 +914,37 @@ fn kill_point(step: u64) {
         eprintln!("HACPO_TEST_KILL_AFTER_CHECKPOINT: killed after the checkpoint of step {step}");
         std::process::abort();
     }
+}
+
+/// Policy `k`'s KL reference: the starting model, also on resume (none without a KL term,
+/// and with LoRA, whose reference is the base under the adapters: no copy is loaded). With
+/// `offload` it waits in host memory between scoring passes.
+fn load_reference<B: Backend>(
+    config: &TrainConfig,
+    k: usize,
+    source: &str,
+    device: &B::Device,
+    lora: bool,
+) -> Result<Option<Reference<B>>> {
+    let (offload, compute) = (config.policies[k].offload, config.algo.compute_dtype);
+    let reference = if config.algo.kl_coef > 0.0 && !lora {
+        let model = crate::model::load::<B>(source, device)?.model;
+        // With half-precision compute, stored as its forward reads it (half the bytes).
+        let stored = set_compute(store_frozen(model, config.policies[k].frozen_dtype), compute);
+        Some(match offload {
+            true => Reference::Host(HostModel::of(stored)),
+            false => Reference::Device(rollout_copy(stored)),
+        })
+    } else {
+        None
+    };
+    if offload {
+        let copy = match &reference {
+            Some(Reference::Host(host)) => format!("the {} reference, ", crate::memory_plan::gb(host.bytes() as u64)),
+            _ => String::new(),
+        };
+        let name = config.policy_name(k);
+        tracing::info!(policy = name, "offloaded: {copy}AdamW moments and summed gradients wait in host memory");
+    }
+    Ok(reference)
 }

@@ -385,7 +385,7 @@ fn minibatch_step<B: Backend>(
     // back before clipping.
     let loss_scale = policy.optimizer.scaler.map_or(1.0, |s| s.scale);
     let scopes = scopes(batch, policy.index, mb, settings.norm_length);
-    let mut grads = GradStore::<B>::default();
+    let mut grads = policy.optimizer.grad_store(&policy.device);
     let mut detached = Detached::<B>::new();
     let mut critic = CriticGrads::<B>::of(policy);
     let (mut tokens, mut old_logps) = (0, Vec::new());

@@ -231,6 +231,16 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
     device: B::Device,
     compute: hacpo::dtype::ComputeDtype,
 ) -> Vec<Vec<(String, std::collections::BTreeMap<String, f64>)>> {
+    two_hacpo_steps_placed::<B>(agents, device, compute, false)
+}
+
+/// [`two_hacpo_steps`], every agent's state offloaded (`offload`) or not.
+fn two_hacpo_steps_placed<B: burn::tensor::backend::Backend>(
+    agents: &[&std::path::Path],
+    device: B::Device,
+    compute: hacpo::dtype::ComputeDtype,
+    offload: bool,
+) -> Vec<Vec<(String, std::collections::BTreeMap<String, f64>)>> {
     let run = tempfile::tempdir().unwrap();
     let mut cfg = hacpo::config::TrainConfig::default();
     cfg.run.out_dir = run.path().to_path_buf();
@@ -254,7 +264,10 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
     cfg.rollout.temperature = 0.5;
     cfg.rollout.max_new_tokens = 4;
     cfg.rollout.batch_prompts = 2;
-    cfg.policies = agents.iter().map(|p| hacpo::config::PolicyConfig::new(p.to_str().unwrap())).collect();
+    cfg.policies = agents
+        .iter()
+        .map(|p| hacpo::config::PolicyConfig { offload, ..hacpo::config::PolicyConfig::new(p.to_str().unwrap()) })
+        .collect();
     let questions = ["What is 1 + 1?", "Name a number.", "What is 5 - 3?", "Count to two."];
     let prompts = questions
         .iter()
@@ -282,6 +295,32 @@ fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
 #[test]
 fn two_hacpo_steps_on_wgpu_match_the_cpu_run() {
     compare_two_hacpo_steps(hacpo::dtype::ComputeDtype::F32, 1e-4, 1e-3);
+}
+
+/// Offloaded on a device whose memory is not the host's: the KL reference copied in for each
+/// scoring pass, every backward pass's gradients summed in host memory, AdamW's moments there
+/// and each parameter's brought to the device for its update. Every number of both steps is
+/// the resident run's, to the bit.
+#[test]
+fn offloaded_hacpo_steps_on_wgpu_give_the_resident_runs_numbers() {
+    let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
+    let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
+    let agents = [qwen.path(), llama.path()];
+    let f32 = hacpo::dtype::ComputeDtype::F32;
+    let resident = two_hacpo_steps_placed::<Wgpu>(&agents, device(), f32, false);
+    let offloaded = two_hacpo_steps_placed::<Wgpu>(&agents, device(), f32, true);
+    let numbers = |steps: &[Vec<(String, std::collections::BTreeMap<String, f64>)>]| {
+        let kept = |(k, v): (&String, &f64)| {
+            (!k.starts_with("timing") && !k.starts_with("perf")).then(|| (k.clone(), v.to_bits()))
+        };
+        let agents = |step: &Vec<(String, std::collections::BTreeMap<String, f64>)>| {
+            step.iter().map(|(a, m)| (a.clone(), m.iter().filter_map(kept).collect::<Vec<_>>())).collect::<Vec<_>>()
+        };
+        steps.iter().map(agents).collect::<Vec<_>>()
+    };
+    let (a, b) = (numbers(&resident), numbers(&offloaded));
+    assert!(a[1][0].1.iter().any(|(k, _)| k == "actor/kl_loss"), "{a:?}");
+    assert_eq!(a, b);
 }
 
 /// The same with f16 matmuls (`algo.compute_dtype = "f16"`): the trainer's mixed-precision

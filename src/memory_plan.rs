@@ -60,8 +60,9 @@ pub struct Footprint {
     /// Offloaded: the gradients one backward pass leaves on the device while they are copied
     /// out. All of them without gradient checkpointing; with it, the head's and one layer's.
     pub pass_gradients: u64,
-    /// Offloaded: AdamW's update of the largest parameter (its gradient, moments and new value
-    /// on the device, one parameter at a time).
+    /// Offloaded: AdamW's update, one parameter at a time: the new weights (the old ones stay
+    /// alive until the update ends) and the largest parameter's gradient, moments and the
+    /// tensor ops' temporaries.
     pub step: u64,
     /// Offloaded: the scoring stage's graph-free forward pass of one micro-batch, beside the
     /// reference copied in for it.
@@ -226,11 +227,12 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     let sampling = 2 * rollout_seqs * vocab * F32W;
     let prefill = prefill_scores(m, w.rollout_sequences, w.rollout_prompt);
     // Offloaded, with checkpointing: the head's pass leaves the LM head's gradient (the tied
-    // embedding's) alive while each layer's pass, then the embedding's, adds its own.
+    // embedding's) alive while each layer's pass, then the embedding's (vocab × d, tied or
+    // not), adds its own.
     let layer_params = (m.num_parameters() as u128)
         .saturating_sub(vocab * d * if m.tie_word_embeddings { 1 } else { 2 })
         / layers.max(1);
-    let head_or_layer = layer_params.max(if m.tie_word_embeddings { 0 } else { vocab * d });
+    let head_or_layer = layer_params.max(vocab * d);
     // The largest parameter: an embedding or LM head, or a layer's largest projection.
     let largest = (vocab * d).max(f * d).max(q * d);
     // Sizes no device has saturate rather than wrap around (the settings bound the inputs).
@@ -253,7 +255,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         critic_update: clamp(if w.value_model { trained + seqs * t * layers * per_token_layer * F32W } else { 0 }),
         offloaded: false,
         pass_gradients: clamp(if w.checkpointing { trained.min((vocab * d + head_or_layer) * F32W) } else { trained }),
-        step: clamp(4 * largest.min(trained / F32W) * F32W),
+        step: clamp(trained + 6 * largest.min(trained / F32W) * F32W),
         // One layer at a time without a graph: the attention's scores and probabilities, the
         // layer's hidden states; the log-prob op's logits chunk.
         scoring: clamp(
@@ -460,7 +462,7 @@ impl MemoryPlan {
             return None;
         }
         let (prompts, micro_batch, checkpointing, plan) =
-            self.leanest_fit(cfg, false).or_else(|| self.leanest_fit(cfg, true))?;
+            self.leanest_fit(cfg).or_else(|| self.offloading_what_fits_no_other_way(cfg)?.leanest_fit(cfg))?;
         let w = self.workload;
         let (mut chose, mut how) = (vec![], vec![]);
         if prompts != cfg.rollout.batch_prompts.max(1) {
@@ -512,8 +514,7 @@ impl MemoryPlan {
 
     /// The largest rollout batch, then micro-batch, without then with checkpointing, that
     /// fit every device: (prompts per rollout batch, micro-batch, checkpointing, the plan).
-    /// `offload`: each candidate offloads the GPU policies of the devices it does not fit.
-    fn leanest_fit(&self, cfg: &TrainConfig, offload: bool) -> Option<(usize, usize, bool, MemoryPlan)> {
+    fn leanest_fit(&self, cfg: &TrainConfig) -> Option<(usize, usize, bool, MemoryPlan)> {
         let w = self.workload;
         let group = cfg.algo.group_size.max(1);
         let halvings = |from: usize| std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2));
@@ -527,14 +528,23 @@ impl MemoryPlan {
         candidates
             .map(|(prompts, m, ckpt)| {
                 let lean = Workload { micro_batch: m, checkpointing: ckpt, rollout_sequences: prompts * group, ..w };
-                let plan = self.under(lean);
-                let plan = match offload {
-                    true => plan.offloading_where_it_does_not_fit().unwrap_or(plan),
-                    false => plan,
-                };
-                (prompts, m, ckpt, plan)
+                (prompts, m, ckpt, self.under(lean))
             })
             .find(|(.., plan)| plan.fits())
+    }
+
+    /// This plan with the GPU policies offloaded whose devices do not fit even at the leanest
+    /// settings that keep the update (micro-batch 1, checkpointing, one prompt per rollout
+    /// batch); None when there is none.
+    fn offloading_what_fits_no_other_way(&self, cfg: &TrainConfig) -> Option<MemoryPlan> {
+        let one_prompt = cfg.algo.group_size.max(1);
+        let leanest = Workload { micro_batch: 1, checkpointing: true, rollout_sequences: one_prompt, ..self.workload };
+        let offloaded = self.under(leanest).offloading_where_it_does_not_fit()?;
+        let mut plan = self.clone();
+        for (p, o) in plan.policies.iter_mut().zip(&offloaded.policies) {
+            p.offload = o.offload;
+        }
+        Some(plan.under(self.workload))
     }
 
     /// This plan with every GPU policy of a device that does not fit offloaded; None when
@@ -1113,7 +1123,7 @@ mod tests {
         // The LM head's (128,256 × 4,096), alive while the embedding's pass adds as many: more
         // than one layer's 218M parameters.
         assert_eq!(f.pass_gradients, 2 * 128_256 * 4096 * 4);
-        assert_eq!(f.step, 4 * 128_256 * 4096 * 4, "the LM head's gradient, moments and new value");
+        assert_eq!(f.step, f.weights + 6 * 128_256 * 4096 * 4, "new weights, and the LM head's update");
         let phases = [f.pass_gradients + f.activations, f.rollout, f.step, f.reference + f.scoring];
         assert_eq!(f.peak(), f.weights + phases.into_iter().max().unwrap());
         assert!(f.scoring < f.activations && f.peak() < resident.peak() / 2, "{f:?}");

@@ -85,7 +85,7 @@ mod tests {
     use super::*;
     use crate::backend::Cpu;
     use crate::dtype::FrozenDtype;
-    use crate::model::precision::store_frozen;
+    use crate::model::precision::{rollout_copy, set_compute, store_frozen};
     use crate::model::weights::small_random_model;
 
     /// What comes back is what went in: every weight's bits and dtype (f32 and a bf16-stored
@@ -124,5 +124,13 @@ mod tests {
             // A second use reads the same host copy.
             assert_eq!(score(&host.upload()), score(&model));
         }
+        // A reference as bf16 compute samples it (bf16 weights, the CPU's decoding layout) is
+        // kept in bf16 and laid out again after each upload, as `Policy::reference_model` does.
+        let bf16 = crate::dtype::ComputeDtype::Bf16;
+        let sampled = rollout_copy(set_compute(small_random_model::<Cpu>(false, 4), bf16));
+        let host = HostModel::of(sampled.clone());
+        assert_eq!(host.bytes(), sampled.config.num_parameters() * 2);
+        let score = |m: &CausalLm<Cpu>| crate::generate::score::score(m, &requests, 1.0).unwrap();
+        assert_eq!(score(&rollout_copy(host.upload())), score(&sampled));
     }
 }

@@ -481,8 +481,9 @@ impl<B: Backend> AdamW<B> {
         crate::error::write_atomic(&path.with_extension("json"), meta.as_bytes())
     }
 
-    /// Restores what [`AdamW::save`] wrote.
-    pub fn load(path: &Path, device: &B::Device) -> Result<Self> {
+    /// Restores what [`AdamW::save`] wrote, the moments on `device` or, with `offload`, left
+    /// in host memory (an offloaded 8B model's would not fit beside its weights).
+    pub fn load(path: &Path, device: &B::Device, offload: bool) -> Result<Self> {
         let meta_path = path.with_extension("json");
         let meta: OptimMeta = serde_json::from_str(&crate::error::read_to_string(&meta_path)?)
             .map_err(|e| Error::config(meta_path.display().to_string(), e.to_string()))?;
@@ -508,6 +509,7 @@ impl<B: Backend> AdamW<B> {
                 return Err(damaged("holds non-finite or negative values"));
             }
             let moments = match m.shape.len() {
+                _ if offload => Moments::Host(m, v),
                 1 => Moments::Vector(
                     Tensor::from_data(TensorData::new(m.data, [m.shape[0]]), device),
                     Tensor::from_data(TensorData::new(v.data, [v.shape[0]]), device),
@@ -519,7 +521,7 @@ impl<B: Backend> AdamW<B> {
             };
             state.insert(name.to_string(), moments);
         }
-        Ok(AdamW { config: meta.config, updates: meta.updates, state, scaler: meta.loss_scale, offload: false })
+        Ok(AdamW { config: meta.config, updates: meta.updates, state, scaler: meta.loss_scale, offload })
     }
 }
 
@@ -623,11 +625,14 @@ mod tests {
         }
         assert_eq!(resident.2, offloaded.2, "the saved moments");
         // A checkpoint of either loads into either placement, and back.
-        let mut loaded = AdamW::<Cpu>::load(&offloaded.3, &dev).unwrap();
-        loaded.set_offload(true, &dev);
-        loaded.set_offload(false, &dev);
-        loaded.save(&resident.3).unwrap();
-        assert_eq!(std::fs::read(&resident.3).unwrap(), offloaded.2);
+        for offload in [false, true] {
+            let mut loaded = AdamW::<Cpu>::load(&offloaded.3, &dev, offload).unwrap();
+            assert_eq!(loaded.state.values().all(|m| matches!(m, Moments::Host(..))), offload);
+            loaded.set_offload(!offload, &dev);
+            loaded.set_offload(offload, &dev);
+            loaded.save(&resident.3).unwrap();
+            assert_eq!(std::fs::read(&resident.3).unwrap(), offloaded.2);
+        }
     }
 
     #[test]

@@ -137,7 +137,7 @@ fn attach_critics<B: Backend>(
                     ),
                 };
                 let optimizer =
-                    crate::train::optim::AdamW::load(&checkpoint::critic_optimizer_path(dir, k), &p.device)?;
+                    crate::train::optim::AdamW::load(&checkpoint::critic_optimizer_path(dir, k), &p.device, false)?;
                 Some(ValueTrunk { model, optimizer })
             }
         };
@@ -397,7 +397,7 @@ impl<B: Backend> Trainer<B> {
         );
         policy.lora = lora;
         if let Some(c) = checkpoint {
-            policy.optimizer = crate::train::optim::AdamW::load(&checkpoint::optimizer_path(c, k), &device)?;
+            policy.optimizer = crate::train::optim::AdamW::load(&checkpoint::optimizer_path(c, k), &device, offload)?;
         }
         policy.optimizer.set_offload(offload, &device);
         // f16 gradients need a loss scale; a resumed run keeps its saved one.
@@ -931,8 +931,10 @@ fn load_reference<B: Backend>(
         let model = crate::model::load::<B>(source, device)?.model;
         // With half-precision compute, stored as its forward reads it (half the bytes).
         let stored = set_compute(store_frozen(model, config.policies[k].frozen_dtype), compute);
+        // Offloaded in the dtype the forward reads too; `reference_model` redoes the CPU's
+        // bf16 re-layout after each upload (the cast is then a no-op).
         Some(match offload {
-            true => Reference::Host(HostModel::of(stored)),
+            true => Reference::Host(HostModel::of(rollout_copy(stored))),
             false => Reference::Device(rollout_copy(stored)),
         })
     } else {

@@ -302,6 +302,30 @@ enum Moments<B: Backend> {
     Host(HostTensor, HostTensor),
 }
 
+impl<B: Backend> Moments<B> {
+    fn into_host(self) -> Moments<B> {
+        match self {
+            Moments::Vector(m, v) => Moments::Host(download(m), download(v)),
+            Moments::Matrix(m, v) => Moments::Host(download(m), download(v)),
+            host => host,
+        }
+    }
+
+    /// On `device` (host moments are copied there, by their rank).
+    fn on_device(self, device: &B::Device) -> Moments<B> {
+        match self {
+            Moments::Host(m, v) if m.shape.len() == 1 => Moments::Vector(upload(m, device), upload(v, device)),
+            Moments::Host(m, v) => Moments::Matrix(upload(m, device), upload(v, device)),
+            resident => resident,
+        }
+    }
+
+    /// In host memory with `offload`, else on `device`.
+    fn placed(self, offload: bool, device: &B::Device) -> Moments<B> {
+        if offload { self.into_host() } else { self.on_device(device) }
+    }
+}
+
 /// PyTorch AdamW with state by parameter name.
 #[derive(Debug)]
 pub struct AdamW<B: Backend> {
@@ -334,15 +358,7 @@ impl<B: Backend> AdamW<B> {
     pub fn set_offload(&mut self, offload: bool, device: &B::Device) {
         self.offload = offload;
         for moments in self.state.values_mut() {
-            *moments = match (moments.clone(), offload) {
-                (Moments::Vector(m, v), true) => Moments::Host(download(m), download(v)),
-                (Moments::Matrix(m, v), true) => Moments::Host(download(m), download(v)),
-                (Moments::Host(m, v), false) if m.shape.len() == 1 => {
-                    Moments::Vector(upload(m, device), upload(v, device))
-                }
-                (Moments::Host(m, v), false) => Moments::Matrix(upload(m, device), upload(v, device)),
-                (placed, _) => placed,
-            };
+            *moments = moments.clone().placed(offload, device);
         }
     }
 
@@ -405,16 +421,6 @@ impl<B: Backend> AdamW<B> {
                 let p = p - (m.clone() / denom).mul_scalar(c.step);
                 [p, m, v]
             }
-
-            /// The moments to keep after an update: back to host memory when offloaded.
-            fn keep<const D: usize>(
-                &self,
-                m: Tensor<B, D>,
-                v: Tensor<B, D>,
-                resident: fn(Tensor<B, D>, Tensor<B, D>) -> Moments<B>,
-            ) -> Moments<B> {
-                if self.offload { Moments::Host(download(m), download(v)) } else { resident(m, v) }
-            }
         }
         // Offloaded gradients and moments come to the parameter's device for its update alone.
         impl<AB: AutodiffBackend> ParamVisitor<AB> for Update<'_, AB::InnerBackend> {
@@ -423,14 +429,12 @@ impl<B: Backend> AdamW<B> {
                 p.map(|t| {
                     let (device, t) = (t.device(), t.inner());
                     let Grad::Vector(g) = g.on_device(&device) else { unreachable!("a parameter keeps its rank") };
-                    let (m, v) = match self.state.remove(name) {
+                    let (m, v) = match self.state.remove(name).map(|m| m.on_device(&device)) {
                         Some(Moments::Vector(m, v)) => (m, v),
-                        Some(Moments::Host(m, v)) => (upload(m, &device), upload(v, &device)),
                         _ => (g.zeros_like(), g.zeros_like()),
                     };
                     let [np, m, v] = self.apply(t, g, m, v);
-                    let kept = self.keep(m, v, Moments::Vector);
-                    self.state.insert(name.to_string(), kept);
+                    self.state.insert(name.to_string(), Moments::Vector(m, v).placed(self.offload, &device));
                     Tensor::from_inner(np).require_grad()
                 })
             }
@@ -439,14 +443,12 @@ impl<B: Backend> AdamW<B> {
                 p.map(|t| {
                     let (device, t) = (t.device(), t.inner());
                     let Grad::Matrix(g) = g.on_device(&device) else { unreachable!("a parameter keeps its rank") };
-                    let (m, v) = match self.state.remove(name) {
+                    let (m, v) = match self.state.remove(name).map(|m| m.on_device(&device)) {
                         Some(Moments::Matrix(m, v)) => (m, v),
-                        Some(Moments::Host(m, v)) => (upload(m, &device), upload(v, &device)),
                         _ => (g.zeros_like(), g.zeros_like()),
                     };
                     let [np, m, v] = self.apply(t, g, m, v);
-                    let kept = self.keep(m, v, Moments::Matrix);
-                    self.state.insert(name.to_string(), kept);
+                    self.state.insert(name.to_string(), Moments::Matrix(m, v).placed(self.offload, &device));
                     Tensor::from_inner(np).require_grad()
                 })
             }
@@ -459,19 +461,11 @@ impl<B: Backend> AdamW<B> {
     /// Writes the moments (`exp_avg.<name>`, `exp_avg_sq.<name>`, in the model's internal
     /// layout) and the update count to `path` (safetensors, written atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let host = |t: TensorData| HostTensor {
-            shape: t.shape.to_vec(),
-            data: t.convert::<f32>().into_vec::<f32>().expect("f32 moments"),
-        };
         let mut tensors = Vec::new();
         let mut names: Vec<&String> = self.state.keys().collect();
         names.sort();
         for name in names {
-            let (m, v) = match &self.state[name] {
-                Moments::Vector(m, v) => (host(m.to_data()), host(v.to_data())),
-                Moments::Matrix(m, v) => (host(m.to_data()), host(v.to_data())),
-                Moments::Host(m, v) => (m.clone(), v.clone()),
-            };
+            let Moments::Host(m, v) = self.state[name].clone().into_host() else { unreachable!("moved to the host") };
             tensors.push((format!("exp_avg.{name}"), m));
             tensors.push((format!("exp_avg_sq.{name}"), v));
         }
@@ -508,18 +502,7 @@ impl<B: Backend> AdamW<B> {
             if m.data.iter().any(|x| !x.is_finite()) || v.data.iter().any(|x| !(x.is_finite() && *x >= 0.0)) {
                 return Err(damaged("holds non-finite or negative values"));
             }
-            let moments = match m.shape.len() {
-                _ if offload => Moments::Host(m, v),
-                1 => Moments::Vector(
-                    Tensor::from_data(TensorData::new(m.data, [m.shape[0]]), device),
-                    Tensor::from_data(TensorData::new(v.data, [v.shape[0]]), device),
-                ),
-                _ => Moments::Matrix(
-                    Tensor::from_data(TensorData::new(m.data, [m.shape[0], m.shape[1]]), device),
-                    Tensor::from_data(TensorData::new(v.data, [v.shape[0], v.shape[1]]), device),
-                ),
-            };
-            state.insert(name.to_string(), moments);
+            state.insert(name.to_string(), Moments::Host(m, v).placed(offload, device));
         }
         Ok(AdamW { config: meta.config, updates: meta.updates, state, scaler: meta.loss_scale, offload })
     }

@@ -161,7 +161,7 @@ pub fn save_model<B: Backend>(model: &CausalLm<B>, eos_token_ids: &[u32], dir: &
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     let mut config = model.config.clone();
     config.eos_token_ids = eos_token_ids.to_vec();
-    safetensors_io::write_safetensors(dir, weights::export(model), dtype, 4 << 30)?;
+    safetensors_io::write_safetensors(dir, weights::to_write(model), dtype, 4 << 30)?;
     let config_json = serde_json::to_string_pretty(&config.to_hf_json(dtype.torch_name())).expect("json");
     write_atomic(&dir.join("config.json"), config_json.as_bytes())?;
     let mut generation = serde_json::json!({"eos_token_id": eos_token_ids});

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors, tensor::Metadata};
 use serde_json::Value;
 
-use super::weights::{HostTensor, WeightSource, bytes_to_f32};
+use super::weights::{HostTensor, Pending, WeightSource, bytes_to_f32};
 use crate::error::{Error, Result, temp_path_for};
 
 struct MappedFile {
@@ -138,24 +138,40 @@ impl SaveDtype {
     }
 }
 
-struct ByteView {
-    dtype: Dtype,
-    shape: Vec<usize>,
-    bytes: Vec<u8>,
+/// A [`Pending`] tensor in a file's dtype, its bytes made as the file is written.
+struct ByteView<'a> {
+    dtype: SaveDtype,
+    tensor: Pending<'a>,
 }
 
-impl safetensors::View for &ByteView {
+impl ByteView<'_> {
+    fn len(&self) -> usize {
+        self.tensor.elements() * if self.dtype == SaveDtype::F32 { 4 } else { 2 }
+    }
+}
+
+impl safetensors::View for &ByteView<'_> {
     fn dtype(&self) -> Dtype {
-        self.dtype
+        match self.dtype {
+            SaveDtype::F32 => Dtype::F32,
+            SaveDtype::Bf16 => Dtype::BF16,
+        }
     }
     fn shape(&self) -> &[usize] {
-        &self.shape
+        &self.tensor.shape
     }
     fn data(&self) -> std::borrow::Cow<'_, [u8]> {
-        std::borrow::Cow::Borrowed(&self.bytes)
+        use std::borrow::Cow;
+        let values = self.tensor.values();
+        assert_eq!(values.len(), self.tensor.elements(), "{}: values of another shape", self.tensor.name);
+        match (self.dtype, values) {
+            (SaveDtype::F32, Cow::Borrowed(v)) => Cow::Borrowed(bytemuck::cast_slice(v)),
+            (SaveDtype::F32, Cow::Owned(v)) => Cow::Owned(bytemuck::cast_slice(&v).to_vec()),
+            (SaveDtype::Bf16, v) => Cow::Owned(v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()),
+        }
     }
     fn data_len(&self) -> usize {
-        self.bytes.len()
+        self.len()
     }
 }
 
@@ -168,39 +184,35 @@ fn ordinary_mode(path: &Path) -> Result<()> {
     std::fs::set_permissions(path, permissions).map_err(|e| Error::io("write", path, e))
 }
 
-fn to_views(tensors: Vec<(String, HostTensor)>, dtype: SaveDtype) -> Vec<(String, ByteView)> {
-    tensors
-        .into_iter()
-        .map(|(name, t)| {
-            let (dt, bytes) = match dtype {
-                SaveDtype::F32 => (Dtype::F32, bytemuck::cast_slice::<f32, u8>(&t.data).to_vec()),
-                SaveDtype::Bf16 => {
-                    (Dtype::BF16, t.data.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect())
-                }
-            };
-            (name, ByteView { dtype: dt, shape: t.shape, bytes })
-        })
-        .collect()
+fn to_views<'a, T: Into<Pending<'a>>>(tensors: impl IntoIterator<Item = T>, dtype: SaveDtype) -> Vec<ByteView<'a>> {
+    tensors.into_iter().map(|t| ByteView { dtype, tensor: t.into() }).collect()
 }
 
 /// Writes one safetensors file through a temporary name and a rename, with ordinary mode.
-fn write_file(path: &Path, views: &[&(String, ByteView)]) -> Result<()> {
+fn write_file(path: &Path, views: &[&ByteView<'_>]) -> Result<()> {
     let tmp = temp_path_for(path);
     let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize_to_file(views.iter().map(|(k, v)| (k.as_str(), v)), Some(meta), &tmp).map_err(|e| {
-        // A failed write (a full disk) leaves no partial file behind and says it was a write.
-        let _ = std::fs::remove_file(&tmp);
-        match e {
-            safetensors::SafeTensorError::IoError(io) => Error::io("write", &tmp, io),
-            other => Error::Internal(format!("cannot serialise {}: {other}", tmp.display())),
-        }
-    })?;
+    safetensors::serialize_to_file(views.iter().map(|v| (v.tensor.name.as_str(), *v)), Some(meta), &tmp).map_err(
+        |e| {
+            // A failed write (a full disk) leaves no partial file behind and says it was a write.
+            let _ = std::fs::remove_file(&tmp);
+            match e {
+                safetensors::SafeTensorError::IoError(io) => Error::io("write", &tmp, io),
+                other => Error::Internal(format!("cannot serialise {}: {other}", tmp.display())),
+            }
+        },
+    )?;
     ordinary_mode(&tmp)?;
     std::fs::rename(&tmp, path).map_err(|e| Error::io("rename into place", path, e))
 }
 
-/// Writes `tensors` as the single safetensors file `path` (written atomically).
-pub fn write_safetensors_file(path: &Path, tensors: Vec<(String, HostTensor)>, dtype: SaveDtype) -> Result<()> {
+/// Writes `tensors` as the single safetensors file `path` (written atomically), producing each
+/// one's bytes as it is reached.
+pub fn write_safetensors_file<'a, T: Into<Pending<'a>>>(
+    path: &Path,
+    tensors: impl IntoIterator<Item = T>,
+    dtype: SaveDtype,
+) -> Result<()> {
     let views = to_views(tensors, dtype);
     write_file(path, &views.iter().collect::<Vec<_>>())
 }
@@ -208,30 +220,30 @@ pub fn write_safetensors_file(path: &Path, tensors: Vec<(String, HostTensor)>, d
 /// Writes `tensors` into `dir` as `model.safetensors`, or as shards of at most
 /// `max_shard_bytes` plus `model.safetensors.index.json`. Each file is written to a temporary
 /// name and renamed, so an interrupted save never leaves a truncated file under a real name.
-pub fn write_safetensors(
+pub fn write_safetensors<'a, T: Into<Pending<'a>>>(
     dir: &Path,
-    tensors: Vec<(String, HostTensor)>,
+    tensors: impl IntoIterator<Item = T>,
     dtype: SaveDtype,
     max_shard_bytes: usize,
 ) -> Result<Vec<PathBuf>> {
     let views = to_views(tensors, dtype);
 
     // Greedy sharding in checkpoint order, like transformers' `shard_checkpoint`.
-    let mut shards: Vec<Vec<&(String, ByteView)>> = vec![vec![]];
+    let mut shards: Vec<Vec<&ByteView>> = vec![vec![]];
     let mut size = 0usize;
     for v in &views {
-        if size > 0 && size + v.1.bytes.len() > max_shard_bytes {
+        if size > 0 && size + v.len() > max_shard_bytes {
             shards.push(vec![]);
             size = 0;
         }
-        size += v.1.bytes.len();
+        size += v.len();
         shards.last_mut().expect("non-empty").push(v);
     }
 
     let n = shards.len();
     let mut written = Vec::new();
     let mut weight_map = BTreeMap::new();
-    let total: usize = views.iter().map(|v| v.1.bytes.len()).sum();
+    let total: usize = views.iter().map(ByteView::len).sum();
     for (i, shard) in shards.iter().enumerate() {
         let name = if n == 1 {
             "model.safetensors".to_string()
@@ -240,8 +252,8 @@ pub fn write_safetensors(
         };
         let path = dir.join(&name);
         write_file(&path, shard)?;
-        for (k, _) in shard {
-            weight_map.insert(k.clone(), name.clone());
+        for v in shard {
+            weight_map.insert(v.tensor.name.clone(), name.clone());
         }
         written.push(path);
     }
@@ -255,4 +267,83 @@ pub fn write_safetensors(
         let _ = std::fs::remove_file(dir.join("model.safetensors.index.json"));
     }
     Ok(written)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::backend::Cpu;
+
+    fn tensors() -> Vec<(String, HostTensor)> {
+        let t = |shape: Vec<usize>, k: f32| {
+            let n = shape.iter().product::<usize>();
+            HostTensor { shape, data: (0..n).map(|i| (i as f32 * 0.37 + k).sin() * 1e3).collect() }
+        };
+        vec![
+            ("a.weight".into(), t(vec![7, 5], 1.0)),
+            ("b.bias".into(), t(vec![11], 2.0)),
+            ("c".into(), t(vec![3, 9], 3.0)),
+        ]
+    }
+
+    /// Every file of `dir`, by name.
+    fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+            .collect()
+    }
+
+    /// Tensors written from host memory, borrowed, or downloaded from a device as the writer
+    /// reaches them give the same files (single and sharded, f32 and bf16); each download
+    /// happens once, while writing.
+    #[test]
+    fn tensors_produced_when_written_give_the_same_files() {
+        let device = Default::default();
+        let host = tensors();
+        let on_device: Vec<_> = host
+            .iter()
+            .map(|(n, t)| {
+                let data = burn::tensor::TensorData::new(t.data.clone(), [t.data.len()]);
+                (n.clone(), burn::tensor::Tensor::<Cpu, 1>::from_data(data, &device), t)
+            })
+            .collect();
+        for dtype in [SaveDtype::F32, SaveDtype::Bf16] {
+            for max_shard in [usize::MAX, 100] {
+                let write = |tensors: Vec<Pending<'_>>| {
+                    let dir = tempfile::tempdir().unwrap();
+                    write_safetensors(dir.path(), tensors, dtype, max_shard).unwrap();
+                    files(dir.path())
+                };
+                let owned = write(host.iter().cloned().map(Pending::from).collect());
+                // Sharded: at least two shards and the index.
+                assert_eq!(owned.len() >= 3, max_shard == 100, "{:?}", owned.keys());
+                let borrowed = write(host.iter().map(|(n, t)| Pending::borrowed(n.clone(), t)).collect());
+                assert_eq!(borrowed, owned);
+                let downloads = Cell::new(0);
+                let later = on_device
+                    .iter()
+                    .map(|(n, t, h)| {
+                        Pending::later(n.clone(), h.shape.clone(), || {
+                            downloads.set(downloads.get() + 1);
+                            Pending::device(n.clone(), t.clone()).into_host().data
+                        })
+                    })
+                    .collect();
+                assert_eq!(downloads.get(), 0);
+                assert_eq!(write(later), owned);
+                assert_eq!(downloads.get(), 3, "each tensor produced once");
+            }
+        }
+        // A file reads back as what was written.
+        let dir = tempfile::tempdir().unwrap();
+        write_safetensors_file(&dir.path().join("x.safetensors"), host.clone(), SaveDtype::F32).unwrap();
+        let mut src = SafetensorsSource::open_file(&dir.path().join("x.safetensors")).unwrap();
+        for (n, t) in &host {
+            assert_eq!(src.take(n).unwrap().as_ref(), Some(t));
+        }
+    }
 }

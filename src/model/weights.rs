@@ -2,9 +2,11 @@
 //!
 //! Every weight source (safetensors, sharded safetensors, GGUF, random init) yields tensors by
 //! their Hugging Face name; [`build`] asks for each name the architecture needs, checks its
-//! shape against the config and uploads it as f32. [`export`] walks the model the other way
-//! for saving. Keeping names and shapes in one place ([`expected_weights`]) means loading,
+//! shape against the config and uploads it as f32. [`to_write`] walks the model the other way
+//! for saving, each weight downloaded only when the file writer reaches it. Keeping names and shapes in one place ([`expected_weights`]) means loading,
 //! saving and error messages can never disagree about what a checkpoint must contain.
+
+use std::borrow::Cow;
 
 use burn::module::Param;
 use burn::tensor::{Tensor, TensorData, backend::Backend};
@@ -19,6 +21,71 @@ use crate::error::{Error, Result};
 pub struct HostTensor {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+}
+
+/// A tensor of a file being written: its name and shape now, its values only when the writer
+/// reaches it. A save then holds one tensor's bytes beside the model instead of a copy of all
+/// of them (an 8B model's weights are 32 GB in f32, its AdamW moments 64 GB).
+pub struct Pending<'a> {
+    pub name: String,
+    pub shape: Vec<usize>,
+    values: Values<'a>,
+}
+
+enum Values<'a> {
+    Borrowed(&'a [f32]),
+    Owned(Vec<f32>),
+    /// Produced when written (a download from the device), then dropped.
+    Later(Box<dyn Fn() -> Vec<f32> + 'a>),
+}
+
+impl<'a> Pending<'a> {
+    /// A tensor already in host memory, written from where it lies.
+    pub fn borrowed(name: String, t: &'a HostTensor) -> Self {
+        Pending { name, shape: t.shape.clone(), values: Values::Borrowed(&t.data) }
+    }
+
+    /// A tensor whose values `values` produces when the writer reaches it, once.
+    pub fn later(name: String, shape: Vec<usize>, values: impl Fn() -> Vec<f32> + 'a) -> Self {
+        Pending { name, shape, values: Values::Later(Box::new(values)) }
+    }
+
+    /// A tensor on its device, downloaded (as f32) when the writer reaches it.
+    pub fn device<B: Backend, const D: usize>(name: String, t: Tensor<B, D>) -> Pending<'static> {
+        let shape = t.dims().to_vec();
+        Pending::later(name, shape, move || {
+            t.clone().into_data().convert::<f32>().into_vec::<f32>().expect("f32 values")
+        })
+    }
+
+    /// Its values in host memory.
+    pub fn values(&self) -> Cow<'_, [f32]> {
+        match &self.values {
+            Values::Borrowed(v) => Cow::Borrowed(v),
+            Values::Owned(v) => Cow::Borrowed(v),
+            Values::Later(f) => Cow::Owned(f()),
+        }
+    }
+
+    /// Into a [`HostTensor`] (produced now if it was to be produced later).
+    pub fn into_host(self) -> HostTensor {
+        let data = match self.values {
+            Values::Borrowed(v) => v.to_vec(),
+            Values::Owned(v) => v,
+            Values::Later(f) => f(),
+        };
+        HostTensor { shape: self.shape, data }
+    }
+
+    pub fn elements(&self) -> usize {
+        self.shape.iter().product()
+    }
+}
+
+impl From<(String, HostTensor)> for Pending<'static> {
+    fn from((name, t): (String, HostTensor)) -> Self {
+        Pending { name, shape: t.shape, values: Values::Owned(t.data) }
+    }
 }
 
 /// Anything that can hand out weights by HF name.
@@ -283,29 +350,30 @@ pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V
     CausalLm { embed_tokens, layers, norm, lm_head, config, compute }
 }
 
-/// All weights of `model` by HF name and in HF layout, in checkpoint order. Adapters are
-/// folded in first: an HF directory has no place for them (see [`super::lora::save_adapter`]).
-pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
-    struct Collect(Vec<(String, HostTensor)>);
-    fn host<B: Backend, const D: usize>(t: Tensor<B, D>) -> HostTensor {
-        let shape = t.dims().to_vec();
-        let data = t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 weights");
-        HostTensor { shape, data }
-    }
+/// All weights of `model` by HF name and in HF layout, in checkpoint order, each downloaded
+/// only when written. Adapters are folded in first: an HF directory has no place for them (see
+/// [`super::lora::save_adapter`]).
+pub fn to_write<B: Backend>(model: &CausalLm<B>) -> Vec<Pending<'static>> {
+    struct Collect(Vec<Pending<'static>>);
     impl<B: Backend> ParamVisitor<B> for Collect {
         fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
-            self.0.push((name.to_string(), host(p.val())));
+            self.0.push(Pending::device(name.to_string(), p.val()));
             p
         }
         fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, stored_transposed: bool) -> Param<Tensor<B, 2>> {
             let t = if stored_transposed { p.val().transpose() } else { p.val() };
-            self.0.push((name.to_string(), host(t)));
+            self.0.push(Pending::device(name.to_string(), t));
             p
         }
     }
     let mut c = Collect(Vec::new());
     walk_params(super::lora::merge(model.clone()), &mut c);
     c.0
+}
+
+/// [`to_write`], downloaded now.
+pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
+    to_write(model).into_iter().map(|p| (p.name.clone(), p.into_host())).collect()
 }
 
 /// Random weights like transformers' `_init_weights`: normal(0, `std`) matrices, zero biases,

@@ -23,7 +23,7 @@ use crate::backend::kernels::AdamWStep;
 use crate::error::{Error, Result};
 use crate::model::CausalLm;
 use crate::model::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
-use crate::model::weights::{HostTensor, ParamVisitor, WeightSource, walk_params};
+use crate::model::weights::{HostTensor, ParamVisitor, Pending, WeightSource, walk_params};
 
 /// AdamW settings with PyTorch's defaults spelled out (burn's differ: eps 1e-5, wd 1e-4).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -461,13 +461,16 @@ impl<B: Backend> AdamW<B> {
     /// Writes the moments (`exp_avg.<name>`, `exp_avg_sq.<name>`, in the model's internal
     /// layout) and the update count to `path` (safetensors, written atomically).
     pub fn save(&self, path: &Path) -> Result<()> {
+        // Each moment is written from where it lies (downloaded when the writer reaches it),
+        // never all copied at once: an 8B model's are 64 GB.
         let mut tensors = Vec::new();
-        let mut names: Vec<&String> = self.state.keys().collect();
-        names.sort();
-        for name in names {
-            let Moments::Host(m, v) = self.state[name].clone().into_host() else { unreachable!("moved to the host") };
-            tensors.push((format!("exp_avg.{name}"), m));
-            tensors.push((format!("exp_avg_sq.{name}"), v));
+        for (name, moments) in &self.state {
+            let (m, v) = (format!("exp_avg.{name}"), format!("exp_avg_sq.{name}"));
+            match moments {
+                Moments::Vector(a, b) => tensors.extend([Pending::device(m, a.clone()), Pending::device(v, b.clone())]),
+                Moments::Matrix(a, b) => tensors.extend([Pending::device(m, a.clone()), Pending::device(v, b.clone())]),
+                Moments::Host(a, b) => tensors.extend([Pending::borrowed(m, a), Pending::borrowed(v, b)]),
+            }
         }
         write_safetensors_file(path, tensors, SaveDtype::F32)?;
         let meta = OptimMeta { updates: self.updates, config: self.config.clone(), loss_scale: self.scaler };

@@ -12,7 +12,8 @@
 //! the reference), no fused attention (every layer keeps its `heads × t × t` attention
 //! probabilities for the backward pass) and a KV cache that grows by doubling. Rollout and
 //! update do not overlap: the KV cache is freed before the update allocates its activations
-//! and gradients, so the peak is the persistent state plus the larger of the two phases. An
+//! and gradients, so the peak is the persistent state plus the largest phase: rollout, a
+//! backward pass, or AdamW's update (which replaces the weights one at a time). An
 //! offloaded policy (`[[agents]] offload`) keeps only its weights on the device for the run;
 //! its reference, moments and summed gradients are in host memory, and the device holds, one
 //! phase at a time, a backward pass's gradients, the reference for scoring, or one
@@ -60,9 +61,9 @@ pub struct Footprint {
     /// Offloaded: the gradients one backward pass leaves on the device while they are copied
     /// out. All of them without gradient checkpointing; with it, the head's and one layer's.
     pub pass_gradients: u64,
-    /// Offloaded: AdamW's update, one parameter at a time: the new weights (the old ones stay
-    /// alive until the update ends) and the largest parameter's gradient, moments and the
-    /// tensor ops' temporaries.
+    /// AdamW's update, one parameter at a time, each old weight dropped as its new one is
+    /// made: the largest parameter's new weight, gradient, moments and the tensor ops'
+    /// temporaries (resident, beside every gradient; offloaded, copied in).
     pub step: u64,
     /// Offloaded: the scoring stage's graph-free forward pass of one micro-batch, beside the
     /// reference copied in for it.
@@ -95,7 +96,7 @@ impl Footprint {
         let update = gradients.saturating_add(self.activations).saturating_add(self.critic_update);
         let phase = match self.offloaded {
             true => update.max(self.rollout).max(self.step).max(self.reference.saturating_add(self.scoring)),
-            false => update.max(self.rollout),
+            false => update.max(self.rollout).max(self.gradients.saturating_add(self.step)),
         };
         self.persistent().saturating_add(phase)
     }
@@ -255,7 +256,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         critic_update: clamp(if w.value_model { trained + seqs * t * layers * per_token_layer * F32W } else { 0 }),
         offloaded: false,
         pass_gradients: clamp(if w.checkpointing { trained.min((vocab * d + head_or_layer) * F32W) } else { trained }),
-        step: clamp(trained + 6 * largest.min(trained / F32W) * F32W),
+        step: clamp(6 * largest.min(trained / F32W) * F32W),
         // One layer at a time without a graph: the attention's scores and probabilities, the
         // layer's hidden states; the log-prob op's logits chunk.
         scoring: clamp(
@@ -1123,10 +1124,12 @@ mod tests {
         // The LM head's (128,256 × 4,096), alive while the embedding's pass adds as many: more
         // than one layer's 218M parameters.
         assert_eq!(f.pass_gradients, 2 * 128_256 * 4096 * 4);
-        assert_eq!(f.step, f.weights + 6 * 128_256 * 4096 * 4, "new weights, and the LM head's update");
+        assert_eq!(f.step, 6 * 128_256 * 4096 * 4, "the LM head's update, the old weights dropped as it goes");
         let phases = [f.pass_gradients + f.activations, f.rollout, f.step, f.reference + f.scoring];
         assert_eq!(f.peak(), f.weights + phases.into_iter().max().unwrap());
         assert!(f.scoring < f.activations && f.peak() < resident.peak() / 2, "{f:?}");
+        // Resident, the update replaces the weights beside every gradient.
+        assert!(resident.peak() >= resident.persistent() + resident.gradients + resident.step);
         // Without checkpointing one backward pass leaves every gradient on the device.
         let plain = footprint(&shape, &workload(4096, true), None, FrozenDtype::F32).offloaded();
         assert_eq!(plain.pass_gradients, plain.gradients);

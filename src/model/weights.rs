@@ -376,6 +376,21 @@ pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
     to_write(model).into_iter().map(|p| (p.name.clone(), p.into_host())).collect()
 }
 
+/// `model`'s structure with a one-element tensor for every parameter: what a field holds while
+/// the model's weights are elsewhere (being replaced by an update, or in host memory).
+pub fn stand_in<B: Backend>(model: &CausalLm<B>) -> CausalLm<B> {
+    struct StandIn<B: Backend>(B::Device);
+    impl<B: Backend> ParamVisitor<B> for StandIn<B> {
+        fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+            p.map(|_| Tensor::zeros([1], &self.0))
+        }
+        fn matrix(&mut self, _: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
+            p.map(|_| Tensor::zeros([1, 1], &self.0))
+        }
+    }
+    walk_params(model.clone(), &mut StandIn(model.embed_tokens.val().device()))
+}
+
 /// Random weights like transformers' `_init_weights`: normal(0, `std`) matrices, zero biases,
 /// unit norms. For benchmarks and tests that need a model of a given shape.
 pub struct RandomWeights {

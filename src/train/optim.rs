@@ -23,7 +23,7 @@ use crate::backend::kernels::AdamWStep;
 use crate::error::{Error, Result};
 use crate::model::CausalLm;
 use crate::model::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
-use crate::model::weights::{HostTensor, ParamVisitor, Pending, WeightSource, walk_params};
+use crate::model::weights::{HostTensor, ParamVisitor, Pending, WeightSource, stand_in, walk_params};
 
 /// AdamW settings with PyTorch's defaults spelled out (burn's differ: eps 1e-5, wd 1e-4).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -369,6 +369,19 @@ impl<B: Backend> AdamW<B> {
             true => GradStore::offloaded(device.clone()),
             false => GradStore::default(),
         }
+    }
+
+    /// [`AdamW::step`] on the model `model` holds. Each old weight is dropped as its new one is
+    /// made: `model` holds a stand-in meanwhile, not every old weight to the end of the update
+    /// (an 8B model's are 32 GB beside the new ones).
+    pub fn update<AB: AutodiffBackend<InnerBackend = B>>(
+        &mut self,
+        model: &mut CausalLm<AB>,
+        grads: GradStore<B>,
+        lr: f64,
+    ) {
+        let old = std::mem::replace(model, stand_in(model));
+        *model = self.step(old, grads, lr);
     }
 
     /// One update of `model` with `grads` at learning rate `lr`.

@@ -356,6 +356,9 @@ impl<B: Backend> Trainer<B> {
     fn load_policy(config: &TrainConfig, k: usize, inputs: &Inputs<B>, checkpoint: Option<&Path>) -> Result<Policy<B>> {
         let (source, device) = (inputs.models[k].clone(), inputs.devices[k].clone());
         let lora = config.policies[k].lora.clone();
+        // The reference first: offloaded, it passes through the device on its way to host
+        // memory, and should not meet the policy's weights there.
+        let reference = load_reference::<B>(config, k, &source, &device, lora.is_some())?;
         let mut pretrained = match (checkpoint, &lora) {
             (Some(c), None) => crate::model::load_hf_dir::<Autodiff<B>>(&checkpoint::agent_dir(c, k), &device)?,
             (None, None) => crate::model::load::<Autodiff<B>>(&source, &device)?,
@@ -381,7 +384,6 @@ impl<B: Backend> Trainer<B> {
         let compute = config.algo.compute_dtype;
         pretrained.model = crate::train::autodiff_graph::join(set_compute(pretrained.model, compute));
         let offload = config.policies[k].offload;
-        let reference = load_reference::<B>(config, k, &source, &device, lora.is_some())?;
         let mut policy = Policy::new(
             k,
             config.policy_name(k),

@@ -237,14 +237,14 @@ fn apply<B: Backend>(
             return Ok(false);
         }
     }
-    policy.model = policy.optimizer.step(policy.model.clone(), step.grads, lr);
+    policy.optimizer.update(&mut policy.model, step.grads, lr);
     if let (Some(critic), Some(lr)) = (policy.critic.as_mut(), settings.value_lr) {
         if let Some(grad) = step.head_grad {
             let config = crate::train::optim::AdamWConfig { weight_decay: 0.0, ..policy.optimizer.config.clone() };
             critic.head.step(&clip_host(grad, settings.grad_clip), lr, &config);
         }
         if let (Some(trunk), Some((grads, _))) = (critic.trunk.as_mut(), step.value_trunk) {
-            trunk.model = trunk.optimizer.step(trunk.model.clone(), grads, lr);
+            trunk.optimizer.update(&mut trunk.model, grads, lr);
         }
     }
     Ok(true)

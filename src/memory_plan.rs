@@ -63,7 +63,8 @@ pub struct Footprint {
     pub pass_gradients: u64,
     /// AdamW's update, one parameter at a time, each old weight dropped as its new one is
     /// made: the largest parameter's new weight, gradient, moments and the tensor ops'
-    /// temporaries (resident, beside every gradient; offloaded, copied in).
+    /// temporaries (resident, beside every gradient; offloaded, copied in), and a value model's
+    /// gradients, which wait for their own update.
     pub step: u64,
     /// Offloaded: the scoring stage's graph-free forward pass of one micro-batch, beside the
     /// reference copied in for it.
@@ -256,7 +257,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         critic_update: clamp(if w.value_model { trained + seqs * t * layers * per_token_layer * F32W } else { 0 }),
         offloaded: false,
         pass_gradients: clamp(if w.checkpointing { trained.min((vocab * d + head_or_layer) * F32W) } else { trained }),
-        step: clamp(6 * largest.min(trained / F32W) * F32W),
+        step: clamp(6 * largest.min(trained / F32W) * F32W + if w.value_model { trained } else { 0 }),
         // One layer at a time without a graph: the attention's scores and probabilities, the
         // layer's hidden states; the log-prob op's logits chunk.
         scoring: clamp(
@@ -1128,8 +1129,16 @@ mod tests {
         let phases = [f.pass_gradients + f.activations, f.rollout, f.step, f.reference + f.scoring];
         assert_eq!(f.peak(), f.weights + phases.into_iter().max().unwrap());
         assert!(f.scoring < f.activations && f.peak() < resident.peak() / 2, "{f:?}");
-        // Resident, the update replaces the weights beside every gradient.
-        assert!(resident.peak() >= resident.persistent() + resident.gradients + resident.step);
+        // Resident, the update replaces the weights beside every gradient: the peak when the
+        // backward pass's activations are smaller than the largest parameter's update (short
+        // sequences, recomputation) and the rollout is short.
+        let short = Workload { rollout_sequences: 1, rollout_prompt: 8, rollout_new: 8, ..w };
+        let short = footprint(&shape, &Workload { train_len: 16, ..short }, None, FrozenDtype::F32);
+        assert!(short.activations < short.step && short.rollout < short.step, "{short:?}");
+        assert_eq!(short.peak(), short.persistent() + short.gradients + short.step);
+        // A value model's gradients wait through the policy's update.
+        let critic = footprint(&shape, &Workload { value_model: true, ..w }, None, FrozenDtype::F32);
+        assert_eq!(critic.step, resident.step + resident.gradients);
         // Without checkpointing one backward pass leaves every gradient on the device.
         let plain = footprint(&shape, &workload(4096, true), None, FrozenDtype::F32).offloaded();
         assert_eq!(plain.pass_gradients, plain.gradients);

@@ -2,8 +2,8 @@
 //!
 //! Every weight source (safetensors, sharded safetensors, GGUF, random init) yields tensors by
 //! their Hugging Face name; [`build`] asks for each name the architecture needs, checks its
-//! shape against the config and uploads it as f32. [`to_write`] walks the model the other way
-//! for saving, each weight downloaded only when the file writer reaches it. Keeping names and shapes in one place ([`expected_weights`]) means loading,
+//! shape against the config and uploads it as f32. [`to_write`] walks the model the other
+//! way for saving, each weight downloaded only when the file writer reaches it. Keeping names and shapes in one place ([`expected_weights`]) means loading,
 //! saving and error messages can never disagree about what a checkpoint must contain.
 
 use std::borrow::Cow;
@@ -351,8 +351,8 @@ pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V
 }
 
 /// All weights of `model` by HF name and in HF layout, in checkpoint order, each downloaded
-/// only when written. Adapters are folded in first: an HF directory has no place for them (see
-/// [`super::lora::save_adapter`]).
+/// only when written. Adapters are folded in first, on the device (an HF directory has no
+/// place for them; training checkpoints keep them apart: [`super::lora::save_adapter`]).
 pub fn to_write<B: Backend>(model: &CausalLm<B>) -> Vec<Pending<'static>> {
     struct Collect(Vec<Pending<'static>>);
     impl<B: Backend> ParamVisitor<B> for Collect {
@@ -376,19 +376,20 @@ pub fn export<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
     to_write(model).into_iter().map(|p| (p.name.clone(), p.into_host())).collect()
 }
 
-/// `model`'s structure with a one-element tensor for every parameter: what a field holds while
-/// the model's weights are elsewhere (being replaced by an update, or in host memory).
+/// `model`'s structure with a one-element tensor (one shared zero) for every parameter: what a
+/// field holds while the model's weights are being replaced by an update. Not a model to run.
 pub fn stand_in<B: Backend>(model: &CausalLm<B>) -> CausalLm<B> {
-    struct StandIn<B: Backend>(B::Device);
+    struct StandIn<B: Backend>(Tensor<B, 1>, Tensor<B, 2>);
     impl<B: Backend> ParamVisitor<B> for StandIn<B> {
         fn vector(&mut self, _: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
-            p.map(|_| Tensor::zeros([1], &self.0))
+            p.map(|_| self.0.clone())
         }
         fn matrix(&mut self, _: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
-            p.map(|_| Tensor::zeros([1, 1], &self.0))
+            p.map(|_| self.1.clone())
         }
     }
-    walk_params(model.clone(), &mut StandIn(model.embed_tokens.val().device()))
+    let device = model.embed_tokens.val().device();
+    walk_params(model.clone(), &mut StandIn(Tensor::zeros([1], &device), Tensor::zeros([1, 1], &device)))
 }
 
 /// Random weights like transformers' `_init_weights`: normal(0, `std`) matrices, zero biases,

@@ -373,7 +373,8 @@ impl<B: Backend> AdamW<B> {
 
     /// [`AdamW::step`] on the model `model` holds. Each old weight is dropped as its new one is
     /// made: `model` holds a stand-in meanwhile, not every old weight to the end of the update
-    /// (an 8B model's are 32 GB beside the new ones).
+    /// (an 8B model's are 32 GB beside the new ones). Should the update panic, `model` is left
+    /// holding the stand-in: the caller must not run or save it then.
     pub fn update<AB: AutodiffBackend<InnerBackend = B>>(
         &mut self,
         model: &mut CausalLm<AB>,
@@ -632,6 +633,59 @@ mod tests {
             loaded.save(&resident.3).unwrap();
             assert_eq!(std::fs::read(&resident.3).unwrap(), offloaded.2);
         }
+    }
+
+    /// `update` is `step` on a model nobody else holds: the same weights to the bit (the CPU's
+    /// fused kernel then writes in place, where `step` on a shared model copies), each
+    /// parameter's id and trainability kept, and no stand-in left behind.
+    #[test]
+    fn an_update_in_place_gives_the_steps_weights_and_keeps_the_parameters() {
+        use crate::generate::score::response_hidden;
+        use crate::model::weights::{export, small_random_model, weighted_head_loss};
+        struct Ids(Vec<(String, String, bool)>);
+        impl<B: AutodiffBackend> ParamVisitor<B> for Ids {
+            fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+                self.0.push((name.into(), p.id.to_string(), p.val().is_require_grad()));
+                p
+            }
+            fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
+                self.0.push((name.into(), p.id.to_string(), p.val().is_require_grad()));
+                p
+            }
+        }
+        let ids = |m: &CausalLm<CpuAutodiff>| {
+            let mut v = Ids(Vec::new());
+            walk_params(m.clone(), &mut v);
+            v.0
+        };
+        let grads = |m: &CausalLm<CpuAutodiff>| {
+            let mut store = GradStore::default();
+            let (hidden, _, _) = response_hidden(m, &[(vec![1u32, 2, 3], vec![4u32, 5, 6])]).unwrap();
+            store.accumulate(m, &weighted_head_loss(m, hidden).backward());
+            store
+        };
+        let config = AdamWConfig { lr: 1e-2, weight_decay: 0.1, ..AdamWConfig::default() };
+        let (mut a, mut b) = (AdamW::<Cpu>::new(config.clone()), AdamW::<Cpu>::new(config));
+        // Two models of the same values whose buffers are not shared.
+        let (mut stepped, mut updated) =
+            (small_random_model::<CpuAutodiff>(true, 5), small_random_model::<CpuAutodiff>(true, 5));
+        let before = ids(&updated);
+        assert!(before.iter().all(|(_, _, trainable)| *trainable));
+        for _ in 0..2 {
+            let g = grads(&stepped);
+            stepped = a.step(stepped.clone(), g, 1e-2);
+            let g = grads(&updated);
+            b.update(&mut updated, g, 1e-2);
+        }
+        assert_eq!(ids(&updated), before);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let (x, y) = (export(&stepped), export(&updated));
+        assert_eq!(x.len(), y.len());
+        for ((name, s), (_, u)) in x.iter().zip(&y) {
+            assert_eq!(s.shape, u.shape, "{name}");
+            assert_eq!(bits(&s.data), bits(&u.data), "{name}");
+        }
+        assert_ne!(bits(&x[0].1.data), bits(&export(&small_random_model::<CpuAutodiff>(true, 5))[0].1.data));
     }
 
     #[test]

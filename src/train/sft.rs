@@ -191,6 +191,7 @@ pub fn fine_tune_masked<B: Backend>(
         let grads = loss.backward();
         let mut store = GradStore::<B>::default();
         store.accumulate(&model, &grads);
+        drop(grads); // the store holds what the update needs
         store.clip_global_norm(cfg.grad_clip);
         // Linear decay to 10%: a fixed budget with a stable end.
         let lr = cfg.lr * (1.0 - 0.9 * (step - 1) as f64 / cfg.max_steps as f64);

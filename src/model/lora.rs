@@ -248,17 +248,12 @@ pub fn base_name(spec: &str) -> String {
 
 /// The adapter tensors of `model` under PEFT's names and in PEFT's layout.
 pub fn adapter_tensors<B: Backend>(model: &CausalLm<B>) -> Vec<(String, HostTensor)> {
-    fn host<B: Backend>(t: Tensor<B, 2>) -> HostTensor {
-        let t = t.transpose();
-        let shape = t.dims().to_vec();
-        HostTensor { shape, data: t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 adapter") }
-    }
     linears(model)
         .filter_map(|(name, linear)| linear.lora.as_ref().map(|a| (name, a)))
         .flat_map(|(name, a)| {
             [
-                (format!("base_model.model.{name}.lora_A.weight"), host(a.a.val())),
-                (format!("base_model.model.{name}.lora_B.weight"), host(a.b.val())),
+                (format!("base_model.model.{name}.lora_A.weight"), HostTensor::of(a.a.val().transpose())),
+                (format!("base_model.model.{name}.lora_B.weight"), HostTensor::of(a.b.val().transpose())),
             ]
         })
         .collect()

@@ -3,8 +3,9 @@
 //! Every weight source (safetensors, sharded safetensors, GGUF, random init) yields tensors by
 //! their Hugging Face name; [`build`] asks for each name the architecture needs, checks its
 //! shape against the config and uploads it as f32. [`to_write`] walks the model the other
-//! way for saving, each weight downloaded only when the file writer reaches it. Keeping names and shapes in one place ([`expected_weights`]) means loading,
-//! saving and error messages can never disagree about what a checkpoint must contain.
+//! way for saving, each weight downloaded only when the file writer reaches it. Keeping names
+//! and shapes in one place ([`expected_weights`]) means loading, saving and error messages can
+//! never disagree about what a checkpoint must contain.
 
 use std::borrow::Cow;
 
@@ -21,6 +22,14 @@ use crate::error::{Error, Result};
 pub struct HostTensor {
     pub shape: Vec<usize>,
     pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    /// `t`'s values downloaded, as f32, in its layout.
+    pub fn of<B: Backend, const D: usize>(t: Tensor<B, D>) -> Self {
+        let shape = t.dims().to_vec();
+        HostTensor { shape, data: t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 values") }
+    }
 }
 
 /// A tensor of a file being written: its name and shape now, its values only when the writer
@@ -53,9 +62,7 @@ impl<'a> Pending<'a> {
     /// A tensor on its device, downloaded (as f32) when the writer reaches it.
     pub fn device<B: Backend, const D: usize>(name: String, t: Tensor<B, D>) -> Pending<'static> {
         let shape = t.dims().to_vec();
-        Pending::later(name, shape, move || {
-            t.clone().into_data().convert::<f32>().into_vec::<f32>().expect("f32 values")
-        })
+        Pending::later(name, shape, move || HostTensor::of(t.clone()).data)
     }
 
     /// Its values in host memory.

@@ -97,13 +97,7 @@ pub enum Grad<B: Backend> {
 /// Elements per task of the host's element-wise work on offloaded gradients.
 const HOST_CHUNK: usize = 1 << 16;
 
-/// `t`'s values in host memory, f32, in its layout.
-fn download<B: Backend, const D: usize>(t: Tensor<B, D>) -> HostTensor {
-    let shape = t.dims().to_vec();
-    HostTensor { shape, data: t.into_data().convert::<f32>().into_vec::<f32>().expect("f32 tensor") }
-}
-
-/// What [`download`] took, back on `device`.
+/// What [`HostTensor::of`] took, back on `device`.
 fn upload<B: Backend, const D: usize>(h: HostTensor, device: &B::Device) -> Tensor<B, D> {
     Tensor::from_data(TensorData::new(h.data, h.shape), device)
 }
@@ -139,8 +133,8 @@ impl<B: Backend> Grad<B> {
 
     fn into_host(self) -> Grad<B> {
         match self {
-            Grad::Vector(a) => Grad::Host(download(a)),
-            Grad::Matrix(a) => Grad::Host(download(a)),
+            Grad::Vector(a) => Grad::Host(HostTensor::of(a)),
+            Grad::Matrix(a) => Grad::Host(HostTensor::of(a)),
             host => host,
         }
     }
@@ -305,8 +299,8 @@ enum Moments<B: Backend> {
 impl<B: Backend> Moments<B> {
     fn into_host(self) -> Moments<B> {
         match self {
-            Moments::Vector(m, v) => Moments::Host(download(m), download(v)),
-            Moments::Matrix(m, v) => Moments::Host(download(m), download(v)),
+            Moments::Vector(m, v) => Moments::Host(HostTensor::of(m), HostTensor::of(v)),
+            Moments::Matrix(m, v) => Moments::Host(HostTensor::of(m), HostTensor::of(v)),
             host => host,
         }
     }

@@ -10,7 +10,10 @@
 //! gradients and AdamW moments (the only precision so far), a full second copy as the KL
 //! reference (with LoRA: gradients and moments of the adapters only, and the base itself as
 //! the reference), no fused attention (every layer keeps its `heads × t × t` attention
-//! probabilities for the backward pass) and a KV cache that grows by doubling. Rollout and
+//! probabilities for the backward pass), a group's prompt run once by the prefill and the
+//! update (the exchange's GRPO groups), and a KV cache that grows by doubling up to the prompt
+//! plus every new token. Sequences are counted at their budgets (`max_prompt_tokens`,
+//! `max_new_tokens`), which real prompts rarely fill. Rollout and
 //! update do not overlap: the KV cache is freed before the update allocates its activations
 //! and gradients, so the peak is the persistent state plus the largest phase: rollout, a
 //! backward pass, or AdamW's update (which replaces the weights one at a time). An
@@ -29,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
 use crate::model::lora::LoraConfig;
+use crate::workload::WorkloadKind;
 
 /// Bytes of an f32: master weights, gradients, moments, logits, and activations (an upper bound).
 const F32: u64 = 4;
@@ -116,6 +120,36 @@ impl Footprint {
     }
 }
 
+/// Sequences that share one prompt, which the prefill and the update run once for all of them
+/// ([`crate::generate::shared_prompt`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SharedPrompts {
+    /// Sequences per prompt, in unbroken runs of whole groups (a GRPO group: `algo.group_size`);
+    /// 1 counts every sequence's prompt.
+    pub group: usize,
+    /// Runs of groups one micro-batch may join (a learner's own samples, then another
+    /// policy's), each of which may begin and end in the middle of a group.
+    pub runs: usize,
+    /// The prompt's share of `train_len`: its longest prompt.
+    pub prompt: usize,
+}
+
+impl SharedPrompts {
+    /// Every sequence's prompt counted.
+    pub const NONE: SharedPrompts = SharedPrompts { group: 1, runs: 1, prompt: 0 };
+
+    /// The most distinct prompts among `sequences` consecutive training sequences: a window
+    /// over runs of `group` touches at most `⌈(n − 1) / group⌉ + 1` groups, and `runs` windows
+    /// of `n` sequences in all at most `⌈(n − runs) / group⌉ + 2·runs − 1`.
+    pub fn prompts_among(&self, sequences: usize) -> usize {
+        if self.group <= 1 {
+            return sequences;
+        }
+        let bound = sequences.saturating_sub(self.runs).div_ceil(self.group) + 2 * self.runs - 1;
+        bound.min(sequences)
+    }
+}
+
 /// The run settings the footprint depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Workload {
@@ -123,6 +157,8 @@ pub struct Workload {
     pub micro_batch: usize,
     /// The longest training sequence: prompt (own or another policy's, re-rendered) + response.
     pub train_len: usize,
+    /// How the sequences share prompts.
+    pub shared: SharedPrompts,
     /// Sequences sampled together (`rollout.batch_prompts × algo.group_size`).
     pub rollout_sequences: usize,
     pub rollout_prompt: usize,
@@ -142,22 +178,36 @@ impl Workload {
         let r = &cfg.rollout;
         // A delegation conversation is one sequence of every turn (workload.delegate.max_tokens),
         // each turn generated after the turns before it.
-        let (own, rollout_prompt) = match cfg.workload.kind {
-            crate::workload::WorkloadKind::Delegate => {
+        let kind = cfg.workload.kind;
+        // (prompt, response) of the longest own training sequence.
+        let own = match kind {
+            WorkloadKind::Delegate => {
                 let max = cfg.workload.delegate.max_tokens;
-                (max, max.saturating_sub(r.max_new_tokens))
+                (max.saturating_sub(r.max_new_tokens), r.max_new_tokens.min(max))
             }
-            _ => (r.max_prompt_tokens + r.max_new_tokens, r.max_prompt_tokens),
+            _ => (r.max_prompt_tokens, r.max_new_tokens),
         };
+        let rollout_prompt = own.0;
         // Another policy's samples, when the algorithm shares them: its prompt re-rendered in
         // this template, its response re-tokenised (rarely more than twice as many tokens;
         // `max_response_tokens` caps it).
         let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
         let shares = cfg.policies.len() > 1 && algorithm.routing() == crate::rl::algorithm::Routing::Shared;
-        let cross = r.cross_max_prompt_tokens + r.max_response_tokens.min(2 * r.max_new_tokens);
+        let cross = (r.cross_max_prompt_tokens, r.max_response_tokens.min(2 * r.max_new_tokens));
+        let (prompt, response) = if shares { (own.0.max(cross.0), own.1.max(cross.1)) } else { own };
+        // The exchange's samples come in whole groups of one prompt, a policy's groups one
+        // after another, and a learner's mini-batch takes its own, then the others'
+        // (`trainer::routing`); the other workloads' prompts are counted one per sequence.
+        let shared = match kind {
+            WorkloadKind::Exchange => {
+                SharedPrompts { group: cfg.algo.group_size.max(1), runs: if shares { 2 } else { 1 }, prompt }
+            }
+            _ => SharedPrompts { prompt, ..SharedPrompts::NONE },
+        };
         Ok(Workload {
             micro_batch: cfg.algo.micro_batch_sequences.max(1),
-            train_len: if shares { own.max(cross) } else { own },
+            train_len: prompt + response,
+            shared,
             rollout_sequences: r.batch_prompts.max(1) * cfg.algo.group_size.max(1),
             rollout_prompt,
             rollout_new: r.max_new_tokens,
@@ -193,18 +243,24 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     //
     // Calibrated with `hacpo bench --train-batch 8 --train-len T` (tiny-5m, CPU, peak RSS):
     // T = 128, 256, 512, 1024 measured 0.34, 0.63, 1.42, 3.19 GB; this estimate plus 0.1 GB
-    // of process gives 0.45, 0.84, 1.57, 3.58 GB: 10–33% above, never below.
+    // of process gives 0.45, 0.84, 1.57, 3.58 GB: 10–33% above, never below. With groups'
+    // prompts run once (SmolLM2-135M, a GRPO step of 4 GSM8K prompts × 8 with
+    // `max_prompt_tokens` at the longest prompt, 115, and 128 new tokens; the second step's
+    // peak RSS, AdamW's moments alive): micro-batch 8, 32, and 32 with checkpointing measured
+    // 4.48, 8.30, 3.09 GB where the whole plan says 7.23, 20.6, 3.43 GB.
     let qk_norm = if m.qk_norm { 2 * (q + kv) } else { 0 };
-    let per_token_layer = 2 * (4 * d + 5 * q + 5 * kv + qk_norm + 5 * f) + 2 * heads * t;
+    let per_token = 2 * (4 * d + 5 * q + 5 * kv + qk_norm + 5 * f);
+    let per_token_layer = per_token + 2 * heads * t;
+    let pass = TrainPass::of(w);
+    let per_layer = pass.tokens * per_token + 2 * heads * pass.query_keys + pass.fanned_out * 4 * kv;
     // With gradient checkpointing (recompute.rs): every layer's input, and one layer's worth
     // while that layer is recomputed.
-    let kept =
-        if w.checkpointing { seqs * t * (layers * d + per_token_layer) } else { seqs * t * layers * per_token_layer };
+    let kept = if w.checkpointing { pass.tokens * layers * d + per_layer } else { layers * per_layer };
     // Transient, one layer at a time: scores, masked scores and their gradient (3·heads·t²
     // per sequence); the embedding and final norm; the log-prob op's logits chunk with its
     // softmax and gradient (score.rs, at most CHUNK_ELEMENTS).
     let chunk_rows = (CHUNK_ELEMENTS as u128 / vocab.max(1)).max(1);
-    let transient = 3 * seqs * heads * t * t + seqs * t * 3 * d + 3 * (seqs * t).min(chunk_rows) * vocab;
+    let transient = 3 * heads * pass.query_keys + pass.tokens * 3 * d + 3 * pass.tokens.min(chunk_rows) * vocab;
     // In half precision the matmuls' saved inputs are half the bytes; the estimate keeps f32
     // (an upper bound). What it adds: the weights' copies in the compute dtype, which the
     // update's matmuls read and the backward pass keeps, and which sampling reads
@@ -213,21 +269,24 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     let compute_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { params * w.compute.bytes() as u128 };
     let activations = (kept + transient) * F32W + compute_copy;
 
-    // The cache starts at the prompt plus up to 512 new tokens and doubles (kv_cache.rs);
-    // growing copies the old buffer into one twice its size, both alive for a moment.
+    // The cache starts at the prompt plus up to 512 new tokens and doubles up to the prompt
+    // plus every new token (kv_cache.rs); growing copies the old buffer into the larger one,
+    // both counted (a caching allocator may keep the old one for smaller requests).
     let need = w.rollout_prompt as u128 + w.rollout_new as u128;
     let reserve = w.rollout_prompt as u128 + w.rollout_new.min(512) as u128;
-    let mut capacity = reserve;
+    let (mut capacity, mut before) = (reserve, 0);
     while capacity < need {
-        capacity *= 2;
+        (before, capacity) = (capacity, (2 * capacity).min(need));
     }
-    let grown = if capacity > reserve { capacity * 3 / 2 } else { capacity };
+    let grown = capacity + before;
     let rollout_seqs = w.rollout_sequences as u128;
     // Stored in the attention's dtype (bf16 with bf16 compute).
     let kv_cache = 2 * layers * rollout_seqs * kv * grown * w.compute.attention().bytes() as u128;
-    // Logits and sampling probabilities of one decoding step, and the prefill's attention.
+    // Logits and sampling probabilities of one decoding step, and one pass of the prefill.
     let sampling = 2 * rollout_seqs * vocab * F32W;
-    let prefill = prefill_scores(m, w.rollout_sequences, w.rollout_prompt);
+    let prefill_rows = prefill_rows(w);
+    let prefill = prefill_scores(m, prefill_rows, w.rollout_prompt)
+        + prefill_rows as u128 * w.rollout_prompt as u128 * (4 * d + 2 * q + 2 * kv + 3 * f) * F32W;
     // Offloaded, with checkpointing: the head's pass leaves the LM head's gradient (the tied
     // embedding's) alive while each layer's pass, then the embedding's (vocab × d, tied or
     // not), adds its own.
@@ -261,11 +320,48 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         // One layer at a time without a graph: the attention's scores and probabilities, the
         // layer's hidden states; the log-prob op's logits chunk.
         scoring: clamp(
-            (seqs * (2 * heads * t * t + t * (4 * d + 2 * q + 2 * kv + 3 * f))
-                + 3 * (seqs * t).min(chunk_rows) * vocab)
+            (2 * heads * pass.query_keys
+                + pass.tokens * (4 * d + 2 * q + 2 * kv + 3 * f)
+                + 3 * pass.tokens.min(chunk_rows) * vocab)
                 * F32W,
         ),
     }
+}
+
+/// What one training micro-batch runs, each group's prompt once ([`SharedPrompts`]): its
+/// prompts' passes, then every response over its prompt's keys and values.
+struct TrainPass {
+    /// Tokens that run through the layers.
+    tokens: u128,
+    /// Query-key pairs of the attention (`t²` a sequence when nothing is shared).
+    query_keys: u128,
+    /// Prompt slots fanned out to the responses (each response's copy of its prompt's keys
+    /// and values, and their gradients).
+    fanned_out: u128,
+}
+
+impl TrainPass {
+    fn of(w: &Workload) -> Self {
+        let (t, seqs) = (w.train_len as u128, w.micro_batch as u128);
+        let prompts = w.shared.prompts_among(w.micro_batch) as u128;
+        if prompts >= seqs {
+            return TrainPass { tokens: seqs * t, query_keys: seqs * t * t, fanned_out: 0 };
+        }
+        let prompt = (w.shared.prompt as u128).min(t);
+        let response = t - prompt;
+        TrainPass {
+            tokens: prompts * prompt + seqs * response,
+            query_keys: prompts * prompt * prompt + seqs * response * t,
+            fanned_out: seqs * prompt,
+        }
+    }
+}
+
+/// Rows of the prefill's largest pass: each distinct prompt once, as many as
+/// [`crate::generate::PREFILL_TOKEN_BUDGET`] holds (one at least).
+fn prefill_rows(w: &Workload) -> usize {
+    let distinct = w.rollout_sequences.div_ceil(w.shared.group.max(1));
+    distinct.min((crate::generate::PREFILL_TOKEN_BUDGET / w.rollout_prompt.max(1)).max(1))
 }
 
 /// The prefill's attention scores and probabilities, `[sequences, heads, t, t]` f32 twice, as
@@ -785,10 +881,14 @@ impl fmt::Display for MemoryPlan {
         let w = &self.workload;
         writeln!(
             f,
-            "memory plan ({} matmuls; micro-batch {} × {} tokens{}; rollout {} × {}+{} tokens{}):",
+            "memory plan ({} matmuls; micro-batch {} × {} tokens{}{}; rollout {} × {}+{} tokens{}):",
             w.compute.name(),
             w.micro_batch,
             w.train_len,
+            match w.shared.prompts_among(w.micro_batch) {
+                p if p < w.micro_batch => format!(" (at most {p} prompts, each run once)"),
+                _ => String::new(),
+            },
             if w.checkpointing { ", gradient checkpointing" } else { "" },
             w.rollout_sequences,
             w.rollout_prompt,
@@ -884,27 +984,24 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
     };
     // A prompt (an upper bound from its bytes) never holds more tokens than the context.
     let context = shape.max_position_embeddings;
-    let sampling = footprint(
-        shape,
-        &Workload {
-            micro_batch: 0,
-            train_len: 0,
-            rollout_sequences: load.sequences,
-            rollout_prompt: load.prompt.min(context),
-            rollout_new: load.new.min(context),
-            reference: false,
-            checkpointing: false,
-            compute,
-            value_model: false,
-        },
-        None,
-        FrozenDtype::F32,
-    );
+    let generating = Workload {
+        micro_batch: 0,
+        train_len: 0,
+        shared: SharedPrompts::NONE,
+        rollout_sequences: load.sequences,
+        rollout_prompt: load.prompt.min(context),
+        rollout_new: load.new.min(context),
+        reference: false,
+        checkpointing: false,
+        compute,
+        value_model: false,
+    };
+    let sampling = footprint(shape, &generating, None, FrozenDtype::F32);
     // Sampling reads the weights stored in the compute dtype (f32 ones are not kept beside).
     let weights = if compute.is_f32() { sampling.weights } else { shape.num_parameters() as u64 * compute.bytes() };
     let mut rollout = sampling.rollout.saturating_sub(if compute.is_f32() { 0 } else { weights });
     if device == DeviceSpec::Cpu {
-        let scores = prefill_scores(shape, load.sequences, load.prompt.min(context));
+        let scores = prefill_scores(shape, prefill_rows(&generating), load.prompt.min(context));
         rollout = rollout.saturating_sub(u64::try_from(scores).unwrap_or(u64::MAX));
     }
     let mut need = weights.saturating_add(rollout);
@@ -915,6 +1012,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
             &Workload {
                 micro_batch: load.train_sequences,
                 train_len: load.train_len,
+                shared: SharedPrompts::NONE,
                 rollout_sequences: 0,
                 rollout_prompt: 0,
                 rollout_new: 0,
@@ -1070,6 +1168,7 @@ mod tests {
         Workload {
             micro_batch: 1,
             train_len,
+            shared: SharedPrompts::NONE,
             rollout_sequences: 16,
             rollout_prompt: 512,
             rollout_new: 512,
@@ -1142,6 +1241,126 @@ mod tests {
         // Without checkpointing one backward pass leaves every gradient on the device.
         let plain = footprint(&shape, &workload(4096, true), None, FrozenDtype::F32).offloaded();
         assert_eq!(plain.pass_gradients, plain.gradients);
+    }
+
+    /// The plan's bound on the prompts of a micro-batch holds however the trainer cuts a
+    /// learner's samples: GRPO's mini-batches of its own groups in order, HACPO's own-first and
+    /// interleaved ones with the other policies' groups; every group size, number of prompts
+    /// and policies, mini-batch count and micro-batch size.
+    #[test]
+    fn a_micro_batch_holds_no_more_prompts_than_the_plan_counts() {
+        use crate::rl::PoolSample;
+        use crate::rl::hacpo::{MinibatchOrder, minibatches};
+        use std::collections::HashSet;
+        let mut cuts = 0;
+        for group in 2..=5 {
+            for prompts in 1..=4 {
+                for policies in 1..=3 {
+                    // Each policy's samples as the exchange publishes them: prompt after prompt,
+                    // `group` responses each.
+                    let pool: Vec<PoolSample> = (0..policies)
+                        .flat_map(|agent| {
+                            (0..prompts * group).map(move |i| PoolSample { agent, group: i / group, reward: 0.0 })
+                        })
+                        .collect();
+                    let shared = SharedPrompts { group, runs: if policies > 1 { 2 } else { 1 }, prompt: 0 };
+                    for learner in 0..policies {
+                        let own: Vec<PoolSample> = pool.iter().filter(|s| s.agent == learner).cloned().collect();
+                        for count in 1..=pool.len() {
+                            let mut ways =
+                                vec![(own.clone(), crate::rl::algorithm::contiguous_minibatches(own.len(), count))];
+                            for order in [MinibatchOrder::SelfFirst, MinibatchOrder::Interleaved] {
+                                if let Ok(cut) = minibatches(&pool, learner, count, order) {
+                                    ways.push((pool.clone(), cut));
+                                }
+                            }
+                            for (samples, cut) in ways {
+                                for mb in &cut {
+                                    for m in 1..=mb.len() {
+                                        for micro in mb.chunks(m) {
+                                            let distinct: HashSet<(usize, usize)> =
+                                                micro.iter().map(|&j| (samples[j].agent, samples[j].group)).collect();
+                                            assert!(
+                                                distinct.len() <= shared.prompts_among(m),
+                                                "{shared:?}, micro-batch {m}: {micro:?} holds {} prompts",
+                                                distinct.len()
+                                            );
+                                            cuts += 1;
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(cuts > 10_000, "{cuts}");
+        // What the bound gives: a micro-batch of 8 over groups of 8 that starts mid-group spans
+        // two prompts; one that joins the end of a learner's own samples to the start of another
+        // policy's, each cut mid-group, four.
+        let one = SharedPrompts { group: 8, runs: 1, prompt: 0 };
+        assert_eq!([1, 8, 9, 10, 32].map(|m| one.prompts_among(m)), [1, 2, 2, 3, 5]);
+        assert_eq!(SharedPrompts { runs: 2, ..one }.prompts_among(8), 4);
+        assert_eq!(SharedPrompts::NONE.prompts_among(8), 8);
+    }
+
+    /// A micro-batch of a GRPO group runs its prompt once: the update's activations count the
+    /// prompts the bound above allows and every response, not a prompt per response; what
+    /// shares nothing (one sequence per micro-batch, one per prompt) counts as before.
+    #[test]
+    fn a_group_s_prompt_counts_once_in_the_update() {
+        let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
+        let activations = |w: &Workload| footprint(&shape, w, None, FrozenDtype::F32).activations;
+        let dense = Workload { micro_batch: 8, ..workload(640, false) };
+        let shared = Workload { shared: SharedPrompts { group: 8, runs: 1, prompt: 512 }, ..dense };
+        // Two prompts of 512 tokens and 8 responses of 128: 2,048 tokens instead of 5,120.
+        let (d, s) = (activations(&dense), activations(&shared));
+        assert!(s < d / 2, "{s} {d}");
+        let responses = activations(&Workload { train_len: 128, ..dense });
+        assert!(s > responses, "the responses attend to their prompt's keys: {s} {responses}");
+        for alone in [Workload { micro_batch: 1, ..shared }, Workload { shared: SharedPrompts::NONE, ..shared }] {
+            assert_eq!(
+                activations(&alone),
+                activations(&Workload { shared: SharedPrompts::NONE, ..alone }),
+                "{alone:?}"
+            );
+        }
+        let recomputed = |w: Workload| activations(&Workload { checkpointing: true, ..w });
+        assert!(recomputed(shared) < recomputed(dense) / 2);
+        // The scoring pass of an offloaded reference shares the same way.
+        let scoring = |w: &Workload| footprint(&shape, w, None, FrozenDtype::F32).scoring;
+        assert!(scoring(&shared) < scoring(&dense) / 2);
+    }
+
+    /// The KV cache grows to the prompt plus every new token and no further: the plan counts
+    /// that capacity and, for the moment of the last growth, the buffer it grew from.
+    #[test]
+    fn the_rollout_counts_the_cache_up_to_the_longest_response_and_one_prompt_per_group_in_the_prefill() {
+        let shape = crate::model::zoo::find("llama-8b").unwrap().model_config().unwrap();
+        let w = Workload { rollout_sequences: 16, rollout_prompt: 1024, rollout_new: 4096, ..workload(1024, false) };
+        let kv = 2 * (shape.num_key_value_heads * shape.head_dim * shape.num_hidden_layers) as u64 * 16 * 4;
+        let f = footprint(&shape, &w, None, FrozenDtype::F32);
+        // One pass of the prefill: its rows' attention scores and probabilities and one layer's
+        // hidden states; 8,192 tokens hold 8 prompts of 1,024.
+        let (d, q, kvd, ffn) = (
+            shape.hidden_size,
+            shape.num_attention_heads * shape.head_dim,
+            shape.num_key_value_heads * shape.head_dim,
+            shape.intermediate_size,
+        );
+        let pass = |rows: u64| {
+            rows * (shape.num_attention_heads as u64 * 1024 * 1024 * 2
+                + 1024 * (4 * d + 2 * q + 2 * kvd + 3 * ffn) as u64)
+                * 4
+        };
+        let sampling = 2 * 16 * shape.vocab_size as u64 * 4;
+        // 1,536 slots doubled to 3,072, then grown to 5,120 (not 6,144): both for a moment.
+        assert_eq!(f.rollout, kv * (3072 + 5120) + sampling + pass(8));
+        // Two prompts of a group of 8: the prefill runs each once.
+        let group = SharedPrompts { group: 8, ..SharedPrompts::NONE };
+        let grouped = footprint(&shape, &Workload { shared: group, ..w }, None, FrozenDtype::F32);
+        assert_eq!(grouped.rollout, kv * (3072 + 5120) + sampling + pass(2));
     }
 
     #[test]

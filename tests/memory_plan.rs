@@ -188,9 +188,9 @@ fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "1GB"], dir.path());
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stderr.contains("chose algo.micro_batch_sequences = 8 (was 64)"), "{stderr}");
+    assert!(stderr.contains("chose algo.micro_batch_sequences = 16 (was 64)"), "{stderr}");
     assert!(stderr.contains("the same update, gradients accumulated over smaller micro-batches"), "{stderr}");
-    assert!(stdout.contains("micro-batch 8 × 352 tokens") && stdout.contains("dry run: the plan fits"), "{stdout}");
+    assert!(stdout.contains("micro-batch 16 × 352 tokens") && stdout.contains("dry run: the plan fits"), "{stdout}");
     // A run trains with the choice and records it.
     let run = dir.path().join("run");
     let out = hacpo_offline(
@@ -209,7 +209,7 @@ fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
     );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
-    assert!(config.contains("micro_batch_sequences = 8"), "{config}");
+    assert!(config.contains("micro_batch_sequences = 16"), "{config}");
     // What cannot fit with the same update says so, and what would.
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "20MB"], dir.path());
     assert_eq!(out.status.code(), Some(2));

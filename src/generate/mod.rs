@@ -28,6 +28,10 @@ pub use sampler::SamplingParams;
 /// The most tokens any budget (prompt, response) may be: above every model's context.
 pub const MAX_TOKENS: usize = 1 << 22;
 
+/// Prompt tokens a prefill runs in one forward pass by default (the memory plan counts one such
+/// pass).
+pub const PREFILL_TOKEN_BUDGET: usize = 8192;
+
 use crate::error::{Error, Result};
 use crate::model::{CausalLm, KvCache, Layout, Pad};
 use crate::tokenizer::Tokenizer;
@@ -95,7 +99,7 @@ impl<'a> GenerateRequest<'a> {
             stop_token_ids: vec![],
             stop_strings: vec![],
             tokenizer: None,
-            prefill_token_budget: 8192,
+            prefill_token_budget: PREFILL_TOKEN_BUDGET,
         }
     }
 }
@@ -172,7 +176,8 @@ fn generate_here<B: Backend>(
     // 1. Prefill.
     let started = Instant::now();
     let reserve_new = req.params.max_new_tokens.min(512);
-    let prefilled = prefill::prefill(model, req.prompts, req.prefill_token_budget, reserve_new)?;
+    let new = (reserve_new, req.params.max_new_tokens);
+    let prefilled = prefill::prefill(model, req.prompts, req.prefill_token_budget, new)?;
     let mut cache = prefilled.cache;
     stats.prefill_slots = prefilled.slots;
     stats.prefill_seconds = started.elapsed().as_secs_f64();

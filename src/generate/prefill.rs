@@ -41,12 +41,13 @@ struct Unit {
 }
 
 /// Runs `prompts` (each at least one token) into a cache with room for `reserve_new` more
-/// slots; a rest pass runs at most `token_budget` tokens, or one prompt.
+/// slots, which grows to at most `max_new` more than the longest prompt; a rest pass runs at
+/// most `token_budget` tokens, or one prompt.
 pub(super) fn prefill<B: Backend>(
     model: &CausalLm<B>,
     prompts: &[Vec<u32>],
     token_budget: usize,
-    reserve_new: usize,
+    (reserve_new, max_new): (usize, usize),
 ) -> Result<Prefilled<B>> {
     let mut index: HashMap<&[u32], usize> = HashMap::new();
     let mut distinct: Vec<&[u32]> = Vec::new();
@@ -63,6 +64,9 @@ pub(super) fn prefill<B: Backend>(
         .collect();
 
     let layers = model.config.num_hidden_layers;
+    // Every row ends where the longest prompt does (shorter parts are widened below).
+    let limit = distinct.iter().map(|p| p.len()).max().unwrap_or(0) + max_new;
+    let new_cache = |reserve| KvCache::new(layers, reserve).with_limit(limit);
     let mut parts: Vec<(KvCache<B>, usize, usize)> = Vec::new();
     let (mut logits, mut pads, mut slots) = (Vec::new(), Vec::new(), 0);
     let mut order = vec![0; distinct.len()];
@@ -70,7 +74,7 @@ pub(super) fn prefill<B: Backend>(
         let width = unit.members.iter().map(|&d| distinct[d].len() - unit.kept).max().unwrap_or(0);
         let reserve = unit.kept + width + reserve_new;
         let prefix = (unit.kept > 0).then(|| {
-            let mut cache = KvCache::new(layers, reserve);
+            let mut cache = new_cache(reserve);
             let ids = distinct[unit.members[0]][..unit.kept].iter().map(|&t| t as i64).collect();
             let ids = Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, unit.kept]), &model.device());
             model.forward_hidden(ids, &model.layout_tensors(&Layout::dense(1, unit.kept)), Some(&mut cache));
@@ -80,7 +84,7 @@ pub(super) fn prefill<B: Backend>(
         for members in unit.members.chunks((token_budget / width.max(1)).max(1)) {
             let mut cache = match &prefix {
                 Some(prefix) => prefix.copy_rows(&vec![0; members.len()]),
-                None => KvCache::new(layers, reserve),
+                None => new_cache(reserve),
             };
             let mut ids = vec![0i64; members.len() * width];
             for (r, &d) in members.iter().enumerate() {

@@ -3,7 +3,9 @@
 //! One `[batch, kv_heads, capacity, head_dim]` buffer per layer for keys and one for values,
 //! written in place (see [`write_slots`]: a plain `slice_assign` copies the whole buffer on
 //! the flex backend). Capacity grows by doubling, so a long generation copies each slot O(1)
-//! times on average instead of once per step as a `cat`-based cache would.
+//! times on average instead of once per step as a `cat`-based cache would, and never past the
+//! slots the generation can fill ([`KvCache::with_limit`]). Growing and dropping rows replace
+//! one layer's buffers at a time, so either holds one layer's old buffers beside the cache.
 
 use burn::tensor::{Int, Tensor, TensorCreationOptions, TensorData, backend::Backend};
 
@@ -15,6 +17,25 @@ struct LayerKv<B: Backend> {
     v: Tensor<B, 4>,
 }
 
+impl<B: Backend> LayerKv<B> {
+    /// The rows `rows` (in that order; a row may repeat) in buffers of their own.
+    fn rows(&self, rows: &[usize]) -> Self {
+        // One row fanned out: a repeat, whose gradient is a sum over the copies (a selection's
+        // is a scatter, element by element on the CPU backend).
+        if self.k.dims()[0] == 1 && rows.iter().all(|&r| r == 0) {
+            return LayerKv {
+                k: self.k.clone().repeat_dim(0, rows.len()),
+                v: self.v.clone().repeat_dim(0, rows.len()),
+            };
+        }
+        let idx = Tensor::<B, 1, Int>::from_data(
+            TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
+            &self.k.device(),
+        );
+        LayerKv { k: self.k.clone().select(0, idx.clone()), v: self.v.clone().select(0, idx) }
+    }
+}
+
 /// Keys and values of every layer for a batch of sequences.
 #[derive(Debug)]
 pub struct KvCache<B: Backend> {
@@ -22,12 +43,20 @@ pub struct KvCache<B: Backend> {
     /// Slots filled so far (identical for all rows; see [`super::layout`]).
     len: usize,
     reserve: usize,
+    /// Slots a generation can fill at most: growth stops there (a doubling past it would be
+    /// memory no token uses).
+    limit: usize,
 }
 
 impl<B: Backend> KvCache<B> {
     /// An empty cache for `num_layers` layers that pre-allocates room for `reserve` slots.
     pub fn new(num_layers: usize, reserve: usize) -> Self {
-        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0, reserve }
+        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0, reserve, limit: usize::MAX }
+    }
+
+    /// This cache growing to at most `limit` slots (the longest prompt plus the new tokens).
+    pub fn with_limit(self, limit: usize) -> Self {
+        KvCache { limit, ..self }
     }
 
     /// Slots already written.
@@ -67,7 +96,7 @@ impl<B: Backend> KvCache<B> {
         };
         let cap = kv.k.dims()[2];
         if end > cap {
-            let grow = end.max(cap * 2) - cap;
+            let grow = (cap * 2).min(self.limit).max(end) - cap;
             kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], options())], 2);
             kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], options())], 2);
         }
@@ -85,7 +114,7 @@ impl<B: Backend> KvCache<B> {
         }
         let len = caches[0].len;
         assert!(caches.iter().all(|c| c.len == len), "caches must hold the same number of slots");
-        let reserve = caches[0].reserve;
+        let (reserve, limit) = (caches[0].reserve, caches[0].limit);
         let num_layers = caches[0].layers.len();
         let mut layers = Vec::with_capacity(num_layers);
         for l in 0..num_layers {
@@ -104,41 +133,26 @@ impl<B: Backend> KvCache<B> {
                 .unzip();
             layers.push(Some(LayerKv { k: Tensor::cat(ks, 0), v: Tensor::cat(vs, 0) }));
         }
-        KvCache { layers, len, reserve }
+        KvCache { layers, len, reserve, limit }
     }
 
     /// Keeps only the rows `rows` (in that order; a row may repeat), e.g. to fan one prefilled
-    /// prompt out to G samples or to drop finished sequences.
+    /// prompt out to G samples or to drop finished sequences: a layer at a time, each layer's
+    /// old buffers dropped before the next is copied (a full cache dropping an eighth of its
+    /// rows would otherwise hold 1.875 caches).
     pub fn select_rows(&mut self, rows: &[usize]) {
-        *self = self.copy_rows(rows);
+        for layer in &mut self.layers {
+            if let Some(kv) = layer.take() {
+                *layer = Some(kv.rows(rows));
+            }
+        }
     }
 
     /// A new cache of the rows `rows` of this one (in that order; a row may repeat): one
     /// prefilled prefix fanned out to the prompts that continue it, in buffers of their own.
     pub fn copy_rows(&self, rows: &[usize]) -> Self {
-        let layers = self
-            .layers
-            .iter()
-            .map(|kv| {
-                kv.as_ref().map(|kv| {
-                    // One row fanned out: a repeat, whose gradient is a sum over the copies
-                    // (a selection's is a scatter, element by element on the CPU backend).
-                    if kv.k.dims()[0] == 1 && rows.iter().all(|&r| r == 0) {
-                        return LayerKv {
-                            k: kv.k.clone().repeat_dim(0, rows.len()),
-                            v: kv.v.clone().repeat_dim(0, rows.len()),
-                        };
-                    }
-                    let dev = kv.k.device();
-                    let idx = Tensor::<B, 1, Int>::from_data(
-                        TensorData::new(rows.iter().map(|&r| r as i64).collect::<Vec<_>>(), [rows.len()]),
-                        &dev,
-                    );
-                    LayerKv { k: kv.k.clone().select(0, idx.clone()), v: kv.v.clone().select(0, idx) }
-                })
-            })
-            .collect();
-        KvCache { layers, len: self.len, reserve: self.reserve }
+        let layers = self.layers.iter().map(|kv| kv.as_ref().map(|kv| kv.rows(rows))).collect();
+        KvCache { layers, len: self.len, reserve: self.reserve, limit: self.limit }
     }
 
     /// Inserts `slots` empty slots before slot `at` in every row (zeros, which the rows' pads
@@ -159,5 +173,52 @@ impl<B: Backend> KvCache<B> {
             kv.v = widen(kv.v.clone());
         }
         self.len += slots;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+
+    /// `[rows, 1, slots, 2]` keys whose every value is its row's number plus `slot0` + slot.
+    fn keys(rows: usize, slot0: usize, slots: usize) -> Tensor<Cpu, 4> {
+        let values: Vec<f32> =
+            (0..rows).flat_map(|r| (0..slots).flat_map(move |s| [(r * 100 + slot0 + s) as f32; 2])).collect();
+        Tensor::from_data(TensorData::new(values, [rows, 1, slots, 2]), &Default::default())
+    }
+
+    fn capacity(cache: &KvCache<Cpu>, layer: usize) -> usize {
+        cache.layers[layer].as_ref().map_or(0, |kv| kv.k.dims()[2])
+    }
+
+    /// A prompt of 3 slots with room for 4, grown a slot at a time to its limit of 11: doubled
+    /// to 8, then 11, not 16; every layer alike, and what was written kept. Dropping and
+    /// repeating rows keeps each row's slots.
+    #[test]
+    fn the_cache_doubles_up_to_its_limit_and_keeps_its_rows() {
+        let mut cache = KvCache::<Cpu>::new(2, 4).with_limit(11);
+        let mut seen = Vec::new();
+        for (start, slots) in std::iter::once((0, 3)).chain((3..11).map(|s| (s, 1))) {
+            for layer in 0..2 {
+                cache.append(layer, start, keys(2, start, slots), keys(2, start, slots));
+            }
+            cache.advance(slots);
+            assert_eq!(capacity(&cache, 0), capacity(&cache, 1));
+            seen.push(capacity(&cache, 0));
+        }
+        seen.dedup();
+        assert_eq!(seen, [4, 8, 11]);
+        let (k, _) = cache.append(1, 10, keys(2, 10, 1), keys(2, 10, 1));
+        assert_eq!(k.into_data(), keys(2, 0, 11).into_data());
+        cache.select_rows(&[1, 1, 0]);
+        let (k, v) = cache.append(0, 10, keys(3, 10, 1), keys(3, 10, 1));
+        let want: Vec<f32> =
+            [1, 1, 0].iter().flat_map(|r| (0..10).flat_map(move |s| [(r * 100 + s) as f32; 2])).collect();
+        assert_eq!(k.slice([0..3, 0..1, 0..10, 0..2]).into_data().to_vec::<f32>().unwrap(), want);
+        assert_eq!(v.dims(), [3, 1, 11, 2]);
+        // Past its limit (a caller's mistake) it still makes room.
+        cache.append(0, 11, keys(3, 11, 1), keys(3, 11, 1));
+        assert_eq!(capacity(&cache, 0), 12);
     }
 }

@@ -163,6 +163,8 @@ pub struct Workload {
     pub rollout_sequences: usize,
     pub rollout_prompt: usize,
     pub rollout_new: usize,
+    /// The most prompt tokens one prefill pass runs ([`crate::generate::PREFILL_TOKEN_BUDGET`]).
+    pub prefill_budget: usize,
     /// A KL reference is loaded.
     pub reference: bool,
     /// Layers are recomputed in the backward pass (`algo.gradient_checkpointing`).
@@ -211,6 +213,7 @@ impl Workload {
             rollout_sequences: r.batch_prompts.max(1) * cfg.algo.group_size.max(1),
             rollout_prompt,
             rollout_new: r.max_new_tokens,
+            prefill_budget: crate::generate::PREFILL_TOKEN_BUDGET,
             reference: cfg.algo.kl_coef > 0.0,
             checkpointing: cfg.algo.gradient_checkpointing,
             compute: cfg.algo.compute_dtype,
@@ -247,7 +250,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     // prompts run once (SmolLM2-135M, a GRPO step of 4 GSM8K prompts × 8 with
     // `max_prompt_tokens` at the longest prompt, 115, and 128 new tokens; the second step's
     // peak RSS, AdamW's moments alive): micro-batch 8, 32, and 32 with checkpointing measured
-    // 4.48, 8.30, 3.09 GB where the whole plan says 7.23, 20.6, 3.43 GB.
+    // 4.48, 8.30, 3.09 GB where the whole plan says 7.30, 20.8, 3.44 GB.
     let qk_norm = if m.qk_norm { 2 * (q + kv) } else { 0 };
     let per_token = 2 * (4 * d + 5 * q + 5 * kv + qk_norm + 5 * f);
     let per_token_layer = per_token + 2 * heads * t;
@@ -274,19 +277,17 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     // both counted (a caching allocator may keep the old one for smaller requests).
     let need = w.rollout_prompt as u128 + w.rollout_new as u128;
     let reserve = w.rollout_prompt as u128 + w.rollout_new.min(512) as u128;
-    let (mut capacity, mut before) = (reserve, 0);
-    while capacity < need {
-        (before, capacity) = (capacity, (2 * capacity).min(need));
-    }
-    let grown = capacity + before;
+    // The buffer it grows from is the reserve or at most half the limit (`KvCache::append`),
+    // whatever the real prompt's length below the budget.
+    let grown = if need > reserve { need + reserve.max(need / 2) } else { need.max(reserve) };
     let rollout_seqs = w.rollout_sequences as u128;
     // Stored in the attention's dtype (bf16 with bf16 compute).
     let kv_cache = 2 * layers * rollout_seqs * kv * grown * w.compute.attention().bytes() as u128;
     // Logits and sampling probabilities of one decoding step, and one pass of the prefill.
     let sampling = 2 * rollout_seqs * vocab * F32W;
-    let prefill_rows = prefill_rows(w);
-    let prefill = prefill_scores(m, prefill_rows, w.rollout_prompt)
-        + prefill_rows as u128 * w.rollout_prompt as u128 * (4 * d + 2 * q + 2 * kv + 3 * f) * F32W;
+    let prefill_tokens = prefill_tokens(w);
+    let prefill =
+        prefill_scores(m, prefill_tokens, w.rollout_prompt) + prefill_tokens * (4 * d + 2 * q + 2 * kv + 3 * f) * F32W;
     // Offloaded, with checkpointing: the head's pass leaves the LM head's gradient (the tied
     // embedding's) alive while each layer's pass, then the embedding's (vocab × d, tied or
     // not), adds its own.
@@ -333,7 +334,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
 struct TrainPass {
     /// Tokens that run through the layers.
     tokens: u128,
-    /// Query-key pairs of the attention (`t²` a sequence when nothing is shared).
+    /// Query-key pairs of the attention, at most `t` for each token.
     query_keys: u128,
     /// Prompt slots fanned out to the responses (each response's copy of its prompt's keys
     /// and values, and their gradients).
@@ -348,26 +349,26 @@ impl TrainPass {
             return TrainPass { tokens: seqs * t, query_keys: seqs * t * t, fanned_out: 0 };
         }
         let prompt = (w.shared.prompt as u128).min(t);
-        let response = t - prompt;
-        TrainPass {
-            tokens: prompts * prompt + seqs * response,
-            query_keys: prompts * prompt * prompt + seqs * response * t,
-            fanned_out: seqs * prompt,
-        }
+        let tokens = prompts * prompt + seqs * (t - prompt);
+        // Each query sees at most `t` keys, however the passes split its sequence (prompts
+        // that begin alike may share only their beginning, their rests run with the responses).
+        TrainPass { tokens, query_keys: tokens * t, fanned_out: seqs * prompt }
     }
 }
 
-/// Rows of the prefill's largest pass: each distinct prompt once, as many as
-/// [`crate::generate::PREFILL_TOKEN_BUDGET`] holds (one at least).
-fn prefill_rows(w: &Workload) -> usize {
-    let distinct = w.rollout_sequences.div_ceil(w.shared.group.max(1));
-    distinct.min((crate::generate::PREFILL_TOKEN_BUDGET / w.rollout_prompt.max(1)).max(1))
+/// Tokens of the prefill's largest pass: each distinct prompt once, as many as
+/// `w.prefill_budget` holds (a whole prompt at least; shorter prompts fit more rows).
+fn prefill_tokens(w: &Workload) -> u128 {
+    let distinct = w.rollout_sequences.div_ceil(w.shared.group.max(1)) as u128;
+    let prompt = w.rollout_prompt as u128;
+    (distinct * prompt).min((w.prefill_budget as u128).max(prompt))
 }
 
-/// The prefill's attention scores and probabilities, `[sequences, heads, t, t]` f32 twice, as
-/// the generic attention holds them (the CPU's fused attention keeps one query block's).
-fn prefill_scores(m: &ModelConfig, sequences: usize, prompt: usize) -> u128 {
-    sequences as u128 * m.num_attention_heads as u128 * (prompt as u128).pow(2) * 2 * F32W
+/// The prefill's attention scores and probabilities over at most `prompt` keys for each of
+/// `tokens` queries, f32 twice, as the generic attention holds them (the CPU's fused attention
+/// keeps one query block's).
+fn prefill_scores(m: &ModelConfig, tokens: u128, prompt: usize) -> u128 {
+    tokens * m.num_attention_heads as u128 * prompt as u128 * 2 * F32W
 }
 
 /// A setting's effect on the workload (one of the ways out).
@@ -958,6 +959,9 @@ pub struct CommandLoad {
     pub new: usize,
     pub train_sequences: usize,
     pub train_len: usize,
+    /// Every sequence's prompt prefilled in one pass (`hacpo bench`), not in passes of
+    /// [`crate::generate::PREFILL_TOKEN_BUDGET`] tokens as a generation does.
+    pub whole_batch_prefill: bool,
 }
 
 /// What a command that does not train runs on: its model's shape, the device and the dtype.
@@ -991,6 +995,8 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
         rollout_sequences: load.sequences,
         rollout_prompt: load.prompt.min(context),
         rollout_new: load.new.min(context),
+        // `hacpo bench` prefills its whole batch in one pass.
+        prefill_budget: if load.whole_batch_prefill { usize::MAX } else { crate::generate::PREFILL_TOKEN_BUDGET },
         reference: false,
         checkpointing: false,
         compute,
@@ -1001,7 +1007,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
     let weights = if compute.is_f32() { sampling.weights } else { shape.num_parameters() as u64 * compute.bytes() };
     let mut rollout = sampling.rollout.saturating_sub(if compute.is_f32() { 0 } else { weights });
     if device == DeviceSpec::Cpu {
-        let scores = prefill_scores(shape, prefill_rows(&generating), load.prompt.min(context));
+        let scores = prefill_scores(shape, prefill_tokens(&generating), load.prompt.min(context));
         rollout = rollout.saturating_sub(u64::try_from(scores).unwrap_or(u64::MAX));
     }
     let mut need = weights.saturating_add(rollout);
@@ -1016,6 +1022,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
                 rollout_sequences: 0,
                 rollout_prompt: 0,
                 rollout_new: 0,
+                prefill_budget: crate::generate::PREFILL_TOKEN_BUDGET,
                 reference: false,
                 checkpointing: false,
                 compute,
@@ -1172,6 +1179,7 @@ mod tests {
             rollout_sequences: 16,
             rollout_prompt: 512,
             rollout_new: 512,
+            prefill_budget: crate::generate::PREFILL_TOKEN_BUDGET,
             reference,
             checkpointing: false,
             compute: ComputeDtype::F32,
@@ -1319,7 +1327,9 @@ mod tests {
         assert!(s < d / 2, "{s} {d}");
         let responses = activations(&Workload { train_len: 128, ..dense });
         assert!(s > responses, "the responses attend to their prompt's keys: {s} {responses}");
-        for alone in [Workload { micro_batch: 1, ..shared }, Workload { shared: SharedPrompts::NONE, ..shared }] {
+        // (Two sequences over groups of two may be two prompts.)
+        let pairs = Workload { micro_batch: 2, shared: SharedPrompts { group: 2, ..shared.shared }, ..shared };
+        for alone in [Workload { micro_batch: 1, ..shared }, pairs] {
             assert_eq!(
                 activations(&alone),
                 activations(&Workload { shared: SharedPrompts::NONE, ..alone }),
@@ -1355,12 +1365,13 @@ mod tests {
                 * 4
         };
         let sampling = 2 * 16 * shape.vocab_size as u64 * 4;
-        // 1,536 slots doubled to 3,072, then grown to 5,120 (not 6,144): both for a moment.
-        assert_eq!(f.rollout, kv * (3072 + 5120) + sampling + pass(8));
+        // 1,536 slots grown to 5,120 (past a quarter of it, not doubled to 3,072 and 6,144):
+        // both for a moment, or, for a shorter prompt, half the limit before it.
+        assert_eq!(f.rollout, kv * (5120 + 2560) + sampling + pass(8));
         // Two prompts of a group of 8: the prefill runs each once.
         let group = SharedPrompts { group: 8, ..SharedPrompts::NONE };
         let grouped = footprint(&shape, &Workload { shared: group, ..w }, None, FrozenDtype::F32);
-        assert_eq!(grouped.rollout, kv * (3072 + 5120) + sampling + pass(2));
+        assert_eq!(grouped.rollout, kv * (5120 + 2560) + sampling + pass(2));
     }
 
     #[test]

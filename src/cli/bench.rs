@@ -163,6 +163,7 @@ pub fn run(args: BenchArgs) -> Result<()> {
         new: args.new_tokens,
         train_sequences: if args.no_train { 0 } else { args.train_batch },
         train_len: args.train_len,
+        whole_batch_prefill: true,
     };
     let device_memory = args.device_memory.as_deref().map(hacpo::memory_plan::parse_size).transpose()?;
     let ways = [

@@ -4,7 +4,8 @@
 //! written in place (see [`write_slots`]: a plain `slice_assign` copies the whole buffer on
 //! the flex backend). Capacity grows by doubling, so a long generation copies each slot O(1)
 //! times on average instead of once per step as a `cat`-based cache would, and never past the
-//! slots the generation can fill ([`KvCache::with_limit`]). Growing and dropping rows replace
+//! slots the generation can fill ([`KvCache::with_limit`]): past a quarter of them it grows to
+//! all of them at once. Growing and dropping rows replace
 //! one layer's buffers at a time, so either holds one layer's old buffers beside the cache.
 
 use burn::tensor::{Int, Tensor, TensorCreationOptions, TensorData, backend::Backend};
@@ -96,7 +97,11 @@ impl<B: Backend> KvCache<B> {
         };
         let cap = kv.k.dims()[2];
         if end > cap {
-            let grow = (cap * 2).min(self.limit).max(end) - cap;
+            // Doubling, except that a buffer past a quarter of the limit grows to the limit at
+            // once: the buffer it grows from is then the reserve or at most half the limit,
+            // which the memory plan counts beside it.
+            let doubled = if cap.saturating_mul(4) <= self.limit { cap * 2 } else { self.limit };
+            let grow = doubled.max(end) - cap;
             kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], options())], 2);
             kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], options())], 2);
         }
@@ -192,14 +197,14 @@ mod tests {
         cache.layers[layer].as_ref().map_or(0, |kv| kv.k.dims()[2])
     }
 
-    /// A prompt of 3 slots with room for 4, grown a slot at a time to its limit of 11: doubled
-    /// to 8, then 11, not 16; every layer alike, and what was written kept. Dropping and
-    /// repeating rows keeps each row's slots.
+    /// A prompt of 3 slots with room for 4, grown a slot at a time to its limit of 20: doubled
+    /// to 8, then, past a quarter of the limit, 20 (not 16, then 32); every layer alike, and
+    /// what was written kept. Dropping and repeating rows keeps each row's slots.
     #[test]
     fn the_cache_doubles_up_to_its_limit_and_keeps_its_rows() {
-        let mut cache = KvCache::<Cpu>::new(2, 4).with_limit(11);
+        let mut cache = KvCache::<Cpu>::new(2, 4).with_limit(20);
         let mut seen = Vec::new();
-        for (start, slots) in std::iter::once((0, 3)).chain((3..11).map(|s| (s, 1))) {
+        for (start, slots) in std::iter::once((0, 3)).chain((3..20).map(|s| (s, 1))) {
             for layer in 0..2 {
                 cache.append(layer, start, keys(2, start, slots), keys(2, start, slots));
             }
@@ -208,9 +213,9 @@ mod tests {
             seen.push(capacity(&cache, 0));
         }
         seen.dedup();
-        assert_eq!(seen, [4, 8, 11]);
-        let (k, _) = cache.append(1, 10, keys(2, 10, 1), keys(2, 10, 1));
-        assert_eq!(k.into_data(), keys(2, 0, 11).into_data());
+        assert_eq!(seen, [4, 8, 20]);
+        let (k, _) = cache.append(1, 19, keys(2, 19, 1), keys(2, 19, 1));
+        assert_eq!(k.into_data(), keys(2, 0, 20).into_data());
         cache.select_rows(&[1, 1, 0]);
         let (k, v) = cache.append(0, 10, keys(3, 10, 1), keys(3, 10, 1));
         let want: Vec<f32> =
@@ -218,7 +223,7 @@ mod tests {
         assert_eq!(k.slice([0..3, 0..1, 0..10, 0..2]).into_data().to_vec::<f32>().unwrap(), want);
         assert_eq!(v.dims(), [3, 1, 11, 2]);
         // Past its limit (a caller's mistake) it still makes room.
-        cache.append(0, 11, keys(3, 11, 1), keys(3, 11, 1));
-        assert_eq!(capacity(&cache, 0), 12);
+        cache.append(0, 20, keys(3, 20, 1), keys(3, 20, 1));
+        assert_eq!(capacity(&cache, 0), 21);
     }
 }

@@ -272,11 +272,11 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     let compute_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { params * w.compute.bytes() as u128 };
     let activations = (kept + transient) * F32W + compute_copy;
 
-    // The cache starts at the prompt plus up to 512 new tokens and doubles up to the prompt
-    // plus every new token (kv_cache.rs); growing copies the old buffer into the larger one,
-    // both counted (a caching allocator may keep the old one for smaller requests).
+    // The cache starts at the prompt plus up to `FIRST_NEW_SLOTS` new tokens and doubles up to
+    // the prompt plus every new token (kv_cache.rs); growing copies the old buffer into the
+    // larger one, both counted (a caching allocator may keep the old one for smaller requests).
     let need = w.rollout_prompt as u128 + w.rollout_new as u128;
-    let reserve = w.rollout_prompt as u128 + w.rollout_new.min(512) as u128;
+    let reserve = w.rollout_prompt as u128 + w.rollout_new.min(crate::generate::FIRST_NEW_SLOTS) as u128;
     // The buffer it grows from is the reserve or at most half the limit (`KvCache::append`),
     // whatever the real prompt's length below the budget.
     let grown = if need > reserve { need + reserve.max(need / 2) } else { need.max(reserve) };
@@ -1007,7 +1007,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
     let weights = if compute.is_f32() { sampling.weights } else { shape.num_parameters() as u64 * compute.bytes() };
     let mut rollout = sampling.rollout.saturating_sub(if compute.is_f32() { 0 } else { weights });
     if device == DeviceSpec::Cpu {
-        let scores = prefill_scores(shape, prefill_tokens(&generating), load.prompt.min(context));
+        let scores = prefill_scores(shape, prefill_tokens(&generating), generating.rollout_prompt);
         rollout = rollout.saturating_sub(u64::try_from(scores).unwrap_or(u64::MAX));
     }
     let mut need = weights.saturating_add(rollout);

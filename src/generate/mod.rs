@@ -32,6 +32,10 @@ pub const MAX_TOKENS: usize = 1 << 22;
 /// pass).
 pub const PREFILL_TOKEN_BUDGET: usize = 8192;
 
+/// Slots for new tokens a KV cache reserves at first; it grows past them only when a response
+/// runs longer (the memory plan counts the same).
+pub const FIRST_NEW_SLOTS: usize = 512;
+
 use crate::error::{Error, Result};
 use crate::model::{CausalLm, KvCache, Layout, Pad};
 use crate::tokenizer::Tokenizer;
@@ -175,9 +179,7 @@ fn generate_here<B: Backend>(
 
     // 1. Prefill.
     let started = Instant::now();
-    let reserve_new = req.params.max_new_tokens.min(512);
-    let new = (reserve_new, req.params.max_new_tokens);
-    let prefilled = prefill::prefill(model, req.prompts, req.prefill_token_budget, new)?;
+    let prefilled = prefill::prefill(model, req.prompts, req.prefill_token_budget, req.params.max_new_tokens)?;
     let mut cache = prefilled.cache;
     stats.prefill_slots = prefilled.slots;
     stats.prefill_seconds = started.elapsed().as_secs_f64();

@@ -40,14 +40,14 @@ struct Unit {
     members: Vec<usize>,
 }
 
-/// Runs `prompts` (each at least one token) into a cache with room for `reserve_new` more
-/// slots, which grows to at most `max_new` more than the longest prompt; a rest pass runs at
-/// most `token_budget` tokens, or one prompt.
+/// Runs `prompts` (each at least one token) into a cache with room for up to
+/// [`super::FIRST_NEW_SLOTS`] more slots, which grows to at most `max_new` more than the
+/// longest prompt; a rest pass runs at most `token_budget` tokens, or one prompt.
 pub(super) fn prefill<B: Backend>(
     model: &CausalLm<B>,
     prompts: &[Vec<u32>],
     token_budget: usize,
-    (reserve_new, max_new): (usize, usize),
+    max_new: usize,
 ) -> Result<Prefilled<B>> {
     let mut index: HashMap<&[u32], usize> = HashMap::new();
     let mut distinct: Vec<&[u32]> = Vec::new();
@@ -66,6 +66,7 @@ pub(super) fn prefill<B: Backend>(
     let layers = model.config.num_hidden_layers;
     // Every row ends where the longest prompt does (shorter parts are widened below).
     let limit = distinct.iter().map(|p| p.len()).max().unwrap_or(0) + max_new;
+    let reserve_new = max_new.min(super::FIRST_NEW_SLOTS);
     let new_cache = |reserve| KvCache::new(layers, reserve).with_limit(limit);
     let mut parts: Vec<(KvCache<B>, usize, usize)> = Vec::new();
     let (mut logits, mut pads, mut slots) = (Vec::new(), Vec::new(), 0);

@@ -5,8 +5,8 @@
 //! the flex backend). Capacity grows by doubling, so a long generation copies each slot O(1)
 //! times on average instead of once per step as a `cat`-based cache would, and never past the
 //! slots the generation can fill ([`KvCache::with_limit`]): past a quarter of them it grows to
-//! all of them at once. Growing and dropping rows replace
-//! one layer's buffers at a time, so either holds one layer's old buffers beside the cache.
+//! all of them at once. Growing and dropping rows replace one layer's buffers at a time, so
+//! either holds one layer's old buffers beside the cache.
 
 use burn::tensor::{Int, Tensor, TensorCreationOptions, TensorData, backend::Backend};
 

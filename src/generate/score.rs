@@ -256,23 +256,21 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
 
 /// Final hidden states of the positions that predict each response token, flattened over
 /// the batch: `([response tokens, hidden], targets, response lengths)`. Sequences are
-/// right-padded, which needs no mask (later slots never influence earlier ones); when
-/// responses share prompts (a group's samples) or prompt beginnings, each shared prompt or
-/// prefix runs once ([`super::shared_prompt`]).
+/// right-padded, which needs no mask (later slots never influence earlier ones), in passes of
+/// like lengths; when responses share prompts (a group's samples) or prompt beginnings, each
+/// shared prompt or prefix runs once ([`super::shared_prompt`]).
 pub fn response_hidden<B: Backend>(
     model: &crate::model::CausalLm<B>,
     requests: &[(Vec<u32>, Vec<u32>)],
 ) -> crate::error::Result<(Tensor<B, 2>, Vec<u32>, Vec<usize>)> {
     let batch = TokenBatch::of(&model.config, requests)?;
-    let groups = super::shared_prompt::PromptGroups::of(requests);
-    let hidden = match groups.repeat() {
-        true => super::shared_prompt::Passes::shared(requests, &groups).response_hidden(model),
-        false => dense_hidden(model, &batch),
-    };
+    let hidden = super::shared_prompt::Passes::of(requests).response_hidden(model);
     Ok((hidden, batch.targets, batch.lens))
 }
 
-/// [`response_hidden`] over the whole right-padded batch, every prompt run once per response.
+/// [`response_hidden`] over the whole right-padded batch in one pass, every prompt run once
+/// per response: the reference the planned passes are tested against.
+#[cfg(test)]
 pub(crate) fn dense_hidden<B: Backend>(model: &crate::model::CausalLm<B>, batch: &TokenBatch) -> Tensor<B, 2> {
     let device = model.device();
     let layout = model.layout_tensors(&crate::model::Layout::dense(batch.b, batch.t));

@@ -1,17 +1,22 @@
 //! Scoring and training on responses with their shared prompt, or shared prompt prefix, run once.
 //!
-//! A GRPO group is G responses to one prompt: laid out as G full sequences (as
-//! [`super::score::response_hidden`]'s dense batch does), the prompt's tokens go through every
-//! layer G times, forward and backward. Here each distinct prompt runs once, its keys and values
-//! fan out to its responses through the KV cache (as [`super::generate`] fans a prefill out to
-//! its samples), and the responses run on top: the same hidden states, to rounding, with the
-//! prompt's share of the work divided by G. In a training pass the fan-out is a row selection,
-//! whose backward sums the responses' gradients into the one prompt pass.
+//! A GRPO group is G responses to one prompt: laid out as G full sequences, the prompt's
+//! tokens go through every layer G times, forward and backward. Here each distinct prompt runs
+//! once, its keys and values fan out to its responses through the KV cache (as
+//! [`super::generate`] fans a prefill out to its samples), and the responses run on top: the
+//! same hidden states, to rounding, with the prompt's share of the work divided by G. In a
+//! training pass the fan-out is a row selection, whose backward sums the responses' gradients
+//! into the one prompt pass.
 //!
 //! Prompts that are not identical but begin alike (a multi-turn team's K episodes of one task,
 //! whose later turns' prompts differ by what each episode did) share that beginning the same
 //! way, when that saves work ([`PromptGroups`]): the prefix runs once and each request runs the
 //! rest of its prompt and its response over it.
+//!
+//! Rows run right-padded to the longest of their pass, so responses of very different lengths
+//! (a math rollout's run from a few hundred tokens to the limit) run in passes of like lengths
+//! where that saves more padding than a pass costs ([`passes_by_length`]): verl's and TRL's
+//! padding-free batches, in passes.
 //!
 //! The last response token is never fed (nothing here reads what it predicts), and the first
 //! response token is predicted by the last prompt position, in the prefix pass when the prompt
@@ -24,7 +29,6 @@ use std::collections::HashMap;
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use super::score::TokenBatch;
 use crate::model::transformer::DecoderLayer;
 use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
@@ -135,9 +139,45 @@ struct Pass {
     ids: Vec<i64>,
     rows: usize,
     len: usize,
-    /// Whether it continues the pass before it (a prompt's), over that pass's keys and values
-    /// fanned out to each of its rows.
+    /// Whether it continues the last prompt pass before it (one that does not continue), over
+    /// that pass's keys and values fanned out to each of its rows.
     continues: bool,
+}
+
+/// What one more pass costs beside its tokens, in tokens: small passes lose the large
+/// products' efficiency, and on a GPU every pass launches every kernel of every layer again.
+/// A batch splits into passes of like lengths only where that saves more padding than this.
+pub const PASS_OVERHEAD_TOKENS: usize = 256;
+
+/// Rows of lengths `lens` cut into passes (row indices, each pass's in row order, longest
+/// pass first) that run the fewest tokens, padding counted, plus `overhead` per pass: passes of
+/// rows of like lengths, so that a short response does not run padded to the longest. Rows of
+/// length 0 run in no pass (a last list of their own, costing nothing).
+fn passes_by_length(lens: &[usize], overhead: usize) -> Vec<Vec<usize>> {
+    let mut order: Vec<usize> = (0..lens.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(lens[i]));
+    // A pass of rows order[i..j] runs (j − i) rows of the longest's length, order[i]'s.
+    let cost = |i: usize, j: usize| match lens[order[i]] {
+        0 => 0,
+        len => (j - i) * len + overhead,
+    };
+    // best[j]: the least cost of order[..j], and where its last pass starts.
+    let mut best: Vec<(usize, usize)> = vec![(0, 0)];
+    for j in 1..=order.len() {
+        let at = (0..j).min_by_key(|&i| (best[i].0 + cost(i, j), i)).expect("j ≥ 1");
+        best.push((best[at].0 + cost(at, j), at));
+    }
+    let mut cuts = Vec::new();
+    let mut j = order.len();
+    while j > 0 {
+        let i = best[j].1;
+        let mut rows = order[i..j].to_vec();
+        rows.sort_unstable();
+        cuts.push(rows);
+        j = i;
+    }
+    cuts.reverse();
+    cuts
 }
 
 /// How a batch of (prompt, response) pairs runs: its forward passes, and the rows of their
@@ -150,25 +190,53 @@ pub struct Passes {
 
 impl Passes {
     /// Each shared prompt or prefix once when some group has more than one request; otherwise
-    /// `batch` as one dense pass.
-    pub fn of(requests: &[(Vec<u32>, Vec<u32>)], batch: &TokenBatch) -> Self {
-        let groups = PromptGroups::of(requests);
-        if groups.repeat() { Self::shared(requests, &groups) } else { Self::dense(batch) }
+    /// every request whole. Rows of like lengths run together ([`PASS_OVERHEAD_TOKENS`]). The
+    /// requests are checked ([`super::score::TokenBatch::of`]): no prompt is empty.
+    pub fn of(requests: &[(Vec<u32>, Vec<u32>)]) -> Self {
+        Self::planned(requests, PASS_OVERHEAD_TOKENS)
     }
 
-    /// The whole right-padded batch in one pass, every prompt run once per response.
-    pub fn dense(batch: &TokenBatch) -> Self {
-        let pass = Pass { ids: batch.ids.clone(), rows: batch.b, len: batch.t, continues: false };
-        Passes { passes: vec![pass], select: batch.rows.clone() }
+    /// [`Self::of`] with `overhead` tokens counted per pass.
+    pub(crate) fn planned(requests: &[(Vec<u32>, Vec<u32>)], overhead: usize) -> Self {
+        let groups = PromptGroups::of(requests);
+        if groups.repeat() { Self::shared(requests, &groups, overhead) } else { Self::dense(requests, overhead) }
+    }
+
+    /// Every request whole, prompt and response, right-padded in passes of like lengths.
+    fn dense(requests: &[(Vec<u32>, Vec<u32>)], overhead: usize) -> Self {
+        let lens: Vec<usize> = requests.iter().map(|r| rest_len(r, 0).max(1)).collect();
+        let mut passes = Vec::new();
+        // Each request's first row in the flattened outputs.
+        let mut at = vec![0; requests.len()];
+        let mut offset = 0;
+        for rows in passes_by_length(&lens, overhead) {
+            let len = rows.iter().map(|&i| lens[i]).max().unwrap_or(1);
+            let mut ids = vec![0i64; rows.len() * len];
+            for (row, &i) in rows.iter().enumerate() {
+                for (j, t) in rest(&requests[i], 0).enumerate() {
+                    ids[row * len + j] = t as i64;
+                }
+                at[i] = offset + row * len;
+            }
+            offset += rows.len() * len;
+            passes.push(Pass { ids, rows: rows.len(), len, continues: false });
+        }
+        // Response token j is predicted at position |prompt| − 1 + j of its row.
+        let select = (requests.iter().zip(&at))
+            .flat_map(|((prompt, response), &first)| {
+                (0..response.len()).map(move |j| (first + prompt.len() - 1 + j) as i64)
+            })
+            .collect();
+        Passes { passes, select }
     }
 
     /// Per group, the shared prefix as one row, then each request's rest (the remainder of its
-    /// prompt and its response) as a batch over the prefix's fanned-out cache (none when no
-    /// request has a rest: identical prompts with single-token responses).
-    pub fn shared(requests: &[(Vec<u32>, Vec<u32>)], groups: &PromptGroups) -> Self {
+    /// prompt and its response) in passes of like lengths over the prefix's fanned-out cache
+    /// (none for requests with no rest: identical prompts with single-token responses).
+    fn shared(requests: &[(Vec<u32>, Vec<u32>)], groups: &PromptGroups, overhead: usize) -> Self {
         let mut passes = Vec::new();
         // Where each request's rows are in the flattened outputs: its group's prefix length,
-        // the prefix pass's first row and its own first row in the rest pass.
+        // the prefix pass's first row and its own first row in its rest pass.
         let mut at = vec![(0, 0, 0); requests.len()];
         let mut offset = 0;
         for g in &groups.groups {
@@ -177,20 +245,22 @@ impl Passes {
             passes.push(Pass { ids: prefix.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
             let first = offset;
             offset += p;
-            let n = g.width;
-            if n > 0 {
-                let mut ids = vec![0i64; g.members.len() * n];
-                for (row, &i) in g.members.iter().enumerate() {
+            let rests: Vec<usize> = g.members.iter().map(|&i| rest_len(&requests[i], p)).collect();
+            for rows in passes_by_length(&rests, overhead) {
+                let n = rows.iter().map(|&k| rests[k]).max().unwrap_or(0);
+                let mut ids = vec![0i64; rows.len() * n];
+                for (row, &k) in rows.iter().enumerate() {
+                    let i = g.members[k];
                     for (j, t) in rest(&requests[i], p).enumerate() {
                         ids[row * n + j] = t as i64;
                     }
+                    at[i] = (p, first, offset + row * n);
                 }
-                passes.push(Pass { ids, rows: g.members.len(), len: n, continues: true });
+                offset += rows.len() * n;
+                if n > 0 {
+                    passes.push(Pass { ids, rows: rows.len(), len: n, continues: true });
+                }
             }
-            for (row, &i) in g.members.iter().enumerate() {
-                at[i] = (p, first, offset + row * n);
-            }
-            offset += g.members.len() * n;
         }
         let mut select = Vec::new();
         for (i, (prompt, response)) in requests.iter().enumerate() {
@@ -205,15 +275,17 @@ impl Passes {
         Passes { passes, select }
     }
 
-    /// Each pass's positions and mask (a continuing pass starts after its prefix).
+    /// Each pass's positions and mask (a continuing pass starts after its prompt pass).
     pub fn layouts<B: Backend>(&self, model: &CausalLm<B>) -> Vec<LayoutTensors<B>> {
-        let mut start = 0;
+        let mut prompt = 0;
         let mut layouts = Vec::with_capacity(self.passes.len());
         for pass in &self.passes {
-            start = if pass.continues { start } else { 0 };
+            let start = if pass.continues { prompt } else { 0 };
+            if !pass.continues {
+                prompt = pass.len;
+            }
             // Right-padded, from the prompt's end: later slots never influence earlier ones.
             layouts.push(model.layout_tensors(&Layout { start, ..Layout::dense(pass.rows, pass.len) }));
-            start += pass.len;
         }
         layouts
     }
@@ -224,8 +296,9 @@ impl Passes {
         self.passes.iter().map(ids).collect()
     }
 
-    /// `layer` over every pass's input `xs`, in order: a prompt pass that a pass continues
-    /// keeps its keys and values for it.
+    /// `layer` over every pass's input `xs`, in order: a prompt pass that passes continue
+    /// keeps its keys and values for them, each continuing pass a copy fanned out to its rows
+    /// (the last takes the kept cache itself).
     pub fn layer<B: Backend>(
         &self,
         layer: &DecoderLayer<B>,
@@ -235,13 +308,22 @@ impl Passes {
         let mut kept: Option<KvCache<B>> = None;
         let mut out = Vec::with_capacity(xs.len());
         for (i, (pass, x)) in self.passes.iter().zip(xs).enumerate() {
+            // The passes that continue this one, if it is a prompt pass.
+            let next = self.passes[i + 1..].iter().take_while(|n| n.continues);
             let y = if pass.continues {
-                let mut cache = kept.take().expect("a continuing pass follows its prompt's");
-                cache.select_rows(&vec![0; pass.rows]);
+                let fan_out = vec![0; pass.rows];
+                let mut cache = match self.passes.get(i + 1).is_some_and(|n| n.continues) {
+                    true => kept.as_ref().expect("a continuing pass follows its prompt's").copy_rows(&fan_out),
+                    false => {
+                        let mut cache = kept.take().expect("a continuing pass follows its prompt's");
+                        cache.select_rows(&fan_out);
+                        cache
+                    }
+                };
                 let start = cache.len();
                 layer.forward(x, &layouts[i], Some((&mut cache, 0, start)))
-            } else if let Some(next) = self.passes.get(i + 1).filter(|n| n.continues) {
-                let mut cache = KvCache::new(1, pass.len + next.len);
+            } else if let Some(widest) = next.map(|n| n.len).max() {
+                let mut cache = KvCache::new(1, pass.len + widest);
                 let y = layer.forward(x, &layouts[i], Some((&mut cache, 0, 0)));
                 cache.advance(pass.len);
                 kept = Some(cache);
@@ -317,32 +399,95 @@ mod tests {
         t.into_data().into_vec::<f32>().unwrap()
     }
 
+    /// [`requests`] with every prompt made distinct (one more first token each): dense passes.
+    fn distinct() -> Vec<(Vec<u32>, Vec<u32>)> {
+        let prefixed = |(i, (p, r)): (usize, (Vec<u32>, Vec<u32>))| ([&[80 + i as u32], p.as_slice()].concat(), r);
+        requests().into_iter().enumerate().map(prefixed).collect()
+    }
+
     #[test]
     fn each_prefix_run_once_gives_the_dense_hidden_states_and_gradients() {
         let requests = requests();
         let groups = PromptGroups::of(&requests);
         let shape: Vec<(usize, Vec<usize>)> = groups.groups.iter().map(|g| (g.prefix, g.members.clone())).collect();
         assert_eq!(shape, vec![(5, vec![0, 2, 4, 6]), (2, vec![1, 5, 7]), (2, vec![3, 8]), (2, vec![9])]);
-        for (tied, lora) in [(false, false), (true, false), (false, true)] {
-            let mut m = small_random_model::<AD>(tied, 5);
-            if lora {
-                m = crate::model::lora::attach(m, &crate::model::lora::LoraConfig { rank: 2, ..Default::default() }, 1);
+        assert!(!PromptGroups::of(&distinct()).repeat());
+        // Shared prefixes and dense passes; at this size the default runs each group's rests in
+        // one pass, and no overhead splits them by every length.
+        let cases = [(requests.clone(), PASS_OVERHEAD_TOKENS, 8), (requests, 0, 10), (distinct(), 0, 7)];
+        for (requests, overhead, count) in cases {
+            let passes = Passes::planned(&requests, overhead);
+            assert_eq!(passes.passes.len(), count, "passes at overhead {overhead}");
+            for (tied, lora) in [(false, false), (true, false), (false, true)] {
+                let mut m = small_random_model::<AD>(tied, 5);
+                if lora {
+                    let config = crate::model::lora::LoraConfig { rank: 2, ..Default::default() };
+                    m = crate::model::lora::attach(m, &config, 1);
+                }
+                let batch = TokenBatch::of(&m.config, &requests).unwrap();
+                let dense = dense_hidden(&m, &batch);
+                let planned = passes.response_hidden(&m);
+                assert_eq!(dense.dims(), planned.dims());
+                let (x, y) = (host(dense.clone()), host(planned.clone()));
+                let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);
+                let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max) / scale;
+                let case = format!("{count} passes, tied {tied}, lora {lora}");
+                assert!(d <= 1e-5, "{case}: hidden states differ by {d} (relative)");
+                let (mut a, mut b) = (GradStore::<Cpu>::default(), GradStore::<Cpu>::default());
+                a.accumulate(&m, &weighted_head_loss(&m, dense).backward());
+                b.accumulate(&m, &weighted_head_loss(&m, planned).backward());
+                assert!(a.names().len() >= if lora { 2 * 7 } else { 3 * 11 }, "{} parameters", a.names().len());
+                let d = a.max_relative_diff(&b);
+                assert!(d <= 1e-5, "{case}: gradients differ by {d} (relative)");
             }
-            let batch = TokenBatch::of(&m.config, &requests).unwrap();
-            let dense = dense_hidden(&m, &batch);
-            let shared = Passes::shared(&requests, &groups).response_hidden(&m);
-            assert_eq!(dense.dims(), shared.dims());
-            let (x, y) = (host(dense.clone()), host(shared.clone()));
-            let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);
-            let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max) / scale;
-            assert!(d <= 1e-5, "tied {tied}, lora {lora}: hidden states differ by {d} (relative)");
-            let (mut a, mut b) = (GradStore::<Cpu>::default(), GradStore::<Cpu>::default());
-            a.accumulate(&m, &weighted_head_loss(&m, dense).backward());
-            b.accumulate(&m, &weighted_head_loss(&m, shared).backward());
-            assert!(a.names().len() >= if lora { 2 * 7 } else { 3 * 11 }, "{} parameters", a.names().len());
-            let d = a.max_relative_diff(&b);
-            assert!(d <= 1e-5, "tied {tied}, lora {lora}: gradients differ by {d} (relative)");
         }
+    }
+
+    /// Every way to cut rows of random lengths into passes (set partitions, up to 7 rows) costs
+    /// at least what [`passes_by_length`] chose, which covers every row once.
+    #[test]
+    fn passes_by_length_runs_the_fewest_tokens() {
+        use rand::{Rng, SeedableRng};
+        // The cost of a cut: each pass's rows at its longest, plus `overhead` a pass that runs.
+        let cost = |cut: &[Vec<usize>], lens: &[usize], overhead: usize| -> usize {
+            cut.iter()
+                .map(|rows| match rows.iter().map(|&i| lens[i]).max().unwrap_or(0) {
+                    0 => 0,
+                    n => rows.len() * n + overhead,
+                })
+                .sum()
+        };
+        // Every set partition of 0..n (restricted growth strings).
+        fn partitions(n: usize) -> Vec<Vec<Vec<usize>>> {
+            let mut out = Vec::new();
+            let mut label = vec![0usize; n];
+            loop {
+                let parts = label.iter().max().map_or(0, |&m| m + 1);
+                out.push((0..parts).map(|p| (0..n).filter(|&i| label[i] == p).collect()).collect());
+                // The next string: raise the last position that can be raised, reset those after it.
+                let Some(k) = (1..n).rev().find(|&k| label[k] <= *label[..k].iter().max().unwrap()) else {
+                    return out;
+                };
+                label[k] += 1;
+                label[k + 1..].iter_mut().for_each(|l| *l = 0);
+            }
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for case in 0..300 {
+            let n = 1 + case % 7;
+            let lens: Vec<usize> =
+                (0..n).map(|_| if rng.random_bool(0.1) { 0 } else { rng.random_range(1..40) }).collect();
+            let overhead = [0, 1, 5, 20, 1000][case % 5];
+            let cut = passes_by_length(&lens, overhead);
+            let mut covered: Vec<usize> = cut.concat();
+            covered.sort_unstable();
+            assert_eq!(covered, (0..n).collect::<Vec<_>>(), "{lens:?}: every row once");
+            let least = partitions(n).iter().map(|p| cost(p, &lens, overhead)).min().unwrap();
+            assert_eq!(cost(&cut, &lens, overhead), least, "{lens:?} at overhead {overhead}: {cut:?}");
+        }
+        // One pass when splitting saves less than a pass; passes of like lengths when it saves more.
+        assert_eq!(passes_by_length(&[500, 480, 100, 90], 256), vec![vec![0, 1], vec![2, 3]]);
+        assert_eq!(passes_by_length(&[500, 480, 400, 450], 256), vec![vec![0, 1, 2, 3]]);
     }
 
     #[test]

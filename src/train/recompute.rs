@@ -58,8 +58,13 @@ pub struct Recomputed<B: Backend> {
 /// same hidden states, targets and response lengths, and the [`Trunk`] whose
 /// [`Trunk::backward`] completes the backward pass below the final norm.
 pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u32>)]) -> Result<Recomputed<B>> {
+    // Checked before the passes are planned: every prompt has a token, every pair fits.
     let batch = TokenBatch::of(&model.config, requests)?;
-    let passes = Passes::of(requests, &batch);
+    Ok(forward_as(model, batch, Passes::of(requests)))
+}
+
+/// [`forward`] of the checked `batch`, run as `passes` plans it.
+fn forward_as<B: Backend>(model: &CausalLm<AD<B>>, batch: TokenBatch, passes: Passes) -> Recomputed<B> {
     let inner = model.valid();
     let layouts = passes.layouts(&inner);
     let ids = passes.ids::<B>(&inner.device());
@@ -72,7 +77,7 @@ pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u
     let tops: Vec<Tensor<AD<B>, 3>> = xs.into_iter().map(|x| Tensor::from_inner(x).require_grad()).collect();
     // The final norm works per row, so it can come after the selection.
     let hidden = model.norm.forward(passes.select(tops.clone()), model.compute);
-    Ok(Recomputed { trunk: Trunk { passes, ids, inputs, tops }, hidden, targets: batch.targets, lens: batch.lens })
+    Recomputed { trunk: Trunk { passes, ids, inputs, tops }, hidden, targets: batch.targets, lens: batch.lens }
 }
 
 /// `Σ_i sum(y_i ⊙ g_i)`: its gradient with respect to each `y_i` is `g_i`.
@@ -146,7 +151,12 @@ mod tests {
 
     #[test]
     fn recomputed_gradients_equal_the_whole_dense_graphs() {
-        for (set, requests) in request_sets().iter().enumerate() {
+        // Per set, the passes at the default overhead, and with none (rests of every length
+        // apart).
+        let overheads = [crate::generate::shared_prompt::PASS_OVERHEAD_TOKENS, 0];
+        let counts = [[1, 1], [5, 7]];
+        for ((set, requests), k) in request_sets().iter().enumerate().flat_map(|s| [(s, 0), (s, 1)]) {
+            let overhead = overheads[k];
             for (tied, lora) in [(false, false), (true, false), (false, true)] {
                 let mut m = small_random_model::<AD<Cpu>>(tied, 5);
                 if lora {
@@ -158,9 +168,11 @@ mod tests {
                 let mut whole = GradStore::<Cpu>::default();
                 whole.accumulate(&m, &weighted_head_loss(&m, dense_hidden(&m, &batch)).backward());
 
-                let Recomputed { trunk, hidden, targets, lens } = forward(&m, requests).unwrap();
+                let passes = Passes::planned(requests, overhead);
+                let Recomputed { trunk, hidden, targets, lens } =
+                    forward_as(&m, TokenBatch::of(&m.config, requests).unwrap(), passes);
                 assert_eq!((targets, &lens), (batch.targets.clone(), &batch.lens));
-                assert_eq!(trunk.tops.len(), if set == 0 { 1 } else { 5 }, "passes");
+                assert_eq!(trunk.tops.len(), counts[set][k], "passes");
                 let mut recomputed = GradStore::<Cpu>::default();
                 let head = weighted_head_loss(&m, hidden).backward();
                 recomputed.accumulate(&m, &head);
@@ -170,7 +182,10 @@ mod tests {
                 assert!(n >= if lora { 2 * 7 * 3 } else { 3 * 11 }, "{n} parameters with gradients");
                 let d = whole.max_relative_diff(&recomputed);
                 // Float noise only: the recomputed forward runs the same kernels in another order.
-                assert!(d <= 1e-5, "set {set}, tied {tied}, lora {lora}: gradients differ by {d} (relative)");
+                assert!(
+                    d <= 1e-5,
+                    "set {set}, overhead {overhead}, tied {tied}, lora {lora}: gradients differ by {d} (relative)"
+                );
             }
         }
     }

@@ -159,7 +159,10 @@ pub struct Workload {
     pub train_len: usize,
     /// How the sequences share prompts.
     pub shared: SharedPrompts,
-    /// Sequences sampled together (`rollout.batch_prompts × algo.group_size`).
+    /// Sequences sampled per prompt: `algo.group_size` as the algorithm shapes it (GSPO×2
+    /// samples twice the group).
+    pub group_size: usize,
+    /// Sequences sampled together (`rollout.batch_prompts × group_size`).
     pub rollout_sequences: usize,
     pub rollout_prompt: usize,
     pub rollout_new: usize,
@@ -194,6 +197,7 @@ impl Workload {
         // this template, its response re-tokenised (rarely more than twice as many tokens;
         // `max_response_tokens` caps it).
         let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
+        let group_size = algorithm.shape(cfg.requested_shape())?.group_size.max(1);
         let shares = cfg.policies.len() > 1 && algorithm.routing() == crate::rl::algorithm::Routing::Shared;
         let cross = (r.cross_max_prompt_tokens, r.max_response_tokens.min(2 * r.max_new_tokens));
         let (prompt, response) = if shares { (own.0.max(cross.0), own.1.max(cross.1)) } else { own };
@@ -201,16 +205,15 @@ impl Workload {
         // after another, and a learner's mini-batch takes its own, then the others'
         // (`trainer::routing`); the other workloads' prompts are counted one per sequence.
         let shared = match kind {
-            WorkloadKind::Exchange => {
-                SharedPrompts { group: cfg.algo.group_size.max(1), runs: if shares { 2 } else { 1 }, prompt }
-            }
+            WorkloadKind::Exchange => SharedPrompts { group: group_size, runs: if shares { 2 } else { 1 }, prompt },
             _ => SharedPrompts { prompt, ..SharedPrompts::NONE },
         };
         Ok(Workload {
             micro_batch: cfg.algo.micro_batch_sequences.max(1),
             train_len: prompt + response,
             shared,
-            rollout_sequences: r.batch_prompts.max(1) * cfg.algo.group_size.max(1),
+            group_size,
+            rollout_sequences: r.batch_prompts.max(1) * group_size,
             rollout_prompt,
             rollout_new: r.max_new_tokens,
             prefill_budget: crate::generate::PREFILL_TOKEN_BUDGET,
@@ -561,7 +564,7 @@ impl MemoryPlan {
             return None;
         }
         let (prompts, micro_batch, checkpointing, plan) =
-            self.leanest_fit(cfg).or_else(|| self.offloading_what_fits_no_other_way(cfg)?.leanest_fit(cfg))?;
+            self.leanest_fit(cfg).or_else(|| self.offloading_what_fits_no_other_way()?.leanest_fit(cfg))?;
         let w = self.workload;
         let (mut chose, mut how) = (vec![], vec![]);
         if prompts != cfg.rollout.batch_prompts.max(1) {
@@ -615,7 +618,7 @@ impl MemoryPlan {
     /// fit every device: (prompts per rollout batch, micro-batch, checkpointing, the plan).
     fn leanest_fit(&self, cfg: &TrainConfig) -> Option<(usize, usize, bool, MemoryPlan)> {
         let w = self.workload;
-        let group = cfg.algo.group_size.max(1);
+        let group = w.group_size;
         let halvings = |from: usize| std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2));
         let checkpointing = if w.checkpointing { vec![true] } else { vec![false, true] };
         // The rollout and the update never hold their memory at the same time (the peak is the
@@ -635,9 +638,13 @@ impl MemoryPlan {
     /// This plan with the GPU policies offloaded whose devices do not fit even at the leanest
     /// settings that keep the update (micro-batch 1, checkpointing, one prompt per rollout
     /// batch); None when there is none.
-    fn offloading_what_fits_no_other_way(&self, cfg: &TrainConfig) -> Option<MemoryPlan> {
-        let one_prompt = cfg.algo.group_size.max(1);
-        let leanest = Workload { micro_batch: 1, checkpointing: true, rollout_sequences: one_prompt, ..self.workload };
+    fn offloading_what_fits_no_other_way(&self) -> Option<MemoryPlan> {
+        let leanest = Workload {
+            micro_batch: 1,
+            checkpointing: true,
+            rollout_sequences: self.workload.group_size,
+            ..self.workload
+        };
         let offloaded = self.under(leanest).offloading_where_it_does_not_fit()?;
         let mut plan = self.clone();
         for (p, o) in plan.policies.iter_mut().zip(&offloaded.policies) {
@@ -670,11 +677,10 @@ impl MemoryPlan {
             return Ok(());
         }
         // What hacpo would choose by itself (`MemoryPlan::fitted`) at its leanest.
-        let one_prompt = cfg.algo.group_size.max(1);
         let leanest = self.under(Workload {
             micro_batch: 1,
             checkpointing: true,
-            rollout_sequences: one_prompt,
+            rollout_sequences: self.workload.group_size,
             ..self.workload
         });
         let mut msg = String::new();
@@ -809,8 +815,7 @@ impl MemoryPlan {
             ));
         }
         if cfg.rollout.batch_prompts > 1 {
-            let group = cfg.algo.group_size.max(1);
-            changes.push(("--set rollout.batch_prompts=1".into(), Box::new(move |w| w.rollout_sequences = group)));
+            changes.push(("--set rollout.batch_prompts=1".into(), Box::new(|w| w.rollout_sequences = w.group_size)));
         }
         if !w.checkpointing {
             changes.push(("--set algo.gradient_checkpointing=true".into(), Box::new(|w| w.checkpointing = true)));
@@ -992,6 +997,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
         micro_batch: 0,
         train_len: 0,
         shared: SharedPrompts::NONE,
+        group_size: 1,
         rollout_sequences: load.sequences,
         rollout_prompt: load.prompt.min(context),
         rollout_new: load.new.min(context),
@@ -1019,6 +1025,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
                 micro_batch: load.train_sequences,
                 train_len: load.train_len,
                 shared: SharedPrompts::NONE,
+                group_size: 1,
                 rollout_sequences: 0,
                 rollout_prompt: 0,
                 rollout_new: 0,
@@ -1176,6 +1183,7 @@ mod tests {
             micro_batch: 1,
             train_len,
             shared: SharedPrompts::NONE,
+            group_size: 1,
             rollout_sequences: 16,
             rollout_prompt: 512,
             rollout_new: 512,
@@ -1656,5 +1664,22 @@ mod tests {
         plan.check(&cfg).unwrap();
         assert_eq!(plan.devices.len(), 1, "both tiny agents on the CPU");
         assert_eq!(plan.devices[0].policies.len(), 2);
+    }
+
+    /// GSPO×2 samples twice the group: its rollout is planned as GSPO's with a group twice as
+    /// large, and a group's prompt runs once over twice the sequences.
+    #[test]
+    fn the_rollout_counts_the_group_the_algorithm_samples() {
+        let mut cfg = TrainConfig::from_toml(crate::config::EMBEDDED_DEFAULT, "default", &[]).unwrap();
+        (cfg.algo.group_size, cfg.algo.minibatch_prompts, cfg.rollout.batch_prompts) = (4, 2, 3);
+        let workload = |name: &str, group: usize| {
+            let mut c = cfg.clone();
+            (c.algo.name, c.algo.group_size) = (name.into(), group);
+            Workload::of(&c).unwrap()
+        };
+        let (doubled, twice) = (workload("gspo2x", 4), workload("gspo", 8));
+        assert_eq!((doubled.group_size, doubled.rollout_sequences, doubled.shared.group), (8, 24, 8));
+        assert_eq!(doubled, twice);
+        assert_eq!(workload("gspo", 4).rollout_sequences, 12);
     }
 }

@@ -733,6 +733,17 @@ impl TrainConfig {
         }
     }
 
+    /// The batch shape this config asks for, before its algorithm shapes it
+    /// ([`crate::rl::Algorithm::shape`]: GSPO×2 doubles the group).
+    pub fn requested_shape(&self) -> crate::rl::BatchShape {
+        crate::rl::BatchShape {
+            policies: self.policies.len(),
+            group_size: self.algo.group_size,
+            minibatch_prompts: self.algo.minibatch_prompts,
+            norm_length: self.rollout.max_new_tokens,
+        }
+    }
+
     /// The config a resumed run in `run_dir` trains with: the run's own (`saved`), with what
     /// the command line (`requested`) may change: steps, output settings, devices. Any other
     /// difference is refused, naming the keys.

@@ -85,17 +85,8 @@ pub fn read(dir: &Path) -> Result<RunReport> {
     let summary = run.read_summary();
     let steps = rows.iter().map(|r| r.0).max().unwrap_or(0);
     // The group the algorithm actually sampled (GSPO×2 doubles it).
-    let group = crate::rl::registry::batch_shape(
-        &cfg.algo.name,
-        &cfg.algo.settings(),
-        crate::rl::BatchShape {
-            policies: cfg.policies.len(),
-            group_size: cfg.algo.group_size,
-            minibatch_prompts: cfg.algo.minibatch_prompts,
-            norm_length: cfg.rollout.max_new_tokens,
-        },
-    )?
-    .group_size;
+    let group =
+        crate::rl::registry::batch_shape(&cfg.algo.name, &cfg.algo.settings(), cfg.requested_shape())?.group_size;
     let mut names: Vec<String> = Vec::new();
     for (_, a, _) in &rows {
         if !names.contains(a) {

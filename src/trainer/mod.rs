@@ -306,12 +306,7 @@ impl<B: Backend> Trainer<B> {
         let workload =
             crate::workload::build::<B>(&config.workload, &config.role_map(), task.clone(), &config.algo.name)?;
         check_policy_count(algorithm.as_ref(), config.policies.len())?;
-        let shape = algorithm.shape(BatchShape {
-            policies: config.policies.len(),
-            group_size: config.algo.group_size,
-            minibatch_prompts: config.algo.minibatch_prompts,
-            norm_length: config.rollout.max_new_tokens,
-        })?;
+        let shape = algorithm.shape(config.requested_shape())?;
         let total_steps = total_steps(&config, task.train().len());
         if let Some(value) = algorithm.value_model() {
             let resumed = resumed.as_ref().map(|(s, dir)| (s, *dir));

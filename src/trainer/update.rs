@@ -118,6 +118,10 @@ pub fn update_policy<B: Backend>(
     let mut sums = Sums::default();
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {
+        let view = |j: usize| &batch.views[j];
+        let mb = &longest_first_within_prompts(mb, settings.micro_batch_sequences.max(1), |j| {
+            (view(j).prompt_ids.as_slice(), view(j).response_ids.len())
+        });
         // The policy's own rate (`[[agents]] lr`, else `algo.optimizer.lr`) on the shared schedule.
         let lr = settings.schedule.lr(policy.optimizer.config.lr, policy.optimizer.updates, settings.total_updates);
         let mut step = minibatch_step(policy, algo, batch, settings, m, mb)?;
@@ -352,6 +356,25 @@ impl<B: Backend> Detached<B> {
         let kl = host[at..at + n_kl].iter().sum();
         (terms, kl, host[at + n_kl..].to_vec())
     }
+}
+
+/// Mini-batch positions `mb` with each run of positions that share a prompt ordered longest
+/// response first (`sequence(j)`: position j's prompt and response length), when micro-batches
+/// of `micro` sequences cut it: a micro-batch runs padded to its longest response, so it then
+/// holds responses of like lengths, and still the prompts it held (only a run's order changes;
+/// the memory plan's bound on a micro-batch's prompts counts runs).
+fn longest_first_within_prompts<'a>(
+    mb: &[usize],
+    micro: usize,
+    sequence: impl Fn(usize) -> (&'a [u32], usize),
+) -> Vec<usize> {
+    let mut order = mb.to_vec();
+    if micro < mb.len() {
+        for run in order.chunk_by_mut(|&a, &b| sequence(a).0 == sequence(b).0) {
+            run.sort_by_key(|&j| std::cmp::Reverse(sequence(j).1));
+        }
+    }
+    order
 }
 
 /// The scopes a mini-batch's losses are normalised over: all its sequences and tokens; for
@@ -735,4 +758,25 @@ fn write_dump<B: Backend>(
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     let path = dir.join(format!("step-{step:06}-learner-{learner}-mb-{m}.json"));
     crate::error::write_atomic(&path, serde_json::to_string_pretty(&body).expect("json").as_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs of one prompt are ordered longest response first, each in its place; nothing moves
+    /// when one micro-batch takes the whole mini-batch.
+    #[test]
+    fn micro_batches_take_a_prompt_s_responses_longest_first() {
+        let (a, b): (&[u32], &[u32]) = (&[1, 2], &[3]);
+        // Position j: (prompt, response length).
+        let sequences = [(a, 3), (a, 9), (a, 1), (a, 9), (b, 2), (b, 5), (a, 4), (a, 7)];
+        let sequence = |j: usize| sequences[j];
+        let mb: Vec<usize> = (0..sequences.len()).collect();
+        assert_eq!(longest_first_within_prompts(&mb, 2, sequence), [1, 3, 0, 2, 5, 4, 7, 6]);
+        assert_eq!(longest_first_within_prompts(&mb, 8, sequence), mb);
+        // Positions in another order (an interleaved mini-batch) keep theirs between runs.
+        assert_eq!(longest_first_within_prompts(&[6, 4, 7, 5], 1, sequence), [6, 4, 7, 5]);
+        assert_eq!(longest_first_within_prompts(&[6, 7, 4, 5], 1, sequence), [7, 6, 5, 4]);
+    }
 }

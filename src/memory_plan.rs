@@ -124,8 +124,8 @@ impl Footprint {
 /// ([`crate::generate::shared_prompt`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SharedPrompts {
-    /// Sequences per prompt, in unbroken runs of whole groups (a GRPO group: `algo.group_size`);
-    /// 1 counts every sequence's prompt.
+    /// Sequences per prompt, in unbroken runs of whole groups (a GRPO group:
+    /// [`Workload::group_size`]); 1 counts every sequence's prompt.
     pub group: usize,
     /// Runs of groups one micro-batch may join (a learner's own samples, then another
     /// policy's), each of which may begin and end in the middle of a group.

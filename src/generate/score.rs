@@ -264,29 +264,39 @@ pub fn response_hidden<B: Backend>(
     requests: &[(Vec<u32>, Vec<u32>)],
 ) -> crate::error::Result<(Tensor<B, 2>, Vec<u32>, Vec<usize>)> {
     let batch = TokenBatch::of(&model.config, requests)?;
-    let hidden = super::shared_prompt::Passes::of(requests).response_hidden(model);
+    let hidden = match requests.is_empty() {
+        true => Tensor::zeros([0, model.config.hidden_size], &model.device()),
+        false => super::shared_prompt::Passes::of(requests).response_hidden(model),
+    };
     Ok((hidden, batch.targets, batch.lens))
 }
 
 /// [`response_hidden`] over the whole right-padded batch in one pass, every prompt run once
 /// per response: the reference the planned passes are tested against.
 #[cfg(test)]
-pub(crate) fn dense_hidden<B: Backend>(model: &crate::model::CausalLm<B>, batch: &TokenBatch) -> Tensor<B, 2> {
+pub(crate) fn dense_hidden<B: Backend>(
+    model: &crate::model::CausalLm<B>,
+    requests: &[(Vec<u32>, Vec<u32>)],
+) -> Tensor<B, 2> {
     let device = model.device();
-    let layout = model.layout_tensors(&crate::model::Layout::dense(batch.b, batch.t));
-    let hidden = model.forward_hidden(batch.ids(&device), &layout, None);
+    let (b, t) = (requests.len(), requests.iter().map(|(p, r)| p.len() + r.len()).max().unwrap_or(1));
+    let (mut ids, mut rows) = (vec![0i64; b * t], Vec::new());
+    for (i, (p, r)) in requests.iter().enumerate() {
+        for (j, &tok) in p.iter().chain(r).enumerate() {
+            ids[i * t + j] = tok as i64;
+        }
+        rows.extend((0..r.len()).map(|j| (i * t + p.len() - 1 + j) as i64));
+    }
+    let layout = model.layout_tensors(&crate::model::Layout::dense(b, t));
+    let hidden = model.forward_hidden(Tensor::from_data(TensorData::new(ids, [b, t]), &device), &layout, None);
     let d = hidden.dims()[2];
-    hidden.reshape([batch.b * batch.t, d]).select(0, batch.rows(&device))
+    let n = rows.len();
+    hidden.reshape([b * t, d]).select(0, Tensor::<B, 1, Int>::from_data(TensorData::new(rows, [n]), &device))
 }
 
-/// Prompt + response pairs laid out as one right-padded `[b, t]` batch, with the rows whose
-/// hidden states predict the response tokens.
+/// Prompt + response pairs checked against a model's context, with the tokens each predicts.
 pub struct TokenBatch {
-    pub b: usize,
-    pub t: usize,
-    pub(crate) ids: Vec<i64>,
-    /// Row `i·t + j` of the flattened hidden states predicts `targets[k]`.
-    pub(crate) rows: Vec<i64>,
+    /// Every response token, in request order.
     pub targets: Vec<u32>,
     /// Response lengths.
     pub lens: Vec<usize>,
@@ -297,7 +307,6 @@ impl TokenBatch {
     pub fn of(config: &crate::model::ModelConfig, requests: &[(Vec<u32>, Vec<u32>)]) -> crate::error::Result<Self> {
         use crate::error::Error;
         let context = config.max_position_embeddings;
-        let mut t = 1;
         for (p, r) in requests {
             if p.is_empty() {
                 return Err(Error::InvalidArgument(
@@ -307,34 +316,11 @@ impl TokenBatch {
             if p.len() + r.len() > context {
                 return Err(Error::PromptTooLong { prompt_tokens: p.len() + r.len(), context });
             }
-            t = t.max(p.len() + r.len());
         }
-        let b = requests.len();
-        let mut ids = vec![0i64; b * t];
-        let mut rows = Vec::new();
-        let mut targets = Vec::new();
-        let mut lens = Vec::with_capacity(b);
-        for (i, (p, r)) in requests.iter().enumerate() {
-            for (j, &tok) in p.iter().chain(r.iter()).enumerate() {
-                ids[i * t + j] = tok as i64;
-            }
-            for (j, &tok) in r.iter().enumerate() {
-                rows.push((i * t + p.len() - 1 + j) as i64);
-                targets.push(tok);
-            }
-            lens.push(r.len());
-        }
-        Ok(TokenBatch { b, t, ids, rows, targets, lens })
-    }
-
-    /// The token ids `[b, t]`.
-    pub fn ids<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
-        Tensor::from_data(TensorData::new(self.ids.clone(), [self.b, self.t]), device)
-    }
-
-    /// The rows to select from the flattened `[b·t, d]` hidden states.
-    pub fn rows<B: Backend>(&self, device: &B::Device) -> Tensor<B, 1, Int> {
-        Tensor::from_data(TensorData::new(self.rows.clone(), [self.rows.len()]), device)
+        Ok(TokenBatch {
+            targets: requests.iter().flat_map(|(_, r)| r.iter().copied()).collect(),
+            lens: requests.iter().map(|(_, r)| r.len()).collect(),
+        })
     }
 }
 

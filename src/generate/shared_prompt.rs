@@ -33,14 +33,15 @@ use crate::model::transformer::DecoderLayer;
 use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
 /// Requests whose prompts begin with the same tokens, run as one pass over that prefix and
-/// one over the rest of each prompt and its response.
+/// one or more over the rest of each prompt and its response (one in the prefill; scoring and
+/// training cut them by length, [`passes_by_length`]).
 #[derive(Debug, PartialEq)]
 struct Group {
     /// Tokens the members' prompts share (the whole prompt when they are identical).
     prefix: usize,
     /// Request indices, in request order.
     members: Vec<usize>,
-    /// The rest pass's width: the longest of the members' [`rest`]s.
+    /// The longest of the members' [`rest`]s: a single rest pass's width.
     width: usize,
 }
 
@@ -115,8 +116,10 @@ impl PromptGroups {
 impl Group {
     /// `(tokens saved, the joined group)` when `joining`, requests with one prompt, join this
     /// group rather than form their own, if that saves a quarter of the prompt or more. A group
-    /// runs `prefix + rows · width` tokens (its rest pass is padded to its longest rest); joining
-    /// shrinks the prefix to the tokens shared, which lengthens every member's rest by as many.
+    /// runs `prefix + rows · width` tokens as one rest pass padded to its longest rest (the
+    /// prefill's; scoring's passes by length run fewer, so this errs towards not joining);
+    /// joining shrinks the prefix to the tokens shared, which lengthens every member's rest by
+    /// as many.
     fn join(&self, requests: &[(Vec<u32>, Vec<u32>)], joining: &[usize]) -> Option<(usize, Group)> {
         let prompt = &requests[joining[0]].0;
         let l = common_prefix(&requests[self.members[0]].0[..self.prefix], prompt);
@@ -190,21 +193,23 @@ pub struct Passes {
 
 impl Passes {
     /// Each shared prompt or prefix once when some group has more than one request; otherwise
-    /// every request whole. Rows of like lengths run together ([`PASS_OVERHEAD_TOKENS`]). The
-    /// requests are checked ([`super::score::TokenBatch::of`]): no prompt is empty.
+    /// every request whole. Rows of like lengths run together ([`PASS_OVERHEAD_TOKENS`]).
+    /// Callers check the requests first ([`super::score::TokenBatch::of`]): there is one at
+    /// least, and no prompt is empty.
     pub fn of(requests: &[(Vec<u32>, Vec<u32>)]) -> Self {
-        Self::planned(requests, PASS_OVERHEAD_TOKENS)
+        Self::with_overhead(requests, PASS_OVERHEAD_TOKENS)
     }
 
     /// [`Self::of`] with `overhead` tokens counted per pass.
-    pub(crate) fn planned(requests: &[(Vec<u32>, Vec<u32>)], overhead: usize) -> Self {
+    pub(crate) fn with_overhead(requests: &[(Vec<u32>, Vec<u32>)], overhead: usize) -> Self {
+        debug_assert!(!requests.is_empty() && requests.iter().all(|(p, _)| !p.is_empty()), "unchecked requests");
         let groups = PromptGroups::of(requests);
         if groups.repeat() { Self::shared(requests, &groups, overhead) } else { Self::dense(requests, overhead) }
     }
 
     /// Every request whole, prompt and response, right-padded in passes of like lengths.
     fn dense(requests: &[(Vec<u32>, Vec<u32>)], overhead: usize) -> Self {
-        let lens: Vec<usize> = requests.iter().map(|r| rest_len(r, 0).max(1)).collect();
+        let lens: Vec<usize> = requests.iter().map(|r| rest_len(r, 0)).collect();
         let mut passes = Vec::new();
         // Each request's first row in the flattened outputs.
         let mut at = vec![0; requests.len()];
@@ -308,8 +313,6 @@ impl Passes {
         let mut kept: Option<KvCache<B>> = None;
         let mut out = Vec::with_capacity(xs.len());
         for (i, (pass, x)) in self.passes.iter().zip(xs).enumerate() {
-            // The passes that continue this one, if it is a prompt pass.
-            let next = self.passes[i + 1..].iter().take_while(|n| n.continues);
             let y = if pass.continues {
                 let fan_out = vec![0; pass.rows];
                 let mut cache = match self.passes.get(i + 1).is_some_and(|n| n.continues) {
@@ -322,7 +325,7 @@ impl Passes {
                 };
                 let start = cache.len();
                 layer.forward(x, &layouts[i], Some((&mut cache, 0, start)))
-            } else if let Some(widest) = next.map(|n| n.len).max() {
+            } else if let Some(widest) = self.continuations(i).map(|n| n.len).max() {
                 let mut cache = KvCache::new(1, pass.len + widest);
                 let y = layer.forward(x, &layouts[i], Some((&mut cache, 0, 0)));
                 cache.advance(pass.len);
@@ -334,6 +337,11 @@ impl Passes {
             out.push(y);
         }
         out
+    }
+
+    /// The passes that continue pass `i` (a prompt pass), in order.
+    fn continuations(&self, i: usize) -> impl Iterator<Item = &Pass> {
+        self.passes[i + 1..].iter().take_while(|n| n.continues)
     }
 
     /// The rows of the passes' outputs `[rows, len, hidden]` that predict each response token:
@@ -369,7 +377,7 @@ impl Passes {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
-    use crate::generate::score::{TokenBatch, dense_hidden};
+    use crate::generate::score::dense_hidden;
     use crate::model::weights::{small_random_model, weighted_head_loss};
     use crate::train::optim::GradStore;
 
@@ -378,7 +386,9 @@ mod tests {
     /// Two groups of identical prompts interleaved (5 and 2 tokens; responses of 1 to 6 tokens,
     /// one of them empty), a prompt that extends the first group's and joins it, one that is all
     /// prefix of another's (its first response token is predicted in the prefix pass, the other's
-    /// in the rest pass), and one that shares a token with the first group, too little to join.
+    /// in the rest pass), one that shares a token with the first group, too little to join, and
+    /// a second response of the first group's longest length (a pass of like lengths with two
+    /// rows that another pass continuing the same prompt follows).
     fn requests() -> Vec<(Vec<u32>, Vec<u32>)> {
         let (a, b) = (vec![3, 9, 4, 12, 7], vec![11, 5]);
         vec![
@@ -392,6 +402,7 @@ mod tests {
             (b, vec![1, 2, 3]),
             (vec![40, 41], vec![19, 6, 3]),
             (vec![3, 7], vec![5, 5]),
+            (a.clone(), vec![56, 57, 58, 59, 60, 61]),
         ]
     }
 
@@ -410,13 +421,13 @@ mod tests {
         let requests = requests();
         let groups = PromptGroups::of(&requests);
         let shape: Vec<(usize, Vec<usize>)> = groups.groups.iter().map(|g| (g.prefix, g.members.clone())).collect();
-        assert_eq!(shape, vec![(5, vec![0, 2, 4, 6]), (2, vec![1, 5, 7]), (2, vec![3, 8]), (2, vec![9])]);
+        assert_eq!(shape, vec![(5, vec![0, 2, 4, 6, 10]), (2, vec![1, 5, 7]), (2, vec![3, 8]), (2, vec![9])]);
         assert!(!PromptGroups::of(&distinct()).repeat());
         // Shared prefixes and dense passes; at this size the default runs each group's rests in
         // one pass, and no overhead splits them by every length.
         let cases = [(requests.clone(), PASS_OVERHEAD_TOKENS, 8), (requests, 0, 10), (distinct(), 0, 7)];
         for (requests, overhead, count) in cases {
-            let passes = Passes::planned(&requests, overhead);
+            let passes = Passes::with_overhead(&requests, overhead);
             assert_eq!(passes.passes.len(), count, "passes at overhead {overhead}");
             for (tied, lora) in [(false, false), (true, false), (false, true)] {
                 let mut m = small_random_model::<AD>(tied, 5);
@@ -424,8 +435,7 @@ mod tests {
                     let config = crate::model::lora::LoraConfig { rank: 2, ..Default::default() };
                     m = crate::model::lora::attach(m, &config, 1);
                 }
-                let batch = TokenBatch::of(&m.config, &requests).unwrap();
-                let dense = dense_hidden(&m, &batch);
+                let dense = dense_hidden(&m, &requests);
                 let planned = passes.response_hidden(&m);
                 assert_eq!(dense.dims(), planned.dims());
                 let (x, y) = (host(dense.clone()), host(planned.clone()));

@@ -128,13 +128,13 @@ mod tests {
     use crate::generate::score::dense_hidden;
     use crate::model::weights::{small_random_model, weighted_head_loss};
 
-    /// Distinct prompts (one dense pass), and groups that share prompts: interleaved, with
+    /// Distinct prompts (dense passes: one, or one a length), and groups that share prompts: interleaved, with
     /// responses of one token, none, a prompt that extends a group's prompt, and a
     /// group whose responses are all empty (its prompt pass feeds no row the head reads).
     fn request_sets() -> [Vec<(Vec<u32>, Vec<u32>)>; 2] {
         let (a, b, c) = (vec![3, 9, 4, 12, 7], vec![11, 5], vec![2, 8, 14]);
         [
-            vec![(vec![3, 9, 4], vec![7, 1, 60, 2]), (vec![11, 5, 6, 8, 20], vec![30, 31])],
+            vec![(vec![3, 9, 4], vec![7, 1, 60, 2]), (vec![11, 5, 6, 8, 20], vec![30, 31, 32, 33])],
             vec![
                 (a.clone(), vec![7, 1, 60, 2]),
                 (b.clone(), vec![30, 31, 8]),
@@ -151,10 +151,9 @@ mod tests {
 
     #[test]
     fn recomputed_gradients_equal_the_whole_dense_graphs() {
-        // Per set, the passes at the default overhead, and with none (rests of every length
-        // apart).
+        // Per set, the passes at the default overhead, and with none (every length apart).
         let overheads = [crate::generate::shared_prompt::PASS_OVERHEAD_TOKENS, 0];
-        let counts = [[1, 1], [5, 7]];
+        let counts = [[1, 2], [5, 7]];
         for ((set, requests), k) in request_sets().iter().enumerate().flat_map(|s| [(s, 0), (s, 1)]) {
             let overhead = overheads[k];
             for (tied, lora) in [(false, false), (true, false), (false, true)] {
@@ -166,9 +165,9 @@ mod tests {
                 // The reference runs every prompt once per response, with the whole graph.
                 let batch = TokenBatch::of(&m.config, requests).unwrap();
                 let mut whole = GradStore::<Cpu>::default();
-                whole.accumulate(&m, &weighted_head_loss(&m, dense_hidden(&m, &batch)).backward());
+                whole.accumulate(&m, &weighted_head_loss(&m, dense_hidden(&m, requests)).backward());
 
-                let passes = Passes::planned(requests, overhead);
+                let passes = Passes::with_overhead(requests, overhead);
                 let Recomputed { trunk, hidden, targets, lens } =
                     forward_as(&m, TokenBatch::of(&m.config, requests).unwrap(), passes);
                 assert_eq!((targets, &lens), (batch.targets.clone(), &batch.lens));

@@ -773,7 +773,11 @@ mod tests {
         let sequences = [(a, 3), (a, 9), (a, 1), (a, 9), (b, 2), (b, 5), (a, 4), (a, 7)];
         let sequence = |j: usize| sequences[j];
         let mb: Vec<usize> = (0..sequences.len()).collect();
-        assert_eq!(longest_first_within_prompts(&mb, 2, sequence), [1, 3, 0, 2, 5, 4, 7, 6]);
+        let ordered = longest_first_within_prompts(&mb, 2, sequence);
+        assert_eq!(ordered, [1, 3, 0, 2, 5, 4, 7, 6]);
+        // Every position keeps its prompt, so a micro-batch holds the prompts it held.
+        let prompts = |order: &[usize]| order.iter().map(|&j| sequences[j].0).collect::<Vec<_>>();
+        assert_eq!(prompts(&ordered), prompts(&mb));
         assert_eq!(longest_first_within_prompts(&mb, 8, sequence), mb);
         // Positions in another order (an interleaved mini-batch) keep theirs between runs.
         assert_eq!(longest_first_within_prompts(&[6, 4, 7, 5], 1, sequence), [6, 4, 7, 5]);

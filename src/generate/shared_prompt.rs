@@ -183,6 +183,29 @@ fn passes_by_length(lens: &[usize], overhead: usize) -> Vec<Vec<usize>> {
     cuts
 }
 
+/// Where a request's rows are in a plan's flattened outputs: its prefix's length (0 for a
+/// request run whole), the prefix pass's first row, and its own first row in its rest pass.
+#[derive(Clone, Copy)]
+struct Rows {
+    prefix: usize,
+    first: usize,
+    own: usize,
+}
+
+/// The output rows that predict each response token, in request order: response token j is
+/// predicted at position |prompt| − 1 + j, in the prefix pass only for the first token after a
+/// prompt that is all prefix.
+fn response_rows(requests: &[(Vec<u32>, Vec<u32>)], at: &[Rows]) -> Vec<i64> {
+    let mut select = Vec::new();
+    for ((prompt, response), at) in requests.iter().zip(at) {
+        select.extend((0..response.len()).map(|j| {
+            let q = prompt.len() - 1 + j;
+            (if q < at.prefix { at.first + q } else { at.own + q - at.prefix }) as i64
+        }));
+    }
+    select
+}
+
 /// How a batch of (prompt, response) pairs runs: its forward passes, and the rows of their
 /// outputs, flattened and concatenated in pass order, that predict each response token (in
 /// request order).
@@ -209,30 +232,11 @@ impl Passes {
 
     /// Every request whole, prompt and response, right-padded in passes of like lengths.
     fn dense(requests: &[(Vec<u32>, Vec<u32>)], overhead: usize) -> Self {
-        let lens: Vec<usize> = requests.iter().map(|r| rest_len(r, 0)).collect();
         let mut passes = Vec::new();
-        // Each request's first row in the flattened outputs.
-        let mut at = vec![0; requests.len()];
-        let mut offset = 0;
-        for rows in passes_by_length(&lens, overhead) {
-            let len = rows.iter().map(|&i| lens[i]).max().unwrap_or(1);
-            let mut ids = vec![0i64; rows.len() * len];
-            for (row, &i) in rows.iter().enumerate() {
-                for (j, t) in rest(&requests[i], 0).enumerate() {
-                    ids[row * len + j] = t as i64;
-                }
-                at[i] = offset + row * len;
-            }
-            offset += rows.len() * len;
-            passes.push(Pass { ids, rows: rows.len(), len, continues: false });
-        }
-        // Response token j is predicted at position |prompt| − 1 + j of its row.
-        let select = (requests.iter().zip(&at))
-            .flat_map(|((prompt, response), &first)| {
-                (0..response.len()).map(move |j| (first + prompt.len() - 1 + j) as i64)
-            })
-            .collect();
-        Passes { passes, select }
+        let everyone: Vec<usize> = (0..requests.len()).collect();
+        let rows = Self::push_rests(&mut passes, requests, &everyone, 0, overhead, &mut 0);
+        let at: Vec<Rows> = rows.into_iter().map(|own| Rows { prefix: 0, first: 0, own }).collect();
+        Passes { passes, select: response_rows(requests, &at) }
     }
 
     /// Per group, the shared prefix as one row, then each request's rest (the remainder of its
@@ -240,9 +244,7 @@ impl Passes {
     /// (none for requests with no rest: identical prompts with single-token responses).
     fn shared(requests: &[(Vec<u32>, Vec<u32>)], groups: &PromptGroups, overhead: usize) -> Self {
         let mut passes = Vec::new();
-        // Where each request's rows are in the flattened outputs: its group's prefix length,
-        // the prefix pass's first row and its own first row in its rest pass.
-        let mut at = vec![(0, 0, 0); requests.len()];
+        let mut at = vec![Rows { prefix: 0, first: 0, own: 0 }; requests.len()];
         let mut offset = 0;
         for g in &groups.groups {
             let p = g.prefix;
@@ -250,34 +252,43 @@ impl Passes {
             passes.push(Pass { ids: prefix.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
             let first = offset;
             offset += p;
-            let rests: Vec<usize> = g.members.iter().map(|&i| rest_len(&requests[i], p)).collect();
-            for rows in passes_by_length(&rests, overhead) {
-                let n = rows.iter().map(|&k| rests[k]).max().unwrap_or(0);
-                let mut ids = vec![0i64; rows.len() * n];
-                for (row, &k) in rows.iter().enumerate() {
-                    let i = g.members[k];
-                    for (j, t) in rest(&requests[i], p).enumerate() {
-                        ids[row * n + j] = t as i64;
-                    }
-                    at[i] = (p, first, offset + row * n);
-                }
-                offset += rows.len() * n;
-                if n > 0 {
-                    passes.push(Pass { ids, rows: rows.len(), len: n, continues: true });
-                }
+            let rows = Self::push_rests(&mut passes, requests, &g.members, p, overhead, &mut offset);
+            for (&i, own) in g.members.iter().zip(rows) {
+                at[i] = Rows { prefix: p, first, own };
             }
         }
-        let mut select = Vec::new();
-        for (i, (prompt, response)) in requests.iter().enumerate() {
-            let (p, first, own) = at[i];
-            // Response token j is predicted at position |prompt| − 1 + j: in the prefix pass
-            // only for the first token after a prompt that is all prefix.
-            select.extend((0..response.len()).map(|j| {
-                let q = prompt.len() - 1 + j;
-                (if q < p { first + q } else { own + q - p }) as i64
-            }));
+        Passes { passes, select: response_rows(requests, &at) }
+    }
+
+    /// Pushes the rests past `prefix` tokens of `members` (request indices) as passes of like
+    /// lengths, continuing the prompt pass before them when `prefix` is not 0 (none for rests
+    /// of no token), and returns each member's first row in the flattened outputs, counted from
+    /// `offset`, which moves past them.
+    fn push_rests(
+        passes: &mut Vec<Pass>,
+        requests: &[(Vec<u32>, Vec<u32>)],
+        members: &[usize],
+        prefix: usize,
+        overhead: usize,
+        offset: &mut usize,
+    ) -> Vec<usize> {
+        let rests: Vec<usize> = members.iter().map(|&i| rest_len(&requests[i], prefix)).collect();
+        let mut first_rows = vec![0; members.len()];
+        for rows in passes_by_length(&rests, overhead) {
+            let n = rows.iter().map(|&k| rests[k]).max().unwrap_or(0);
+            let mut ids = vec![0i64; rows.len() * n];
+            for (row, &k) in rows.iter().enumerate() {
+                for (j, t) in rest(&requests[members[k]], prefix).enumerate() {
+                    ids[row * n + j] = t as i64;
+                }
+                first_rows[k] = *offset + row * n;
+            }
+            *offset += rows.len() * n;
+            if n > 0 {
+                passes.push(Pass { ids, rows: rows.len(), len: n, continues: prefix > 0 });
+            }
         }
-        Passes { passes, select }
+        first_rows
     }
 
     /// Each pass's positions and mask (a continuing pass starts after its prompt pass).

@@ -128,9 +128,9 @@ mod tests {
     use crate::generate::score::dense_hidden;
     use crate::model::weights::{small_random_model, weighted_head_loss};
 
-    /// Distinct prompts (dense passes: one, or one a length), and groups that share prompts: interleaved, with
-    /// responses of one token, none, a prompt that extends a group's prompt, and a
-    /// group whose responses are all empty (its prompt pass feeds no row the head reads).
+    /// Distinct prompts (dense passes: one, or one a length), and groups that share prompts:
+    /// interleaved, with responses of one token, none, a prompt that extends a group's prompt,
+    /// and a group whose responses are all empty (its prompt pass feeds no row the head reads).
     fn request_sets() -> [Vec<(Vec<u32>, Vec<u32>)>; 2] {
         let (a, b, c) = (vec![3, 9, 4, 12, 7], vec![11, 5], vec![2, 8, 14]);
         [

@@ -153,8 +153,10 @@ impl SharedPrompts {
 /// The run settings the footprint depends on.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Workload {
-    /// Sequences per forward/backward pass (`algo.micro_batch_sequences`).
+    /// Sequences per forward/backward pass (`algo.micro_batch_sequences`) …
     pub micro_batch: usize,
+    /// … unless a token budget cuts them (`algo.micro_batch_tokens`; 0: none).
+    pub micro_tokens: usize,
     /// The longest training sequence: prompt (own or another policy's, re-rendered) + response.
     pub train_len: usize,
     /// How the sequences share prompts.
@@ -197,10 +199,23 @@ impl Workload {
         // this template, its response re-tokenised (rarely more than twice as many tokens;
         // `max_response_tokens` caps it).
         let algorithm = crate::rl::registry::build::<crate::backend::Cpu>(&cfg.algo.name, &cfg.algo.settings())?;
+        let micro_tokens = cfg.algo.micro_batch_tokens;
         let group_size = algorithm.shape(cfg.requested_shape())?.group_size.max(1);
         let shares = cfg.policies.len() > 1 && algorithm.routing() == crate::rl::algorithm::Routing::Shared;
         let cross = (r.cross_max_prompt_tokens, r.max_response_tokens.min(2 * r.max_new_tokens));
         let (prompt, response) = if shares { (own.0.max(cross.0), own.1.max(cross.1)) } else { own };
+        // A budget below one sequence would run every sequence alone, above the budget: most
+        // likely a number of sequences written in the wrong key.
+        if micro_tokens > 0 && micro_tokens < prompt + response {
+            return Err(Error::config(
+                "training config",
+                format!(
+                    "algo.micro_batch_tokens: {micro_tokens} tokens hold no whole sequence of this run (up to {} tokens: {prompt} of prompt and {response} of response); set {} or more, or 0 to cut micro-batches by algo.micro_batch_sequences",
+                    prompt + response,
+                    prompt + response
+                ),
+            ));
+        }
         // The exchange's samples come in whole groups of one prompt, a policy's groups one
         // after another, and a learner's mini-batch takes its own, then the others'
         // (`trainer::routing`); the other workloads' prompts are counted one per sequence.
@@ -210,6 +225,7 @@ impl Workload {
         };
         Ok(Workload {
             micro_batch: cfg.algo.micro_batch_sequences.max(1),
+            micro_tokens,
             train_len: prompt + response,
             shared,
             group_size,
@@ -222,6 +238,48 @@ impl Workload {
             compute: cfg.algo.compute_dtype,
             value_model: algorithm.value_model().is_some_and(|v| v.own_trunk),
         })
+    }
+}
+
+impl Workload {
+    /// The leanest settings that keep the update: micro-batches of one sequence (a budget of
+    /// one sequence's tokens), recomputation, one prompt per rollout batch.
+    fn leanest(self) -> Workload {
+        let micro_tokens = if self.micro_tokens > 0 { self.train_len } else { 0 };
+        Workload { micro_batch: 1, micro_tokens, checkpointing: true, rollout_sequences: self.group_size, ..self }
+    }
+
+    /// The micro-batch's bound as a setting: the token budget if one is set, else sequences.
+    fn micro(&self) -> (&'static str, usize) {
+        match self.micro_tokens {
+            0 => ("algo.micro_batch_sequences", self.micro_batch),
+            budget => ("algo.micro_batch_tokens", budget),
+        }
+    }
+
+    /// This workload with its micro-batch's bound (of [`Self::micro`]'s kind) at `n`.
+    fn with_micro(self, n: usize) -> Workload {
+        match self.micro_tokens {
+            0 => Workload { micro_batch: n, ..self },
+            _ => Workload { micro_tokens: n, ..self },
+        }
+    }
+
+    /// The micro-batch bounds to try, largest first, down to one sequence: halvings of a
+    /// number of sequences; a budget by eighths (so the one chosen is within an eighth of the
+    /// largest that fits), in multiples of 64 tokens, and one sequence's tokens last.
+    fn smaller_micro_batches(&self) -> Vec<usize> {
+        let (_, from) = self.micro();
+        if self.micro_tokens == 0 {
+            return std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2)).collect();
+        }
+        let least = self.train_len.max(1);
+        let mut out: Vec<usize> =
+            std::iter::successors(Some(from), |&b| Some(b * 7 / 8 / 64 * 64).filter(|&next| next > least)).collect();
+        if out.last().is_some_and(|&b| b > least) {
+            out.push(least);
+        }
+        out
     }
 }
 
@@ -258,6 +316,9 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     let per_token = 2 * (4 * d + 5 * q + 5 * kv + qk_norm + 5 * f);
     let per_token_layer = per_token + 2 * heads * t;
     let pass = TrainPass::of(w);
+    // Every token of a micro-batch's sequences, each prompt counted per sequence (under a
+    // budget, the budget's).
+    let update_tokens = if w.micro_tokens > 0 { pass.tokens } else { seqs * t };
     let per_layer = pass.tokens * per_token + 2 * heads * pass.query_keys + pass.fanned_out * 4 * kv;
     // With gradient checkpointing (recompute.rs): every layer's input, and one layer's worth
     // while that layer is recomputed.
@@ -317,7 +378,7 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
         // The value model reads the same sequences without a checkpointed trunk and without
         // the log-prob op's logits (`trainer::update`).
         critic: clamp(if w.value_model { 3 * trained } else { 0 }),
-        critic_update: clamp(if w.value_model { trained + seqs * t * layers * per_token_layer * F32W } else { 0 }),
+        critic_update: clamp(if w.value_model { trained + update_tokens * layers * per_token_layer * F32W } else { 0 }),
         offloaded: false,
         pass_gradients: clamp(if w.checkpointing { trained.min((vocab * d + head_or_layer) * F32W) } else { trained }),
         step: clamp(6 * largest.min(trained / F32W) * F32W + if w.value_model { trained } else { 0 }),
@@ -347,6 +408,13 @@ struct TrainPass {
 impl TrainPass {
     fn of(w: &Workload) -> Self {
         let (t, seqs) = (w.train_len as u128, w.micro_batch as u128);
+        if w.micro_tokens > 0 {
+            // The budget bounds tokens and fanned-out slots together, and a fanned-out slot
+            // (a key and a value, and their gradients) keeps less than a token does: all of it
+            // tokens is the most. A sequence above the budget runs alone.
+            let tokens = (w.micro_tokens as u128).max(t);
+            return TrainPass { tokens, query_keys: tokens * t, fanned_out: 0 };
+        }
         let prompts = w.shared.prompts_among(w.micro_batch) as u128;
         if prompts >= seqs {
             return TrainPass { tokens: seqs * t, query_keys: seqs * t * t, fanned_out: 0 };
@@ -571,8 +639,9 @@ impl MemoryPlan {
             chose.push(format!("rollout.batch_prompts = {prompts} (was {})", cfg.rollout.batch_prompts));
             how.push("prompts sampled in smaller batches (other random draws, as with another seed)".to_string());
         }
-        if micro_batch != w.micro_batch {
-            chose.push(format!("algo.micro_batch_sequences = {micro_batch} (was {})", w.micro_batch));
+        let (key, was) = w.micro();
+        if micro_batch != was {
+            chose.push(format!("{key} = {micro_batch} (was {was})"));
             how.push("gradients accumulated over smaller micro-batches".to_string());
         }
         if checkpointing != w.checkpointing {
@@ -606,7 +675,9 @@ impl MemoryPlan {
             how.join(" and ")
         );
         let mut fitted = cfg.clone();
-        (fitted.algo.micro_batch_sequences, fitted.algo.gradient_checkpointing) = (micro_batch, checkpointing);
+        let micro = plan.workload;
+        (fitted.algo.micro_batch_sequences, fitted.algo.micro_batch_tokens) = (micro.micro_batch, micro.micro_tokens);
+        fitted.algo.gradient_checkpointing = checkpointing;
         fitted.rollout.batch_prompts = prompts;
         for p in &newly {
             fitted.policies[p.index].offload = true;
@@ -614,22 +685,24 @@ impl MemoryPlan {
         Some((fitted, plan, line))
     }
 
-    /// The largest rollout batch, then micro-batch, without then with checkpointing, that
-    /// fit every device: (prompts per rollout batch, micro-batch, checkpointing, the plan).
+    /// The largest rollout batch, then micro-batch (sequences, or a token budget when one is
+    /// set), without then with checkpointing, that fit every device: (prompts per rollout
+    /// batch, the micro-batch's bound, checkpointing, the plan).
     fn leanest_fit(&self, cfg: &TrainConfig) -> Option<(usize, usize, bool, MemoryPlan)> {
         let w = self.workload;
         let group = w.group_size;
         let halvings = |from: usize| std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2));
         let checkpointing = if w.checkpointing { vec![true] } else { vec![false, true] };
+        let micro = w.smaller_micro_batches();
         // The rollout and the update never hold their memory at the same time (the peak is the
         // larger of the two), so each keeps what it can.
         let candidates = halvings(cfg.rollout.batch_prompts.max(1)).flat_map(|prompts| {
-            let halvings = halvings(w.micro_batch);
-            checkpointing.iter().flat_map(move |&ckpt| halvings.clone().map(move |m| (prompts, m, ckpt)))
+            let micro = &micro;
+            checkpointing.iter().flat_map(move |&ckpt| micro.iter().map(move |&m| (prompts, m, ckpt)))
         });
         candidates
             .map(|(prompts, m, ckpt)| {
-                let lean = Workload { micro_batch: m, checkpointing: ckpt, rollout_sequences: prompts * group, ..w };
+                let lean = Workload { checkpointing: ckpt, rollout_sequences: prompts * group, ..w.with_micro(m) };
                 (prompts, m, ckpt, self.under(lean))
             })
             .find(|(.., plan)| plan.fits())
@@ -639,12 +712,7 @@ impl MemoryPlan {
     /// settings that keep the update (micro-batch 1, checkpointing, one prompt per rollout
     /// batch); None when there is none.
     fn offloading_what_fits_no_other_way(&self) -> Option<MemoryPlan> {
-        let leanest = Workload {
-            micro_batch: 1,
-            checkpointing: true,
-            rollout_sequences: self.workload.group_size,
-            ..self.workload
-        };
+        let leanest = self.workload.leanest();
         let offloaded = self.under(leanest).offloading_where_it_does_not_fit()?;
         let mut plan = self.clone();
         for (p, o) in plan.policies.iter_mut().zip(&offloaded.policies) {
@@ -677,12 +745,7 @@ impl MemoryPlan {
             return Ok(());
         }
         // What hacpo would choose by itself (`MemoryPlan::fitted`) at its leanest.
-        let leanest = self.under(Workload {
-            micro_batch: 1,
-            checkpointing: true,
-            rollout_sequences: self.workload.group_size,
-            ..self.workload
-        });
+        let leanest = self.under(self.workload.leanest());
         let mut msg = String::new();
         for d in failing {
             msg.push_str(&self.device_report(cfg, d, &leanest));
@@ -794,8 +857,11 @@ impl MemoryPlan {
             .collect();
         // Each change alone, then all of them together.
         let mut changes: Vec<(String, Change)> = Vec::new();
-        if w.micro_batch > 1 {
-            changes.push(("--set algo.micro_batch_sequences=1".into(), Box::new(|w| w.micro_batch = 1)));
+        let least = *w.smaller_micro_batches().last().expect("the setting at least");
+        if let (key, n) = w.micro()
+            && n > least
+        {
+            changes.push((format!("--set {key}={least}"), Box::new(move |w| *w = w.with_micro(least))));
         }
         if cfg.rollout.max_new_tokens > 1 {
             // Halved responses, also where another policy's are re-tokenised.
@@ -887,13 +953,19 @@ impl fmt::Display for MemoryPlan {
         let w = &self.workload;
         writeln!(
             f,
-            "memory plan ({} matmuls; micro-batch {} × {} tokens{}{}; rollout {} × {}+{} tokens{}):",
+            "memory plan ({} matmuls; {}{}; rollout {} × {}+{} tokens{}):",
             w.compute.name(),
-            w.micro_batch,
-            w.train_len,
-            match w.shared.prompts_among(w.micro_batch) {
-                p if p < w.micro_batch => format!(" (at most {p} prompts, each run once)"),
-                _ => String::new(),
+            match w.micro_tokens {
+                0 => format!(
+                    "micro-batch {} × {} tokens{}",
+                    w.micro_batch,
+                    w.train_len,
+                    match w.shared.prompts_among(w.micro_batch) {
+                        p if p < w.micro_batch => format!(" (at most {p} prompts, each run once)"),
+                        _ => String::new(),
+                    }
+                ),
+                budget => format!("micro-batches of {budget} token slots, sequences up to {} tokens", w.train_len),
             },
             if w.checkpointing { ", gradient checkpointing" } else { "" },
             w.rollout_sequences,
@@ -995,6 +1067,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
     let context = shape.max_position_embeddings;
     let generating = Workload {
         micro_batch: 0,
+        micro_tokens: 0,
         train_len: 0,
         shared: SharedPrompts::NONE,
         group_size: 1,
@@ -1023,6 +1096,7 @@ pub fn check_command(target: &CommandTarget<'_>, load: CommandLoad, ways: &[Stri
             shape,
             &Workload {
                 micro_batch: load.train_sequences,
+                micro_tokens: 0,
                 train_len: load.train_len,
                 shared: SharedPrompts::NONE,
                 group_size: 1,
@@ -1181,6 +1255,7 @@ mod tests {
     fn workload(train_len: usize, reference: bool) -> Workload {
         Workload {
             micro_batch: 1,
+            micro_tokens: 0,
             train_len,
             shared: SharedPrompts::NONE,
             group_size: 1,
@@ -1681,5 +1756,70 @@ mod tests {
         assert_eq!((doubled.group_size, doubled.rollout_sequences, doubled.shared.group), (8, 24, 8));
         assert_eq!(doubled, twice);
         assert_eq!(workload("gspo", 4).rollout_sequences, 12);
+    }
+
+    /// A token budget of m sequences' tokens plans the activations of m whole sequences of the
+    /// longest length (sharing prompts or not: the budget counts each prompt once already), a
+    /// budget below one sequence plans one sequence, and a budget too small for any sequence
+    /// of the run is refused with the smallest that holds one.
+    #[test]
+    fn a_token_budget_plans_its_tokens_whatever_the_lengths() {
+        let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
+        let activations = |w: Workload| footprint(&shape, &w, None, FrozenDtype::F32).activations;
+        let w = workload(1024, true);
+        let rows = |m: usize| activations(Workload { micro_batch: m, ..w });
+        let budget = |tokens: usize| activations(Workload { micro_tokens: tokens, ..w });
+        assert_eq!(budget(4 * 1024), rows(4));
+        assert_eq!(budget(100), rows(1));
+        assert!(budget(3 * 1024) > rows(2) && budget(3 * 1024) < rows(4));
+        let group = SharedPrompts { group: 8, runs: 1, prompt: 512 };
+        let shared = |m: usize, tokens: usize| {
+            activations(Workload { micro_batch: m, micro_tokens: tokens, shared: group, ..w })
+        };
+        assert!(shared(4, 0) < rows(4) && shared(4, 4 * 1024) == rows(4));
+        let mut cfg = TrainConfig::from_toml(crate::config::EMBEDDED_DEFAULT, "default", &[]).unwrap();
+        let longest = Workload::of(&cfg).unwrap().train_len;
+        cfg.algo.micro_batch_tokens = longest;
+        assert_eq!(Workload::of(&cfg).unwrap().micro_tokens, longest);
+        cfg.algo.micro_batch_tokens = 8;
+        let err = Workload::of(&cfg).unwrap_err().to_string();
+        assert!(
+            err.contains(&format!(
+                "algo.micro_batch_tokens: 8 tokens hold no whole sequence of this run (up to {longest} tokens"
+            )),
+            "{err}"
+        );
+        assert!(err.contains(&format!("set {longest} or more, or 0")), "{err}");
+    }
+
+    /// Under a token budget the fit takes the largest budget that fits to within an eighth,
+    /// down to one sequence's tokens, and says so; the ways out name the budget of one sequence.
+    #[test]
+    fn fitting_shrinks_a_token_budget() {
+        let mut cfg = qwen_lora_on_one_gpu();
+        let longest = Workload::of(&cfg).unwrap().train_len;
+        cfg.algo.micro_batch_tokens = 8 * longest;
+        let need = |tokens: usize, ckpt: bool| {
+            let mut c = cfg.clone();
+            (c.algo.micro_batch_tokens, c.algo.gradient_checkpointing) = (tokens, ckpt);
+            MemoryPlan::of(&c, Some(1), &[true]).unwrap().devices[0].need
+        };
+        let fit = |have: u64| MemoryPlan::of(&cfg, Some(have), &[true]).unwrap().fitted(&cfg);
+        let have = need(2 * longest, false);
+        let (fitted, plan, why) = fit(have).unwrap();
+        let budget = fitted.algo.micro_batch_tokens;
+        assert!(plan.fits() && !fitted.algo.gradient_checkpointing, "{why}");
+        assert!(budget <= 2 * longest && budget * 8 >= 2 * longest * 7 - 8 * 64, "{budget}: {why}");
+        assert!(need(budget, false) <= have && budget % 64 == 0, "{budget}: {why}");
+        assert_eq!(fitted.algo.micro_batch_sequences, cfg.algo.micro_batch_sequences);
+        assert!(why.contains(&format!("chose algo.micro_batch_tokens = {budget} (was {})", 8 * longest)), "{why}");
+        // Where no budget fits without recomputation: recomputation, and a budget that fits.
+        let have = need(longest, true);
+        assert!(need(longest, false) > have);
+        let (fitted, _, why) = fit(have).unwrap();
+        let budget = fitted.algo.micro_batch_tokens;
+        assert!(fitted.algo.gradient_checkpointing && need(budget, true) <= have, "{why}");
+        let err = MemoryPlan::of(&cfg, Some(need(longest, true) / 2), &[true]).unwrap().check(&cfg).unwrap_err();
+        assert!(err.to_string().contains(&format!("--set algo.micro_batch_tokens={longest}")), "{err}");
     }
 }

@@ -218,3 +218,34 @@ fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "1GB", "--skip-memory-check"], dir.path());
     assert!(text(&out.stdout).contains("micro-batch 64 × 352 tokens"), "{}", text(&out.stdout));
 }
+
+/// A token budget (`algo.micro_batch_tokens`) trains; a run that does not fit gets the largest
+/// budget that does (to an eighth), says so and records it; a budget that holds no whole
+/// sequence of the run is refused before anything loads, with the least that does.
+#[test]
+fn a_token_budget_trains_and_shrinks_to_fit() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let budget = ["--set", "algo.micro_batch_tokens=22528"];
+    let args = ["train", "--device-memory", "1GB", "--steps", "1", "--set", "task.val_every=0", "--out"];
+    let out = hacpo_offline(&[&args[..], &[run.to_str().unwrap()], &budget].concat(), dir.path());
+    let stderr = text(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("chose algo.micro_batch_tokens = ") && stderr.contains(" (was 22528)"), "{stderr}");
+    let config = std::fs::read_to_string(run.join("config.toml")).unwrap();
+    let chosen: usize = config
+        .lines()
+        .find_map(|l| l.strip_prefix("micro_batch_tokens = "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no budget recorded:\n{config}"));
+    assert!((352..22528).contains(&chosen), "{chosen}");
+    assert!(std::fs::read_to_string(run.join("metrics.jsonl")).unwrap().lines().count() >= 1);
+    let out = hacpo_offline(&["train", "--dry-run", "--set", "algo.micro_batch_tokens=100"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("algo.micro_batch_tokens: 100 tokens hold no whole sequence of this run (up to 352 tokens"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("set 352 or more, or 0 to cut micro-batches by algo.micro_batch_sequences"), "{stderr}");
+}

@@ -9,11 +9,13 @@ use std::path::Path;
 use hacpo::backend::{Cpu, CpuAutodiff};
 use hacpo::generate::FinishReason;
 use hacpo::generate::score::score;
+use hacpo::generate::shared_prompt::slots;
 use hacpo::policy::Policy;
 use hacpo::rl::{Routing, registry};
 use hacpo::sample::{GroupKey, Sample};
 use hacpo::tokenizer::Message;
 use hacpo::train::optim::{AdamWConfig, LrSchedule};
+use hacpo::trainer::micro_batches::MicroBatching::{self, Sequences, Tokens};
 use hacpo::trainer::routing::{route, views};
 use hacpo::trainer::update::{LearnerBatch, UpdateSettings, update_policy};
 
@@ -65,12 +67,12 @@ fn sample(policy: &Policy<Cpu>, group: &str, text: &str, sample_index: usize) ->
 
 /// One update of one mini-batch at temperature 1, no clipping to speak of, old log-probs from
 /// the scoring stage.
-fn update_settings(micro_batch_sequences: usize, gradient_checkpointing: bool, kl_coef: f64) -> UpdateSettings {
+fn update_settings(micro_batches: MicroBatching, gradient_checkpointing: bool, kl_coef: f64) -> UpdateSettings {
     UpdateSettings {
         step: 1,
         total_updates: 1,
         minibatches: 1,
-        micro_batch_sequences,
+        micro_batches,
         gradient_checkpointing,
         inv_temperature: 1.0,
         kl_coef,
@@ -110,10 +112,10 @@ fn views_reuse_own_ids_and_retokenise_other_policies_samples() {
     assert_eq!(short[0].prompt_ids, v[1].prompt_ids[v[1].prompt_ids.len() - 3..].to_vec());
 }
 
-/// Splitting a mini-batch into micro-batches must not change the update: the losses add up
-/// and the accumulated gradient (its norm) is the one-pass gradient, for the sequence-level
-/// (HACPO with cross samples), token-level (GRPO) and constant-length (Dr. GRPO) losses, with
-/// the KL term on.
+/// Splitting a mini-batch into micro-batches, of sequences or by a token budget, must not
+/// change the update: the losses add up and the accumulated gradient (its norm) is the one-pass
+/// gradient, for the sequence-level (HACPO with cross samples), token-level (GRPO) and
+/// constant-length (Dr. GRPO) losses, with the KL term on.
 #[test]
 fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
     let (q, l) = (common::tiny_agent("qwen3", "qwen3", 32, 1), common::tiny_agent("llama3.1", "llama", 40, 2));
@@ -140,9 +142,22 @@ fn micro_batches_and_gradient_checkpointing_give_the_one_pass_update() {
         let refs: Vec<Option<Vec<f32>>> =
             samples.iter().map(|s| (s.policy == 0).then(|| s.token_logps.iter().map(|x| x - 0.3).collect())).collect();
         let mut metrics = Vec::new();
-        // One pass, micro-batches, and both again with gradient checkpointing.
-        let whole = routed.indices.len();
-        for (micro, checkpointing) in [(whole, false), (3, false), (1, false), (whole, true), (3, true)] {
+        // One pass, micro-batches, and both again with gradient checkpointing; a token budget
+        // of a third of the mini-batch's slots (micro-batches of several sequences), and of
+        // one token (every sequence alone).
+        let whole = Sequences(routed.indices.len());
+        let v = views(&base, &samples, &routed.indices, 512, 64).unwrap();
+        let sequence = |j: usize| (v[j].prompt_ids.as_slice(), v[j].response_ids.as_slice());
+        let positions: Vec<usize> = (0..v.len()).collect();
+        let third = Tokens(
+            slots(&positions.iter().map(|&j| (v[j].prompt_ids.clone(), v[j].response_ids.clone())).collect::<Vec<_>>())
+                / 3,
+        );
+        let cut = third.cut(&positions, sequence);
+        assert!(cut.len() > 2 && cut.iter().any(|m| m.len() > 1), "{name}: {cut:?}");
+        let budgets = [(third, false), (Tokens(1), false), (third, true)];
+        let cuts = [(whole, false), (Sequences(3), false), (Sequences(1), false), (whole, true), (Sequences(3), true)];
+        for (micro, checkpointing) in cuts.into_iter().chain(budgets) {
             let mut p = policy(0, q.path());
             let batch = LearnerBatch {
                 indices: routed.indices.clone(),
@@ -194,7 +209,7 @@ fn old_log_probs_from_the_update_pass_give_the_separately_scored_update() {
         let routed = route(&samples, 0, Routing::Own);
         let advantages = algo.advantages(&routed.pool, 0).unwrap();
         assert!(advantages.iter().any(|&a| a != 0.0), "{name}: no signal");
-        for (micro, checkpointing) in [(6, false), (4, false), (6, true)] {
+        for (micro, checkpointing) in [(Sequences(6), false), (Sequences(4), false), (Sequences(6), true)] {
             let update = |from_pass: bool| {
                 let mut p = policy(0, q.path());
                 let mut given = samples.clone();
@@ -216,7 +231,7 @@ fn old_log_probs_from_the_update_pass_give_the_separately_scored_update() {
                 let report = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap();
                 (report, score(&p.inference_model(), &requests, 1.0).unwrap())
             };
-            let case = format!("{name}, micro-batch {micro}, checkpointing {checkpointing}");
+            let case = format!("{name}, micro-batch {micro:?}, checkpointing {checkpointing}");
             let ((scored, scored_after), (pass, pass_after)) = (update(false), update(true));
             assert!(scored.old_logps.is_empty(), "{case}");
             // Every own sample's, in the order the micro-batches ran them.
@@ -272,7 +287,7 @@ fn environment_tokens_between_turns_stay_out_of_the_loss() {
             ref_logps: &no_reference,
             tokens: None,
         };
-        let settings = update_settings(2, false, 0.0);
+        let settings = update_settings(Sequences(2), false, 0.0);
         let metrics = update_policy(&mut p, algo.as_ref(), &batch, &settings).unwrap().metrics;
         let after =
             score(&p.inference_model(), &[(samples[0].prompt_ids.clone(), samples[0].response_ids.clone())], 1.0)

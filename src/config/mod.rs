@@ -78,6 +78,12 @@ pub struct AlgoConfig {
     pub minibatch_prompts: usize,
     /// Sequences per forward/backward pass (gradient accumulation within a mini-batch).
     pub micro_batch_sequences: usize,
+    /// A token budget per forward/backward pass instead (verl's dynamic batch size; 0: off,
+    /// `micro_batch_sequences` cuts them): as many sequences as fit in this many token slots
+    /// (tokens run, padding included, and prompt slots fanned out to responses; a longer
+    /// sequence runs alone). Memory is the budget's whatever the lengths; short responses run
+    /// many to a pass. Also the scoring stage's batches. Gradients are unchanged.
+    pub micro_batch_tokens: usize,
     /// Recompute each decoder layer in the backward pass instead of keeping its activations
     /// (gradient checkpointing): activations of one layer instead of all, for a third more
     /// compute. Gradients are unchanged.
@@ -132,6 +138,7 @@ impl Default for AlgoConfig {
             prompts_per_step: 128,
             minibatch_prompts: 64,
             micro_batch_sequences: 8,
+            micro_batch_tokens: 0,
             gradient_checkpointing: false,
             score_old_separately: false,
             grad_clip: 1.0,

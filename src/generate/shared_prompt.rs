@@ -183,6 +183,15 @@ fn passes_by_length(lens: &[usize], overhead: usize) -> Vec<Vec<usize>> {
     cuts
 }
 
+/// The token slots (see [`Passes::slots`]) of `requests` run as [`Passes::of`] plans them;
+/// with an empty prompt among them (which scoring refuses), every request's tokens.
+pub fn slots(requests: &[(Vec<u32>, Vec<u32>)]) -> usize {
+    match requests.is_empty() || requests.iter().any(|(p, _)| p.is_empty()) {
+        true => requests.iter().map(|(p, r)| p.len() + r.len()).sum(),
+        false => Passes::of(requests).slots(),
+    }
+}
+
 /// Where a request's rows are in a plan's flattened outputs: its prefix's length (0 for a
 /// request run whole), the prefix pass's first row, and its own first row in its rest pass.
 #[derive(Clone, Copy)]
@@ -289,6 +298,23 @@ impl Passes {
             }
         }
         first_rows
+    }
+
+    /// What the passes hold per layer, in token slots: every token they run, padding
+    /// included, and for each continuing pass a copy of its prompt's keys and values, a slot
+    /// per prompt token and row. A training micro-batch's activations grow with it (the
+    /// budget of `algo.micro_batch_tokens`).
+    pub fn slots(&self) -> usize {
+        let mut prompt = 0;
+        let mut slots = 0;
+        for pass in &self.passes {
+            match pass.continues {
+                true => slots += pass.rows * prompt,
+                false => prompt = pass.len,
+            }
+            slots += pass.rows * pass.len;
+        }
+        slots
     }
 
     /// Each pass's positions and mask (a continuing pass starts after its prompt pass).

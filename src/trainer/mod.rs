@@ -13,6 +13,7 @@
 //! cursor, the algorithm's state and the optimizer moments are part of the checkpoint.
 
 mod gather;
+pub mod micro_batches;
 pub mod routing;
 pub mod scoring;
 pub mod signal;
@@ -620,7 +621,7 @@ impl<B: Backend> Trainer<B> {
             samples,
             &scoring::ScoreSettings {
                 step,
-                batch: self.config.algo.micro_batch_sequences,
+                micro_batches: micro_batches::MicroBatching::of(&self.config.algo),
                 temperature: self.config.rollout.temperature,
                 old: !self.old_logps_in_update(),
                 with_reference: self.config.algo.kl_coef > 0.0,
@@ -693,7 +694,7 @@ impl<B: Backend> Trainer<B> {
             step,
             total_updates: self.total_steps * self.updates_per_step(),
             minibatches: self.updates_per_step() as usize,
-            micro_batch_sequences: a.micro_batch_sequences,
+            micro_batches: micro_batches::MicroBatching::of(a),
             gradient_checkpointing: a.gradient_checkpointing,
             inv_temperature: 1.0 / self.config.rollout.temperature.max(1e-6),
             kl_coef: a.kl_coef,

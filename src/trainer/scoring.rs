@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use burn::tensor::backend::Backend;
 
+use super::micro_batches::MicroBatching;
 use crate::error::{Error, Result};
 use crate::generate::score::{read_responses, score, score_and_read};
 use crate::model::CausalLm;
@@ -17,8 +18,8 @@ use crate::train::critic::ValueHead;
 /// Settings of the scoring stage.
 pub struct ScoreSettings {
     pub step: u64,
-    /// Sequences per forward pass.
-    pub batch: usize,
+    /// What bounds a forward pass (the update's micro-batches).
+    pub micro_batches: MicroBatching,
     pub temperature: f32,
     /// Score the old policy (not when the update's own pass gives its log-probs).
     pub old: bool,
@@ -68,7 +69,7 @@ pub fn score_samples<B: Backend>(
     Ok(out)
 }
 
-/// One policy's own samples, scored in batches in step order.
+/// One policy's own samples, scored in the update's micro-batches.
 fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &ScoreSettings) -> Result<PolicyScores> {
     // Samples no policy learns from (an MHGPO tree's singletons and IS's continuations) only
     // carry rewards: nothing reads their log-probs.
@@ -80,7 +81,8 @@ fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &S
     let value_trunk = policy.critic.as_ref().and_then(|c| c.trunk.as_ref()).map(|t| t.inference_model());
     let run = |model: &CausalLm<B>, head: Option<&ValueHead>| -> Result<OwnScores> {
         let mut out = Vec::with_capacity(own.len());
-        for chunk in own.chunks(settings.batch.max(1)) {
+        let sequence = |i: usize| (samples[i].prompt_ids.as_slice(), samples[i].response_ids.as_slice());
+        for chunk in settings.micro_batches.cut(&own, sequence) {
             let requests: Vec<(Vec<u32>, Vec<u32>)> =
                 chunk.iter().map(|&i| (samples[i].prompt_ids.clone(), samples[i].response_ids.clone())).collect();
             let (logps, values) = match (head, &value_trunk) {

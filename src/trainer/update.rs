@@ -14,6 +14,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 use serde_json::json;
 
+use super::micro_batches::MicroBatching;
 use super::routing::View;
 use crate::error::{Error, Result};
 use crate::generate::score::{response_hidden, split_rows, token_logprobs_autodiff};
@@ -53,8 +54,9 @@ pub struct UpdateSettings {
     pub total_updates: u64,
     /// Optimizer updates per step (mini-batches of the routed samples, as equal as can be).
     pub minibatches: usize,
-    /// Sequences per forward/backward pass.
-    pub micro_batch_sequences: usize,
+    /// What bounds a forward/backward pass (`algo.micro_batch_sequences` or
+    /// `algo.micro_batch_tokens`).
+    pub micro_batches: MicroBatching,
     /// Recompute the trunk layer by layer in the backward pass (`algo.gradient_checkpointing`).
     pub gradient_checkpointing: bool,
     pub inv_temperature: f32,
@@ -119,12 +121,12 @@ pub fn update_policy<B: Backend>(
     let mut all_terms: Vec<SampleTerms> = Vec::new();
     for (m, mb) in minibatches.iter().enumerate() {
         let view = |j: usize| &batch.views[j];
-        let mb = &longest_first_within_prompts(mb, settings.micro_batch_sequences.max(1), |j| {
-            (view(j).prompt_ids.as_slice(), view(j).response_ids.len())
-        });
+        let micros = settings.micro_batches.cut(mb, |j| (&view(j).prompt_ids, &view(j).response_ids));
+        // The micro-batches' order is the one their read-backs come in.
+        let mb = &micros.concat();
         // The policy's own rate (`[[agents]] lr`, else `algo.optimizer.lr`) on the shared schedule.
         let lr = settings.schedule.lr(policy.optimizer.config.lr, policy.optimizer.updates, settings.total_updates);
-        let mut step = minibatch_step(policy, algo, batch, settings, m, mb)?;
+        let mut step = minibatch_step(policy, algo, batch, settings, m, &micros)?;
         report.tokens += step.tokens;
         let records = sequence_records(batch, m, mb, &step.mean_logp_target, &step.old_logps);
         let old = std::mem::take(&mut step.old_logps).into_iter();
@@ -358,25 +360,6 @@ impl<B: Backend> Detached<B> {
     }
 }
 
-/// Mini-batch positions `mb` with each run of positions that share a prompt ordered longest
-/// response first (`sequence(j)`: position j's prompt and response length), when micro-batches
-/// of `micro` sequences cut it: a micro-batch runs padded to its longest response, so it then
-/// holds responses of like lengths, and still the prompts it held (only a run's order changes;
-/// the memory plan's bound on a micro-batch's prompts counts runs).
-fn longest_first_within_prompts<'a>(
-    mb: &[usize],
-    micro: usize,
-    sequence: impl Fn(usize) -> (&'a [u32], usize),
-) -> Vec<usize> {
-    let mut order = mb.to_vec();
-    if micro < mb.len() {
-        for run in order.chunk_by_mut(|&a, &b| sequence(a).0 == sequence(b).0) {
-            run.sort_by_key(|&j| std::cmp::Reverse(sequence(j).1));
-        }
-    }
-    order
-}
-
 /// The scopes a mini-batch's losses are normalised over: all its sequences and tokens; for
 /// the KL term, its own sequences.
 fn scopes(
@@ -394,7 +377,7 @@ fn scopes(
     (scope, AggregationScope { sequences: own.max(1), ..scope })
 }
 
-/// Forward and backward over the micro-batches of mini-batch `m` (positions `mb` of the
+/// Forward and backward over the micro-batches `micros` of mini-batch `m` (positions of the
 /// routed samples), one read-back, clipping.
 fn minibatch_step<B: Backend>(
     policy: &Policy<B>,
@@ -402,17 +385,17 @@ fn minibatch_step<B: Backend>(
     batch: &LearnerBatch<'_>,
     settings: &UpdateSettings,
     m: usize,
-    mb: &[usize],
+    micros: &[Vec<usize>],
 ) -> Result<MinibatchStep<B>> {
     // The backward pass runs on `loss_scale ×` the loss (f16 compute); gradients are divided
     // back before clipping.
     let loss_scale = policy.optimizer.scaler.map_or(1.0, |s| s.scale);
-    let scopes = scopes(batch, policy.index, mb, settings.norm_length);
+    let scopes = scopes(batch, policy.index, &micros.concat(), settings.norm_length);
     let mut grads = policy.optimizer.grad_store(&policy.device);
     let mut detached = Detached::<B>::new();
     let mut critic = CriticGrads::<B>::of(policy);
     let (mut tokens, mut old_logps) = (0, Vec::new());
-    for micro in mb.chunks(settings.micro_batch_sequences.max(1)) {
+    for micro in micros {
         let pass = MicroPass { policy, algo, batch, settings, m, micro, scopes };
         let MicroLoss { loss, head, trunk, tokens: n, old } = pass.loss(&mut detached)?;
         tokens += n;
@@ -758,29 +741,4 @@ fn write_dump<B: Backend>(
     std::fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     let path = dir.join(format!("step-{step:06}-learner-{learner}-mb-{m}.json"));
     crate::error::write_atomic(&path, serde_json::to_string_pretty(&body).expect("json").as_bytes())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Runs of one prompt are ordered longest response first, each in its place; nothing moves
-    /// when one micro-batch takes the whole mini-batch.
-    #[test]
-    fn micro_batches_take_a_prompt_s_responses_longest_first() {
-        let (a, b): (&[u32], &[u32]) = (&[1, 2], &[3]);
-        // Position j: (prompt, response length).
-        let sequences = [(a, 3), (a, 9), (a, 1), (a, 9), (b, 2), (b, 5), (a, 4), (a, 7)];
-        let sequence = |j: usize| sequences[j];
-        let mb: Vec<usize> = (0..sequences.len()).collect();
-        let ordered = longest_first_within_prompts(&mb, 2, sequence);
-        assert_eq!(ordered, [1, 3, 0, 2, 5, 4, 7, 6]);
-        // Every position keeps its prompt, so a micro-batch holds the prompts it held.
-        let prompts = |order: &[usize]| order.iter().map(|&j| sequences[j].0).collect::<Vec<_>>();
-        assert_eq!(prompts(&ordered), prompts(&mb));
-        assert_eq!(longest_first_within_prompts(&mb, 8, sequence), mb);
-        // Positions in another order (an interleaved mini-batch) keep theirs between runs.
-        assert_eq!(longest_first_within_prompts(&[6, 4, 7, 5], 1, sequence), [6, 4, 7, 5]);
-        assert_eq!(longest_first_within_prompts(&[6, 7, 4, 5], 1, sequence), [7, 6, 5, 4]);
-    }
 }

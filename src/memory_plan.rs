@@ -204,13 +204,13 @@ impl Workload {
         let shares = cfg.policies.len() > 1 && algorithm.routing() == crate::rl::algorithm::Routing::Shared;
         let cross = (r.cross_max_prompt_tokens, r.max_response_tokens.min(2 * r.max_new_tokens));
         let (prompt, response) = if shares { (own.0.max(cross.0), own.1.max(cross.1)) } else { own };
-        // A budget below one sequence would run every sequence alone, above the budget: most
-        // likely a number of sequences written in the wrong key.
+        // A sequence longer than the budget runs alone, over it, and memory would no longer be
+        // the budget's (a budget that small is most likely a number of sequences).
         if micro_tokens > 0 && micro_tokens < prompt + response {
             return Err(Error::config(
                 "training config",
                 format!(
-                    "algo.micro_batch_tokens: {micro_tokens} tokens hold no whole sequence of this run (up to {} tokens: {prompt} of prompt and {response} of response); set {} or more, or 0 to cut micro-batches by algo.micro_batch_sequences",
+                    "algo.micro_batch_tokens: {micro_tokens} is below this run's longest sequence (up to {} tokens: {prompt} of prompt and {response} of response); set {} or more, or 0 to cut micro-batches by algo.micro_batch_sequences",
                     prompt + response,
                     prompt + response
                 ),
@@ -249,6 +249,14 @@ impl Workload {
         Workload { micro_batch: 1, micro_tokens, checkpointing: true, rollout_sequences: self.group_size, ..self }
     }
 
+    /// The leanest micro-batch's bound, in words.
+    fn leanest_micro_batch(&self) -> String {
+        match self.micro_tokens {
+            0 => "micro-batch 1".into(),
+            _ => format!("a token budget of one sequence ({} tokens)", self.train_len),
+        }
+    }
+
     /// The micro-batch's bound as a setting: the token budget if one is set, else sequences.
     fn micro(&self) -> (&'static str, usize) {
         match self.micro_tokens {
@@ -266,8 +274,8 @@ impl Workload {
     }
 
     /// The micro-batch bounds to try, largest first, down to one sequence: halvings of a
-    /// number of sequences; a budget by eighths (so the one chosen is within an eighth of the
-    /// largest that fits), in multiples of 64 tokens, and one sequence's tokens last.
+    /// number of sequences; a budget by eighths (so the one chosen is about an eighth of the
+    /// largest that fits at most), in multiples of 64 tokens, and one sequence's tokens last.
     fn smaller_micro_batches(&self) -> Vec<usize> {
         let (_, from) = self.micro();
         if self.micro_tokens == 0 {
@@ -275,7 +283,7 @@ impl Workload {
         }
         let least = self.train_len.max(1);
         let mut out: Vec<usize> =
-            std::iter::successors(Some(from), |&b| Some(b * 7 / 8 / 64 * 64).filter(|&next| next > least)).collect();
+            std::iter::successors(Some(from), |&b| Some((b - b / 8) / 64 * 64).filter(|&next| next > least)).collect();
         if out.last().is_some_and(|&b| b > least) {
             out.push(least);
         }
@@ -393,8 +401,15 @@ pub fn footprint(m: &ModelConfig, w: &Workload, lora: Option<&LoraConfig>, froze
     }
 }
 
+/// `text` with its first letter in upper case.
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |c| c.to_uppercase().chain(chars).collect())
+}
+
 /// What one training micro-batch runs, each group's prompt once ([`SharedPrompts`]): its
-/// prompts' passes, then every response over its prompt's keys and values.
+/// prompts' passes, then every response over its prompt's keys and values; under a token
+/// budget, at most the budget.
 struct TrainPass {
     /// Tokens that run through the layers.
     tokens: u128,
@@ -709,8 +724,7 @@ impl MemoryPlan {
     }
 
     /// This plan with the GPU policies offloaded whose devices do not fit even at the leanest
-    /// settings that keep the update (micro-batch 1, checkpointing, one prompt per rollout
-    /// batch); None when there is none.
+    /// settings that keep the update ([`Workload::leanest`]); None when there is none.
     fn offloading_what_fits_no_other_way(&self) -> Option<MemoryPlan> {
         let leanest = self.workload.leanest();
         let offloaded = self.under(leanest).offloading_where_it_does_not_fit()?;
@@ -795,8 +809,9 @@ impl MemoryPlan {
                 (false, true) => String::new(),
             };
             msg.push_str(&format!(
-                "Its weights, reference, gradients and AdamW moments alone need {}; with the last three in host memory (offload = true under its [[agents]], or --offload: the same update), micro-batch 1 with gradient checkpointing and one prompt per rollout batch needs {}{verdict}.\n",
+                "Its weights, reference, gradients and AdamW moments alone need {}; with the last three in host memory (offload = true under its [[agents]], or --offload: the same update), {} with gradient checkpointing and one prompt per rollout batch needs {}{verdict}.\n",
                 gb(state),
+                self.workload.leanest_micro_batch(),
                 gb(same),
             ));
         } else if state > have {
@@ -807,9 +822,14 @@ impl MemoryPlan {
         } else {
             let same = leanest.devices.iter().find(|x| x.device == d.device).map_or(0, |x| x.need);
             msg.push_str(&format!(
-                "Micro-batch 1 with gradient checkpointing and one prompt per rollout batch (the same run) needs {}{}.\n",
+                "{} with gradient checkpointing and one prompt per rollout batch (the same run) needs {}{}.\n",
+                capitalised(&self.workload.leanest_micro_batch()),
                 gb(same),
-                if same <= have { ", which fits: hacpo chooses such settings itself once every device fits" } else { "" }
+                if same <= have {
+                    ", which fits: hacpo chooses such settings itself once every device fits"
+                } else {
+                    ""
+                }
             ));
         }
         let mut ways: Vec<String> = self
@@ -858,9 +878,8 @@ impl MemoryPlan {
         // Each change alone, then all of them together.
         let mut changes: Vec<(String, Change)> = Vec::new();
         let least = *w.smaller_micro_batches().last().expect("the setting at least");
-        if let (key, n) = w.micro()
-            && n > least
-        {
+        let (key, n) = w.micro();
+        if n > least {
             changes.push((format!("--set {key}={least}"), Box::new(move |w| *w = w.with_micro(least))));
         }
         if cfg.rollout.max_new_tokens > 1 {
@@ -1759,9 +1778,9 @@ mod tests {
     }
 
     /// A token budget of m sequences' tokens plans the activations of m whole sequences of the
-    /// longest length (sharing prompts or not: the budget counts each prompt once already), a
-    /// budget below one sequence plans one sequence, and a budget too small for any sequence
-    /// of the run is refused with the smallest that holds one.
+    /// longest length (sharing prompts or not: a response's copy of its prompt counts in the
+    /// budget as a token would), a budget below one sequence plans one sequence, and a budget
+    /// below the run's longest sequence is refused with the least that holds it.
     #[test]
     fn a_token_budget_plans_its_tokens_whatever_the_lengths() {
         let shape = crate::model::zoo::find("qwen-1.5b").unwrap().model_config().unwrap();
@@ -1785,7 +1804,7 @@ mod tests {
         let err = Workload::of(&cfg).unwrap_err().to_string();
         assert!(
             err.contains(&format!(
-                "algo.micro_batch_tokens: 8 tokens hold no whole sequence of this run (up to {longest} tokens"
+                "algo.micro_batch_tokens: 8 is below this run's longest sequence (up to {longest} tokens"
             )),
             "{err}"
         );

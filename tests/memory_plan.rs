@@ -220,8 +220,8 @@ fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
 }
 
 /// A token budget (`algo.micro_batch_tokens`) trains; a run that does not fit gets the largest
-/// budget that does (to an eighth), says so and records it; a budget that holds no whole
-/// sequence of the run is refused before anything loads, with the least that does.
+/// budget that does (to about an eighth), says so and records it; a budget below the run's
+/// longest sequence is refused before anything loads, with the least that holds it.
 #[test]
 fn a_token_budget_trains_and_shrinks_to_fit() {
     let dir = tempfile::tempdir().unwrap();
@@ -244,7 +244,7 @@ fn a_token_budget_trains_and_shrinks_to_fit() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
     assert!(
-        stderr.contains("algo.micro_batch_tokens: 100 tokens hold no whole sequence of this run (up to 352 tokens"),
+        stderr.contains("algo.micro_batch_tokens: 100 is below this run's longest sequence (up to 352 tokens"),
         "{stderr}"
     );
     assert!(stderr.contains("set 352 or more, or 0 to cut micro-batches by algo.micro_batch_sequences"), "{stderr}");

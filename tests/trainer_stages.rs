@@ -209,7 +209,11 @@ fn old_log_probs_from_the_update_pass_give_the_separately_scored_update() {
         let routed = route(&samples, 0, Routing::Own);
         let advantages = algo.advantages(&routed.pool, 0).unwrap();
         assert!(advantages.iter().any(|&a| a != 0.0), "{name}: no signal");
-        for (micro, checkpointing) in [(Sequences(6), false), (Sequences(4), false), (Sequences(6), true)] {
+        // And micro-batches cut by a token budget of half the samples' slots.
+        let half = Tokens(slots(&requests) / 2);
+        for (micro, checkpointing) in
+            [(Sequences(6), false), (Sequences(4), false), (Sequences(6), true), (half, false)]
+        {
             let update = |from_pass: bool| {
                 let mut p = policy(0, q.path());
                 let mut given = samples.clone();

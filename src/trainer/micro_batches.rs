@@ -36,11 +36,11 @@ impl MicroBatching {
         match *self {
             MicroBatching::Sequences(n) => {
                 let n = n.max(1);
-                let order = longest_first_within_prompts(positions, n < positions.len(), |j| sequence(j));
+                let order = longest_first_within_prompts(positions, n < positions.len(), &sequence);
                 order.chunks(n).map(<[usize]>::to_vec).collect()
             }
             MicroBatching::Tokens(budget) => {
-                let order = longest_first_within_prompts(positions, true, |j| sequence(j));
+                let order = longest_first_within_prompts(positions, true, &sequence);
                 let mut cuts = Vec::new();
                 let (mut micro, mut requests) = (Vec::new(), Vec::new());
                 for j in order {
@@ -92,6 +92,15 @@ mod tests {
             .collect()
     }
 
+    /// `algo.micro_batch_tokens` decides, and 0 leaves it to `algo.micro_batch_sequences`.
+    #[test]
+    fn a_budget_set_cuts_by_tokens() {
+        let mut algo = AlgoConfig { micro_batch_sequences: 3, ..Default::default() };
+        assert_eq!(MicroBatching::of(&algo), MicroBatching::Sequences(3));
+        algo.micro_batch_tokens = 4096;
+        assert_eq!(MicroBatching::of(&algo), MicroBatching::Tokens(4096));
+    }
+
     /// Runs of one prompt are ordered longest response first, each in its place; nothing moves
     /// when one micro-batch takes the whole mini-batch.
     #[test]
@@ -104,7 +113,7 @@ mod tests {
         // Every position keeps its prompt, so a micro-batch holds the prompts it held.
         let prompts = |order: &[usize]| order.iter().map(|&j| &all[j].0).collect::<Vec<_>>();
         assert_eq!(prompts(&cut.concat()), prompts(&mb));
-        assert_eq!(MicroBatching::Sequences(8).cut(&mb, sequence), [mb.clone()]);
+        assert_eq!(MicroBatching::Sequences(8).cut(&mb, sequence), [mb.as_slice()]);
         // Positions in another order (an interleaved mini-batch) keep theirs between runs.
         assert_eq!(MicroBatching::Sequences(1).cut(&[6, 4, 7, 5], sequence).concat(), [6, 4, 7, 5]);
         assert_eq!(MicroBatching::Sequences(1).cut(&[6, 7, 4, 5], sequence).concat(), [7, 6, 5, 4]);

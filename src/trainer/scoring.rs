@@ -69,7 +69,7 @@ pub fn score_samples<B: Backend>(
     Ok(out)
 }
 
-/// One policy's own samples, scored in the update's micro-batches.
+/// One policy's own samples, scored in batches cut as the update's micro-batches are.
 fn score_policy<B: Backend>(policy: &Policy<B>, samples: &[Sample], settings: &ScoreSettings) -> Result<PolicyScores> {
     // Samples no policy learns from (an MHGPO tree's singletons and IS's continuations) only
     // carry rewards: nothing reads their log-probs.

@@ -182,6 +182,7 @@ fn run_and_check(agents: &[&Path], expected_dumps: usize) {
         "timing_s/gen",
         "timing_s/update",
         "perf/throughput",
+        "perf/micro_batches",
         "hacpo/capability",
         "hacpo/omega_mean",
         "hacpo/cross_clip_frac",

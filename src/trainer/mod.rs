@@ -750,6 +750,7 @@ impl<B: Backend> Trainer<B> {
             );
             m.insert("perf/generated_tokens".into(), generation[k].generated_tokens as f64);
             m.insert("perf/update_tokens".into(), report.tokens as f64);
+            m.insert("perf/micro_batches".into(), report.micro_batches as f64);
             m.insert(
                 "perf/throughput".into(),
                 (generation[k].generated_tokens + report.tokens) as f64 / step_s.max(1e-9),

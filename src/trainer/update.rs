@@ -80,6 +80,8 @@ pub struct UpdateReport {
     pub metrics: Metrics,
     pub update_s: f64,
     pub tokens: usize,
+    /// Forward/backward passes (micro-batches) over all its mini-batches.
+    pub micro_batches: usize,
     /// With `old_logps_from_pass`: each own sample's old log-probs (by step sample index), as
     /// the scoring stage would have left them in `token_logps`.
     pub old_logps: Vec<(usize, Vec<f32>)>,
@@ -128,6 +130,7 @@ pub fn update_policy<B: Backend>(
         let lr = settings.schedule.lr(policy.optimizer.config.lr, policy.optimizer.updates, settings.total_updates);
         let mut step = minibatch_step(policy, algo, batch, settings, m, &micros)?;
         report.tokens += step.tokens;
+        report.micro_batches += micros.len();
         let records = sequence_records(batch, m, mb, &step.mean_logp_target, &step.old_logps);
         let old = std::mem::take(&mut step.old_logps).into_iter();
         report.old_logps.extend(mb.iter().zip(old).filter_map(|(&j, lp)| Some((batch.indices[j], lp?))));

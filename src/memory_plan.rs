@@ -245,15 +245,23 @@ impl Workload {
     /// The leanest settings that keep the update: micro-batches of one sequence (a budget of
     /// one sequence's tokens), recomputation, one prompt per rollout batch.
     fn leanest(self) -> Workload {
-        let micro_tokens = if self.micro_tokens > 0 { self.train_len } else { 0 };
-        Workload { micro_batch: 1, micro_tokens, checkpointing: true, rollout_sequences: self.group_size, ..self }
+        Workload { checkpointing: true, rollout_sequences: self.group_size, ..self.with_micro(self.one_sequence()) }
+    }
+
+    /// The bound of a micro-batch of one sequence, of [`Self::micro`]'s kind: 1, or the
+    /// longest sequence's tokens.
+    fn one_sequence(&self) -> usize {
+        match self.micro_tokens {
+            0 => 1,
+            _ => self.train_len.max(1),
+        }
     }
 
     /// The leanest micro-batch's bound, in words.
     fn leanest_micro_batch(&self) -> String {
         match self.micro_tokens {
             0 => "micro-batch 1".into(),
-            _ => format!("a token budget of one sequence ({} tokens)", self.train_len),
+            _ => format!("a token budget of one sequence ({} tokens)", self.one_sequence()),
         }
     }
 
@@ -281,7 +289,7 @@ impl Workload {
         if self.micro_tokens == 0 {
             return std::iter::successors(Some(from), |&m| (m > 1).then_some(m / 2)).collect();
         }
-        let least = self.train_len.max(1);
+        let least = self.one_sequence();
         let mut out: Vec<usize> =
             std::iter::successors(Some(from), |&b| Some((b - b / 8) / 64 * 64).filter(|&next| next > least)).collect();
         if out.last().is_some_and(|&b| b > least) {
@@ -877,7 +885,7 @@ impl MemoryPlan {
             .collect();
         // Each change alone, then all of them together.
         let mut changes: Vec<(String, Change)> = Vec::new();
-        let least = *w.smaller_micro_batches().last().expect("the setting at least");
+        let least = w.one_sequence();
         let (key, n) = w.micro();
         if n > least {
             changes.push((format!("--set {key}={least}"), Box::new(move |w| *w = w.with_micro(least))));

@@ -363,20 +363,21 @@ impl<B: Backend> Detached<B> {
     }
 }
 
-/// The scopes a mini-batch's losses are normalised over: all its sequences and tokens; for
-/// the KL term, its own sequences.
+/// The scopes a mini-batch's losses are normalised over: all its sequences and tokens (over
+/// its micro-batches `micros`); for the KL term, its own sequences.
 fn scopes(
     batch: &LearnerBatch<'_>,
     learner: usize,
-    mb: &[usize],
+    micros: &[Vec<usize>],
     norm_length: usize,
 ) -> (AggregationScope, AggregationScope) {
+    let mb = || micros.iter().flatten();
     let scope = AggregationScope {
-        sequences: mb.len(),
-        tokens: mb.iter().map(|&j| batch.views[j].trained_tokens()).sum(),
+        sequences: mb().count(),
+        tokens: mb().map(|&j| batch.views[j].trained_tokens()).sum(),
         norm_length,
     };
-    let own = mb.iter().filter(|&&j| batch.pool[j].agent == learner).count();
+    let own = mb().filter(|&&j| batch.pool[j].agent == learner).count();
     (scope, AggregationScope { sequences: own.max(1), ..scope })
 }
 
@@ -393,7 +394,7 @@ fn minibatch_step<B: Backend>(
     // The backward pass runs on `loss_scale ×` the loss (f16 compute); gradients are divided
     // back before clipping.
     let loss_scale = policy.optimizer.scaler.map_or(1.0, |s| s.scale);
-    let scopes = scopes(batch, policy.index, &micros.concat(), settings.norm_length);
+    let scopes = scopes(batch, policy.index, micros, settings.norm_length);
     let mut grads = policy.optimizer.grad_store(&policy.device);
     let mut detached = Detached::<B>::new();
     let mut critic = CriticGrads::<B>::of(policy);

@@ -30,6 +30,11 @@ pub fn peak_resident_bytes() -> Option<u64> {
     proc_kib_field("/proc/self/status", "VmHWM")
 }
 
+/// The process's resident memory now in bytes (`VmRSS`); none where the kernel does not say.
+pub fn resident_bytes() -> Option<u64> {
+    proc_kib_field("/proc/self/status", "VmRSS")
+}
+
 /// A `Key:   1234 kB` field of a `/proc` file (`/proc/self/status`, `/proc/meminfo`) in bytes;
 /// none where the file or the field is absent (not Linux).
 pub fn proc_kib_field(file: &str, key: &str) -> Option<u64> {

@@ -177,7 +177,34 @@ pub fn run(args: BenchArgs) -> Result<()> {
         Err(e) if args.skip_memory_check => eprintln!("warning: --skip-memory-check: {e}"),
         other => other?,
     }
-    with_backend!(device, |B, dev| run_on::<B>(&args, compute, &dev))
+    // On the CPU the device's memory is the process's: what it held at its peak, beside the
+    // plan, shows how close the plan is on this machine.
+    let memory = (device == DeviceSpec::Cpu).then(|| MemoryReport {
+        planned: hacpo::memory_plan::command_need(&target, load).0,
+        at_start: hacpo::alloc::resident_bytes(),
+        peak: None,
+    });
+    with_backend!(device, |B, dev| run_on::<B>(&args, compute, &dev, memory))
+}
+
+/// The process's memory against the plan (the CPU only), in bytes.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+struct MemoryReport {
+    /// The memory plan's peak for this command.
+    planned: u64,
+    /// Resident before any weight was built: the plan counts what comes after.
+    at_start: Option<u64>,
+    /// The process's peak resident memory.
+    peak: Option<u64>,
+}
+
+impl MemoryReport {
+    fn line(&self) -> String {
+        let gb = hacpo::memory_plan::gb;
+        let peak = self.peak.map_or("unknown".into(), gb);
+        let start = self.at_start.map_or(String::new(), |b| format!(", {} of it before the model was built", gb(b)));
+        format!("memory: peak {peak} resident{start}; the memory plan said {}", gb(self.planned))
+    }
 }
 
 /// The shape of the model to measure, before any weight is read or built.
@@ -228,6 +255,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
     args: &BenchArgs,
     compute: ComputeDtype,
     device: &B::Device,
+    memory: Option<MemoryReport>,
 ) -> Result<()> {
     let name = model_name(args);
     // What sampling reads: the weights stored in the compute dtype.
@@ -248,10 +276,12 @@ fn run_on<B: burn::tensor::backend::Backend>(
         let trainable = load::<burn::backend::Autodiff<B>>(args, compute, device)?;
         results.push(bench::train_step(trainable, args.train_batch, args.train_len, args.reps));
     }
+    let memory = memory.map(|m| MemoryReport { peak: hacpo::alloc::peak_resident_bytes(), ..m });
     match args.format {
         Format::Json => {
             let out = serde_json::json!({"model": name, "parameters": params, "device": args.device,
-                "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "results": results});
+                "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "results": results,
+                "memory": memory});
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }
         Format::Text => {
@@ -264,6 +294,9 @@ fn run_on<B: burn::tensor::backend::Backend>(
                     "{:<12} {:>6} {:>8} {:>10.3} {:>12.1}",
                     r.name, r.batch, r.tokens, r.seconds, r.tokens_per_second
                 );
+            }
+            if let Some(m) = memory {
+                println!("{}", m.line());
             }
         }
     }

@@ -94,7 +94,8 @@ impl LoraConfig {
         self.alpha / self.rank as f64
     }
 
-    fn targets(&self, module: &str) -> bool {
+    /// Whether an adapter wraps the projection `module` (`q_proj`, …).
+    pub fn targets(&self, module: &str) -> bool {
         self.target_modules.iter().any(|m| m == "all-linear" || m == module)
     }
 

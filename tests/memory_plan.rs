@@ -214,7 +214,7 @@ fn a_run_that_does_not_fit_chooses_the_micro_batch_that_does() {
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "20MB"], dir.path());
     assert_eq!(out.status.code(), Some(2));
     let stderr = text(&out.stderr);
-    assert!(stderr.contains("one prompt per rollout batch (the same run) needs 0.06 GB.\n"), "{stderr}");
+    assert!(stderr.contains("one prompt per rollout batch (the same run) needs 0.07 GB.\n"), "{stderr}");
     let out = hacpo_offline(&["train", "--dry-run", "--device-memory", "800MB", "--skip-memory-check"], dir.path());
     assert!(text(&out.stdout).contains("micro-batch 64 × 352 tokens"), "{}", text(&out.stdout));
 }

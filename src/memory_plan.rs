@@ -13,8 +13,8 @@
 //! pass's own, activations as the kernels that run the pass keep them ([`activations`]: the
 //! CPU's fused kernels or burn's generic ops, no flash attention on either), a group's prompt
 //! run once by the prefill and the update (the exchange's GRPO groups), and a KV cache that
-//! grows by doubling up to the prompt plus every new token. Sequences are counted at their budgets (`max_prompt_tokens`,
-//! `max_new_tokens`), which real prompts rarely fill. Rollout and
+//! grows by doubling up to the prompt plus every new token. Sequences are counted at their
+//! budgets (`max_prompt_tokens`, `max_new_tokens`), which real prompts rarely fill. Rollout and
 //! update do not overlap: the KV cache is freed before the update allocates its activations
 //! and gradients, so the peak is the persistent state plus the largest phase: rollout, a
 //! backward pass, or AdamW's update (which replaces the weights one at a time). On the CPU,
@@ -32,7 +32,6 @@ use crate::backend::DeviceSpec;
 use crate::config::TrainConfig;
 use crate::dtype::{ComputeDtype, FrozenDtype};
 use crate::error::{Error, Result};
-use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
 use crate::model::lora::LoraConfig;
 use crate::workload::WorkloadKind;
@@ -89,6 +88,11 @@ pub struct Footprint {
 }
 
 impl Footprint {
+    /// The micro-batches' gradient sum on the device (in host memory when offloaded).
+    pub fn summed_on_device(&self) -> u64 {
+        if self.offloaded { 0 } else { self.summed }
+    }
+
     /// Held on the device for the whole run.
     pub fn persistent(&self) -> u64 {
         match self.offloaded {
@@ -112,7 +116,7 @@ impl Footprint {
     pub fn peak(&self) -> u64 {
         let gradients = match self.offloaded {
             true => self.pass_gradients,
-            false => self.gradients.saturating_add(self.summed),
+            false => self.gradients.saturating_add(self.summed_on_device()),
         };
         let update = gradients.saturating_add(self.activations).saturating_add(self.critic_update);
         let phase = match self.offloaded {
@@ -350,7 +354,6 @@ pub fn footprint(
     let heads = m.num_attention_heads as u128;
     let (layers, vocab) = (m.num_hidden_layers as u128, m.vocab_size as u128);
     let pass = TrainPass::of(w);
-    let chunk_rows = (CHUNK_ELEMENTS as u128 / vocab.max(1)).max(1);
     // In half precision the matmuls' saved inputs are half the bytes; the estimate keeps f32
     // (an upper bound). What it adds: the weights' copies in the compute dtype, which sampling
     // reads (`precision::rollout_copy`) and the update's matmuls make and keep for the backward
@@ -389,11 +392,7 @@ pub fn footprint(
         prefill_scores(m, prefill_tokens, w.rollout_prompt) / if kernels.prefill_holds_scores() { 1 } else { 2 };
     let prefill = scores + prefill_tokens * (4 * d + 2 * q + 2 * kv + 3 * f) * F32W;
     let rollout = kv_cache + sampling + prefill + rollout_copy;
-    // On the CPU the allocator keeps what the rollout freed for reuse (`alloc.rs`), and the
-    // update, on another thread with tensors of other sizes, reuses little of it: SmolLM2-135M's
-    // GRPO step held 0.3–0.5 GB less with mimalloc returning freed memory at once (its update
-    // then ran 25–50% slower), where this rollout plans 0.58 GB.
-    let retained = if kernels == Kernels::CpuFused { rollout } else { 0 };
+    let retained = if kernels.keeps_freed_rollout() { rollout } else { 0 };
     // Offloaded, with checkpointing: the head's pass leaves the LM head's gradient (the tied
     // embedding's) alive while each layer's pass, then the embedding's (vocab × d, tied or
     // not), adds its own.
@@ -438,7 +437,7 @@ pub fn footprint(
         scoring: clamp(
             (2 * heads * pass.query_keys
                 + pass.tokens * (4 * d + 2 * q + 2 * kv + 3 * f)
-                + 3 * pass.tokens.min(chunk_rows) * vocab)
+                + activations::logits_chunk(pass.tokens, vocab))
                 * F32W,
         ),
     }
@@ -963,9 +962,9 @@ fn breakdown(f: &Footprint) -> String {
         gb(f.weights),
         gb(f.reference),
         gb(f.gradients),
-        match (f.summed, f.offloaded) {
-            (0, _) | (_, true) => String::new(),
-            (summed, false) => format!(" (+{} summed over micro-batches)", gb(summed)),
+        match f.summed_on_device() {
+            0 => String::new(),
+            summed => format!(" (+{} summed over micro-batches)", gb(summed)),
         },
         gb(f.optimizer),
         gb(f.activations),
@@ -1022,8 +1021,7 @@ impl fmt::Display for MemoryPlan {
                 count(p.shape.num_parameters() as u64),
                 gb(fp.weights),
                 gb(fp.reference),
-                // With the micro-batches' sum on the device.
-                gb(fp.gradients.saturating_add(if fp.offloaded { 0 } else { fp.summed })),
+                gb(fp.gradients.saturating_add(fp.summed_on_device())),
                 gb(fp.optimizer),
                 gb(fp.activations),
                 gb(fp.rollout),
@@ -1168,8 +1166,7 @@ pub fn command_need(target: &CommandTarget<'_>, load: CommandLoad) -> (u64, Stri
             .saturating_add(train.gradients)
             .saturating_add(train.activations);
         parts.push_str(&format!(", train step {}", gb(step)));
-        // On the CPU the allocator keeps what sampling freed (see `footprint`).
-        let retained = if kernels == Kernels::CpuFused { rollout } else { 0 };
+        let retained = if kernels.keeps_freed_rollout() { rollout } else { 0 };
         need = need.max(step.saturating_add(retained));
     }
     (need, parts)

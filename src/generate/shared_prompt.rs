@@ -13,10 +13,13 @@
 //! way, when that saves work ([`PromptGroups`]): the prefix runs once and each request runs the
 //! rest of its prompt and its response over it.
 //!
-//! Rows run right-padded to the longest of their pass, so responses of very different lengths
-//! (a math rollout's run from a few hundred tokens to the limit) run in passes of like lengths
-//! where that saves more padding than a pass costs ([`passes_by_length`]): verl's and TRL's
-//! padding-free batches, in passes.
+//! Only the attention needs its rows side by side: everything else in a layer works token by
+//! token. So the passes' tokens are packed, padding left out, and every projection and MLP of
+//! a layer multiplies all of them at once (verl's and TRL's padding-free batches: one product
+//! of each weight a micro-batch, a bf16 weight rounded once); each pass's attention runs on its
+//! rows right-padded to the longest. Responses of very different lengths (a math rollout's run
+//! from a few hundred tokens to the limit) run their attention in passes of like lengths where
+//! that saves more padding than a pass costs ([`passes_by_length`]).
 //!
 //! The last response token is never fed (nothing here reads what it predicts), and the first
 //! response token is predicted by the last prompt position, in the prefix pass when the prompt
@@ -137,19 +140,23 @@ impl Group {
     }
 }
 
-/// One forward pass of a plan: `rows` right-padded sequences of `len` tokens.
+/// One forward pass of a plan: `rows` right-padded sequences of `len` slots.
 struct Pass {
+    /// The tokens, `rows × len` with padding.
     ids: Vec<i64>,
     rows: usize,
     len: usize,
+    /// Each row's tokens (`len` for the longest).
+    lens: Vec<usize>,
     /// Whether it continues the last prompt pass before it (one that does not continue), over
     /// that pass's keys and values fanned out to each of its rows.
     continues: bool,
 }
 
-/// What one more pass costs beside its tokens, in tokens: small passes lose the large
-/// products' efficiency, and on a GPU every pass launches every kernel of every layer again.
-/// A batch splits into passes of like lengths only where that saves more padding than this.
+/// What one more pass costs beside its tokens, in tokens: each pass gathers its rows' keys,
+/// queries and values and runs an attention of its own, and on a GPU launches the attention's
+/// kernels of every layer again. A batch splits into passes of like lengths only where that
+/// saves more padding than this.
 pub const PASS_OVERHEAD_TOKENS: usize = 256;
 
 /// Rows of lengths `lens` cut into passes (row indices, each pass's in row order, longest
@@ -192,8 +199,9 @@ pub fn slots(requests: &[(Vec<u32>, Vec<u32>)]) -> usize {
     }
 }
 
-/// Where a request's rows are in a plan's flattened outputs: its prefix's length (0 for a
-/// request run whole), the prefix pass's first row, and its own first row in its rest pass.
+/// Where a request's tokens are among a plan's packed tokens: its prefix's length (0 for a
+/// request run whole), the prefix pass's first token, and its own first token in its rest
+/// pass.
 #[derive(Clone, Copy)]
 struct Rows {
     prefix: usize,
@@ -216,8 +224,8 @@ fn response_rows(requests: &[(Vec<u32>, Vec<u32>)], at: &[Rows]) -> Vec<i64> {
 }
 
 /// How a batch of (prompt, response) pairs runs: its forward passes, and the rows of their
-/// outputs, flattened and concatenated in pass order, that predict each response token (in
-/// request order).
+/// packed tokens (every pass's, padding left out, in pass order) that predict each response
+/// token (in request order).
 pub struct Passes {
     passes: Vec<Pass>,
     select: Vec<i64>,
@@ -258,7 +266,8 @@ impl Passes {
         for g in &groups.groups {
             let p = g.prefix;
             let prefix = &requests[g.members[0]].0[..p];
-            passes.push(Pass { ids: prefix.iter().map(|&t| t as i64).collect(), rows: 1, len: p, continues: false });
+            let ids = prefix.iter().map(|&t| t as i64).collect();
+            passes.push(Pass { ids, rows: 1, len: p, lens: vec![p], continues: false });
             let first = offset;
             offset += p;
             let rows = Self::push_rests(&mut passes, requests, &g.members, p, overhead, &mut offset);
@@ -271,8 +280,8 @@ impl Passes {
 
     /// Pushes the rests past `prefix` tokens of `members` (request indices) as passes of like
     /// lengths, continuing the prompt pass before them when `prefix` is not 0 (none for rests
-    /// of no token), and returns each member's first row in the flattened outputs, counted from
-    /// `offset`, which moves past them.
+    /// of no token), and returns each member's first token among the packed tokens, counted
+    /// from `offset`, which moves past them.
     fn push_rests(
         passes: &mut Vec<Pass>,
         requests: &[(Vec<u32>, Vec<u32>)],
@@ -290,14 +299,21 @@ impl Passes {
                 for (j, t) in rest(&requests[members[k]], prefix).enumerate() {
                     ids[row * n + j] = t as i64;
                 }
-                first_rows[k] = *offset + row * n;
+                first_rows[k] = *offset;
+                *offset += rests[k];
             }
-            *offset += rows.len() * n;
             if n > 0 {
-                passes.push(Pass { ids, rows: rows.len(), len: n, continues: prefix > 0 });
+                let lens = rows.iter().map(|&k| rests[k]).collect();
+                passes.push(Pass { ids, rows: rows.len(), len: n, lens, continues: prefix > 0 });
             }
         }
         first_rows
+    }
+
+    /// How many forward passes run.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> usize {
+        self.passes.len()
     }
 
     /// What the passes hold per layer, in token slots: every token they run, padding
@@ -332,48 +348,69 @@ impl Passes {
         layouts
     }
 
-    /// Each pass's token ids `[rows, len]`.
-    pub fn ids<B: Backend>(&self, device: &B::Device) -> Vec<Tensor<B, 2, Int>> {
-        let ids = |p: &Pass| Tensor::from_data(TensorData::new(p.ids.clone(), [p.rows, p.len]), device);
-        self.passes.iter().map(ids).collect()
+    /// The tokens of every pass, packed without padding in pass order, each row's after the
+    /// one before: `[1, tokens]`.
+    pub fn ids<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
+        let ids: Vec<i64> = self.passes.iter().flat_map(|p| p.real_slots().map(|s| p.ids[s])).collect();
+        let n = ids.len();
+        Tensor::from_data(TensorData::new(ids, [1, n]), device)
     }
 
-    /// `layer` over every pass's input `xs`, in order: a prompt pass that passes continue
-    /// keeps its keys and values for them, each continuing pass a copy fanned out to its rows
-    /// (the last takes the kept cache itself).
+    /// The whole model's inputs for [`Self::layer`]: the embeddings of [`Self::ids`],
+    /// `[tokens, hidden]`.
+    pub fn embed<B: Backend>(&self, model: &CausalLm<B>, ids: Tensor<B, 2, Int>) -> Tensor<B, 2> {
+        let x = model.embed(ids);
+        let [_, n, d] = x.dims();
+        x.reshape([n, d])
+    }
+
+    /// `layer` over the packed tokens `x` (`[tokens, hidden]`, [`Self::ids`]' order): the
+    /// projections and the MLP over all of them at once, padding left out; the attention pass
+    /// by pass, each pass's rows right-padded to its length. A prompt pass that passes
+    /// continue keeps its keys and values for them, each continuing pass a copy fanned out to
+    /// its rows (the last takes the kept cache itself).
     pub fn layer<B: Backend>(
         &self,
         layer: &DecoderLayer<B>,
         layouts: &[LayoutTensors<B>],
-        xs: Vec<Tensor<B, 3>>,
-    ) -> Vec<Tensor<B, 3>> {
-        let mut kept: Option<KvCache<B>> = None;
-        let mut out = Vec::with_capacity(xs.len());
-        for (i, (pass, x)) in self.passes.iter().zip(xs).enumerate() {
-            let y = if pass.continues {
-                let fan_out = vec![0; pass.rows];
-                let mut cache = match self.passes.get(i + 1).is_some_and(|n| n.continues) {
-                    true => kept.as_ref().expect("a continuing pass follows its prompt's").copy_rows(&fan_out),
-                    false => {
-                        let mut cache = kept.take().expect("a continuing pass follows its prompt's");
-                        cache.select_rows(&fan_out);
-                        cache
-                    }
+        x: Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        layer.forward_packed(x, layouts[0].compute, |attention, [q, k, v]| {
+            let device = q.device();
+            let mut kept: Option<KvCache<B>> = None;
+            let mut out = Vec::with_capacity(self.passes.len());
+            let mut first = 0;
+            for (i, pass) in self.passes.iter().enumerate() {
+                let slots = [&q, &k, &v].map(|t| pass.slots_of(t.clone(), first, &device));
+                first += pass.tokens();
+                let y = if pass.continues {
+                    let fan_out = vec![0; pass.rows];
+                    let mut cache = match self.passes.get(i + 1).is_some_and(|n| n.continues) {
+                        true => kept.as_ref().expect("a continuing pass follows its prompt's").copy_rows(&fan_out),
+                        false => {
+                            let mut cache = kept.take().expect("a continuing pass follows its prompt's");
+                            cache.select_rows(&fan_out);
+                            cache
+                        }
+                    };
+                    let start = cache.len();
+                    attention.attend(slots, [pass.rows, pass.len], &layouts[i], Some((&mut cache, 0, start)))
+                } else if let Some(widest) = self.continuations(i).map(|n| n.len).max() {
+                    let mut cache = KvCache::new(1, pass.len + widest);
+                    let y = attention.attend(slots, [pass.rows, pass.len], &layouts[i], Some((&mut cache, 0, 0)));
+                    cache.advance(pass.len);
+                    kept = Some(cache);
+                    y
+                } else {
+                    attention.attend(slots, [pass.rows, pass.len], &layouts[i], None)
                 };
-                let start = cache.len();
-                layer.forward(x, &layouts[i], Some((&mut cache, 0, start)))
-            } else if let Some(widest) = self.continuations(i).map(|n| n.len).max() {
-                let mut cache = KvCache::new(1, pass.len + widest);
-                let y = layer.forward(x, &layouts[i], Some((&mut cache, 0, 0)));
-                cache.advance(pass.len);
-                kept = Some(cache);
-                y
-            } else {
-                layer.forward(x, &layouts[i], None)
-            };
-            out.push(y);
-        }
-        out
+                out.push(pass.tokens_of(y, &device));
+            }
+            match out.len() {
+                1 => out.pop().expect("one pass"),
+                _ => Tensor::cat(out, 0),
+            }
+        })
     }
 
     /// The passes that continue pass `i` (a prompt pass), in order.
@@ -381,32 +418,69 @@ impl Passes {
         self.passes[i + 1..].iter().take_while(|n| n.continues)
     }
 
-    /// The rows of the passes' outputs `[rows, len, hidden]` that predict each response token:
-    /// `[response tokens, hidden]`.
-    pub fn select<B: Backend>(&self, outputs: Vec<Tensor<B, 3>>) -> Tensor<B, 2> {
-        let device = outputs[0].device();
-        let flat: Vec<Tensor<B, 2>> = outputs
-            .into_iter()
-            .map(|x| {
-                let [rows, len, d] = x.dims();
-                x.reshape([rows * len, d])
-            })
-            .collect();
+    /// The rows of the packed tokens' outputs `[tokens, hidden]` that predict each response
+    /// token: `[response tokens, hidden]`.
+    pub fn select<B: Backend>(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         let n = self.select.len();
-        let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(self.select.clone(), [n]), &device);
-        Tensor::cat(flat, 0).select(0, rows)
+        let rows = Tensor::<B, 1, Int>::from_data(TensorData::new(self.select.clone(), [n]), &x.device());
+        x.select(0, rows)
     }
 
     /// The final hidden states of [`Self::select`]'s rows, the whole model's forward pass run
     /// as planned.
     pub fn response_hidden<B: Backend>(&self, model: &CausalLm<B>) -> Tensor<B, 2> {
         let layouts = self.layouts(model);
-        let mut xs: Vec<Tensor<B, 3>> = self.ids(&model.device()).into_iter().map(|ids| model.embed(ids)).collect();
+        let mut x = self.embed(model, self.ids(&model.device()));
         for layer in &model.layers {
-            xs = self.layer(layer, &layouts, xs);
+            x = self.layer(layer, &layouts, x);
         }
         // The final norm works per row, so it can come after the selection.
-        model.norm.forward(self.select(xs), model.compute)
+        model.norm.forward(self.select(x), model.compute)
+    }
+}
+
+impl Pass {
+    /// Its tokens, padding left out.
+    fn tokens(&self) -> usize {
+        self.lens.iter().sum()
+    }
+
+    fn padded(&self) -> bool {
+        self.tokens() < self.rows * self.len
+    }
+
+    /// The slots (`row · len + position`) that hold its tokens, in packed order.
+    fn real_slots(&self) -> impl Iterator<Item = usize> + '_ {
+        self.lens.iter().enumerate().flat_map(move |(row, &n)| (row * self.len..).take(n))
+    }
+
+    /// This pass's slots `[rows · len, width]` of packed rows `x` (`[tokens, width]`) whose
+    /// first is its `first`: its rows right-padded, a padding slot holding a copy of its first
+    /// token (never read: later slots never influence earlier ones).
+    fn slots_of<B: Backend>(&self, x: Tensor<B, 2>, first: usize, device: &B::Device) -> Tensor<B, 2> {
+        if !self.padded() {
+            let width = x.dims()[1];
+            return x.slice([first..first + self.tokens(), 0..width]);
+        }
+        let mut at = vec![first as i64; self.rows * self.len];
+        for (packed, slot) in self.real_slots().enumerate() {
+            at[slot] = (first + packed) as i64;
+        }
+        let n = at.len();
+        x.select(0, Tensor::from_data(TensorData::new(at, [n]), device))
+    }
+
+    /// The outputs of its tokens, packed (`[tokens, width]`), from its slots' `[rows, len,
+    /// width]`.
+    fn tokens_of<B: Backend>(&self, y: Tensor<B, 3>, device: &B::Device) -> Tensor<B, 2> {
+        let [rows, len, width] = y.dims();
+        let y = y.reshape([rows * len, width]);
+        if !self.padded() {
+            return y;
+        }
+        let slots: Vec<i64> = self.real_slots().map(|s| s as i64).collect();
+        let n = slots.len();
+        y.select(0, Tensor::from_data(TensorData::new(slots, [n]), device))
     }
 }
 

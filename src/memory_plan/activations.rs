@@ -117,9 +117,6 @@ pub(super) struct TrainPass {
     /// Prompt slots fanned out to the responses (each response's copy of its prompt's keys
     /// and values, and their gradients).
     pub fanned_out: u128,
-    /// Forward passes, as [`crate::generate::shared_prompt::Passes`] cuts them: each group's
-    /// prompt pass and one pass of its responses (a cut by length may add some).
-    pub passes: u128,
 }
 
 impl TrainPass {
@@ -130,21 +127,17 @@ impl TrainPass {
             // (a key and a value, and their gradients) keeps less than a token does: all of it
             // tokens is the most. A sequence above the budget runs alone.
             let tokens = (w.micro_tokens as u128).max(t);
-            // Sequences of the longest length that the budget holds, and their groups.
-            let seqs = (tokens / t.max(1)) as usize;
-            let prompts = w.shared.prompts_among(seqs);
-            let passes = if prompts >= seqs { 1 } else { 2 * prompts as u128 };
-            return TrainPass { tokens, query_keys: tokens * t, fanned_out: 0, passes };
+            return TrainPass { tokens, query_keys: tokens * t, fanned_out: 0 };
         }
         let prompts = w.shared.prompts_among(w.micro_batch) as u128;
         if prompts >= seqs {
-            return TrainPass { tokens: seqs * t, query_keys: seqs * t * t, fanned_out: 0, passes: 1 };
+            return TrainPass { tokens: seqs * t, query_keys: seqs * t * t, fanned_out: 0 };
         }
         let prompt = (w.shared.prompt as u128).min(t);
         let tokens = prompts * prompt + seqs * (t - prompt);
         // Each query sees at most `t` keys, however the passes split its sequence (prompts
         // that begin alike may share only their beginning, their rests run with the responses).
-        TrainPass { tokens, query_keys: tokens * t, fanned_out: seqs * prompt, passes: 2 * prompts }
+        TrainPass { tokens, query_keys: tokens * t, fanned_out: seqs * prompt }
     }
 }
 

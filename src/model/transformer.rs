@@ -100,13 +100,36 @@ impl<B: Backend> Attention<B> {
         layout: &LayoutTensors<B>,
         cache: Option<(&mut KvCache<B>, usize, usize)>,
     ) -> Tensor<B, 3> {
-        let [b, t, _] = x.dims();
-        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-
+        let [b, t, d] = x.dims();
         let c = layout.compute;
-        let mut q = self.q_proj.forward(x.clone(), c).reshape([b, t, h, hd]);
-        let mut k = self.k_proj.forward(x.clone(), c).reshape([b, t, kvh, hd]);
-        let v = self.v_proj.forward(x, c).reshape([b, t, kvh, hd]).swap_dims(1, 2);
+        let [q, k, v] = self.project(x.reshape([b * t, d]), c);
+        self.o_proj.forward(self.attend([q, k, v], [b, t], layout, cache), c)
+    }
+
+    /// The query, key and value projections of tokens in rows (`[n, hidden]`): `[n, heads ·
+    /// head_dim]`, `[n, kv_heads · head_dim]` twice.
+    pub fn project(&self, x: Tensor<B, 2>, compute: ComputeDtype) -> [Tensor<B, 2>; 3] {
+        [
+            self.q_proj.forward(x.clone(), compute),
+            self.k_proj.forward(x.clone(), compute),
+            self.v_proj.forward(x, compute),
+        ]
+    }
+
+    /// The attention of `b` sequences of `t` slots from their projections (rows `b · t`, as
+    /// [`Self::project`] returns them), before the output projection: `[b, t, heads · head_dim]`.
+    pub fn attend(
+        &self,
+        [q, k, v]: [Tensor<B, 2>; 3],
+        [b, t]: [usize; 2],
+        layout: &LayoutTensors<B>,
+        cache: Option<(&mut KvCache<B>, usize, usize)>,
+    ) -> Tensor<B, 3> {
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let c = layout.compute;
+        let mut q = q.reshape([b, t, h, hd]);
+        let mut k = k.reshape([b, t, kvh, hd]);
+        let v = v.reshape([b, t, kvh, hd]).swap_dims(1, 2);
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(q, c);
             k = kn.forward(k, c);
@@ -124,8 +147,7 @@ impl<B: Backend> Attention<B> {
             }
             None => (k, v),
         };
-        let out = crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c);
-        self.o_proj.forward(out, c)
+        crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c)
     }
 }
 
@@ -151,7 +173,7 @@ pub struct Mlp<B: Backend> {
 }
 
 impl<B: Backend> Mlp<B> {
-    pub fn forward(&self, x: Tensor<B, 3>, compute: ComputeDtype) -> Tensor<B, 3> {
+    pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
         let gated =
             crate::backend::fused::swiglu(self.gate_proj.forward(x.clone(), compute), self.up_proj.forward(x, compute));
         self.down_proj.forward(gated, compute)
@@ -177,6 +199,22 @@ impl<B: Backend> DecoderLayer<B> {
         let c = layout.compute;
         let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x, c), layout, cache);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h, c), c)
+    }
+
+    /// The layer over tokens in rows (`[n, hidden]`, several passes' tokens packed): all but
+    /// the attention works token by token, so each weight multiplies every pass's tokens at
+    /// once (a bf16 weight rounded, or a stored one widened, once); `attend` runs the attention
+    /// of each pass from the packed projections ([`Attention::project`]) and returns its
+    /// outputs packed the same way (`[n, heads · head_dim]`).
+    pub fn forward_packed(
+        &self,
+        x: Tensor<B, 2>,
+        compute: ComputeDtype,
+        attend: impl FnOnce(&Attention<B>, [Tensor<B, 2>; 3]) -> Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        let projected = self.self_attn.project(self.input_layernorm.forward(x.clone(), compute), compute);
+        let h = x + self.self_attn.o_proj.forward(attend(&self.self_attn, projected), compute);
+        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h, compute), compute)
     }
 }
 

@@ -37,11 +37,11 @@ type AD<B> = Autodiff<B>;
 /// needs to recompute each layer.
 pub struct Trunk<B: Backend> {
     passes: Passes,
-    ids: Vec<Tensor<B, 2, Int>>,
-    /// Each decoder layer's inputs `[rows, len, hidden]`, one per pass, no graph.
-    inputs: Vec<Vec<Tensor<B, 3>>>,
-    /// The last layer's outputs as leaves of the head's graph.
-    tops: Vec<Tensor<AD<B>, 3>>,
+    ids: Tensor<B, 2, Int>,
+    /// Each decoder layer's input, the passes' tokens packed (`[tokens, hidden]`), no graph.
+    inputs: Vec<Tensor<B, 2>>,
+    /// The last layer's output as a leaf of the head's graph.
+    top: Tensor<AD<B>, 2>,
 }
 
 /// What [`forward`] returns: [`crate::generate::score::response_hidden`]'s three parts and the
@@ -68,25 +68,21 @@ fn forward_as<B: Backend>(model: &CausalLm<AD<B>>, batch: TokenBatch, passes: Pa
     let inner = model.valid();
     let layouts = passes.layouts(&inner);
     let ids = passes.ids::<B>(&inner.device());
-    let mut xs: Vec<Tensor<B, 3>> = ids.iter().map(|ids| inner.embed(ids.clone())).collect();
+    let mut x = passes.embed(&inner, ids.clone());
     let mut inputs = Vec::with_capacity(inner.layers.len());
     for layer in &inner.layers {
-        inputs.push(xs.clone());
-        xs = passes.layer(layer, &layouts, xs);
+        inputs.push(x.clone());
+        x = passes.layer(layer, &layouts, x);
     }
-    let tops: Vec<Tensor<AD<B>, 3>> = xs.into_iter().map(|x| Tensor::from_inner(x).require_grad()).collect();
+    let top = Tensor::from_inner(x).require_grad();
     // The final norm works per row, so it can come after the selection.
-    let hidden = model.norm.forward(passes.select(tops.clone()), model.compute);
-    Recomputed { trunk: Trunk { passes, ids, inputs, tops }, hidden, targets: batch.targets, lens: batch.lens }
+    let hidden = model.norm.forward(passes.select(top.clone()), model.compute);
+    Recomputed { trunk: Trunk { passes, ids, inputs, top }, hidden, targets: batch.targets, lens: batch.lens }
 }
 
-/// `Σ_i sum(y_i ⊙ g_i)`: its gradient with respect to each `y_i` is `g_i`.
-fn surrogate<B: Backend>(ys: Vec<Tensor<AD<B>, 3>>, gs: Vec<Tensor<B, 3>>) -> Tensor<AD<B>, 1> {
-    ys.into_iter()
-        .zip(gs)
-        .map(|(y, g)| (y * Tensor::from_inner(g)).sum())
-        .reduce(|a, b| a + b)
-        .expect("at least one pass")
+/// `sum(y ⊙ g)`: its gradient with respect to `y` is `g`.
+fn surrogate<B: Backend>(y: Tensor<AD<B>, 2>, g: Tensor<B, 2>) -> Tensor<AD<B>, 1> {
+    (y * Tensor::from_inner(g)).sum()
 }
 
 impl<B: Backend> Trunk<B> {
@@ -100,22 +96,21 @@ impl<B: Backend> Trunk<B> {
         store: &mut GradStore<B>,
     ) {
         // No gradient reaches the trunk when the loss does not depend on it (all-zero advantages
-        // and no KL still have a graph, so this is rare). The passes reach the head through one
-        // concatenation, so either all of them have a gradient or none has.
-        let Some(mut upstream) = self.tops.iter().map(|top| top.grad(head)).collect::<Option<Vec<_>>>() else {
+        // and no KL still have a graph, so this is rare).
+        let Some(mut upstream) = self.top.grad(head) else {
             return;
         };
         let layouts = self.passes.layouts(model);
-        for (layer, inputs) in model.layers.iter().zip(self.inputs).rev() {
-            let xs: Vec<Tensor<AD<B>, 3>> = inputs.into_iter().map(|x| Tensor::from_inner(x).require_grad()).collect();
-            let ys = self.passes.layer(layer, &layouts, xs.clone());
-            let grads = surrogate(ys, upstream).backward();
+        for (layer, input) in model.layers.iter().zip(self.inputs).rev() {
+            let x = Tensor::from_inner(input).require_grad();
+            let y = self.passes.layer(layer, &layouts, x.clone());
+            let grads = surrogate(y, upstream).backward();
             store.accumulate(model, &grads);
-            upstream = xs.iter().map(|x| x.grad(&grads).expect("a layer's output depends on its input")).collect();
+            upstream = x.grad(&grads).expect("a layer's output depends on its input");
         }
         if model.embed_tokens.is_require_grad() {
-            let xs = self.ids.into_iter().map(|ids| model.embed(Tensor::<AD<B>, 2, Int>::from_inner(ids))).collect();
-            let grads = surrogate(xs, upstream).backward();
+            let x = self.passes.embed(model, Tensor::<AD<B>, 2, Int>::from_inner(self.ids));
+            let grads = surrogate(x, upstream).backward();
             store.accumulate(model, &grads);
         }
     }
@@ -171,7 +166,7 @@ mod tests {
                 let Recomputed { trunk, hidden, targets, lens } =
                     forward_as(&m, TokenBatch::of(&m.config, requests).unwrap(), passes);
                 assert_eq!((targets, &lens), (batch.targets.clone(), &batch.lens));
-                assert_eq!(trunk.tops.len(), counts[set][k], "passes");
+                assert_eq!(trunk.passes.count(), counts[set][k], "passes");
                 let mut recomputed = GradStore::<Cpu>::default();
                 let head = weighted_head_loss(&m, hidden).backward();
                 recomputed.accumulate(&m, &head);

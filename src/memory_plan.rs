@@ -1566,8 +1566,8 @@ mod tests {
         let micro = |n: usize| format!("algo.micro_batch_sequences={n}");
         let lora = "[policies.lora]\nrank = 16";
         let measured = [
-            (vec![micro(8)], "", 5.91),
-            (vec![micro(32)], "", 15.0),
+            (vec![micro(8)], "", 6.02),
+            (vec![micro(32)], "", 15.69),
             (vec![micro(8), "algo.gradient_checkpointing=true".into()], "", 3.15),
             (vec![micro(8), "algo.kl_coef=0.01".into()], "", 6.50),
             (vec![micro(8), "algo.compute_dtype=\"bf16\"".into()], "", 6.56),

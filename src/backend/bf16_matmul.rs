@@ -155,6 +155,13 @@ thread_local! {
     static PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
+#[cfg(test)]
+thread_local! {
+    /// How many master weights [`trained`] has rounded on this thread (tests count the casts a
+    /// forward pass makes).
+    pub(crate) static WEIGHTS_ROUNDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 /// Whether products go through AVX512-BF16's pair products ([`dot_products`]).
 fn pair_products() -> bool {
     #[cfg(test)]
@@ -277,6 +284,8 @@ fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tens
     let (shape_a, shape_b) = (a.primitive.layout().shape(), b.primitive.layout().shape());
     let (m, k, n) = (shape_a[0], shape_a[1], shape_b[1]);
     let xb = rounded_rows(&a.primitive);
+    #[cfg(test)]
+    WEIGHTS_ROUNDED.with(|n| n.set(n.get() + 1));
     // The weight rounded, in both layouts: `[n, k]` for this product, `[k, n]` for the
     // inputs' gradient.
     let (w_rows, w_cols) = match bits_of_f32(&b.primitive) {

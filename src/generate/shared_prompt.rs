@@ -488,6 +488,7 @@ impl Pass {
 mod tests {
     use super::*;
     use crate::backend::Cpu;
+    use crate::dtype::ComputeDtype;
     use crate::generate::score::dense_hidden;
     use crate::model::weights::{small_random_model, weighted_head_loss};
     use crate::train::optim::GradStore;
@@ -562,6 +563,28 @@ mod tests {
                 assert!(d <= 1e-5, "{case}: gradients differ by {d} (relative)");
             }
         }
+    }
+
+    /// The passes' tokens are packed without padding, and each weight multiplies all of them
+    /// at once: a bf16 forward pass rounds each weight of a layer once, however many passes run.
+    #[test]
+    fn every_weight_multiplies_all_the_passes_tokens_at_once() {
+        use crate::backend::bf16_matmul::WEIGHTS_ROUNDED;
+        let requests = requests();
+        // At this size each group's rests run in one pass, padded to the longest.
+        let passes = Passes::of(&requests);
+        assert_eq!(passes.count(), 8);
+        let tokens: usize = passes.passes.iter().map(|p| p.tokens()).sum();
+        assert!(tokens < passes.passes.iter().map(|p| p.rows * p.len).sum(), "some pass is padded");
+        assert_eq!(passes.ids::<Cpu>(&Default::default()).dims(), [1, tokens]);
+        let m = crate::model::precision::set_compute(small_random_model::<AD>(false, 5), ComputeDtype::Bf16);
+        WEIGHTS_ROUNDED.with(|n| n.set(0));
+        let x = passes.embed(&m, passes.ids(&m.device()));
+        assert_eq!(x.dims(), [tokens, m.config.hidden_size]);
+        let layouts = passes.layouts(&m);
+        let _ = passes.layer(&m.layers[0], &layouts, x);
+        // q, k, v, o, gate, up and down.
+        assert_eq!(WEIGHTS_ROUNDED.with(|n| n.get()), 7);
     }
 
     /// Every way to cut rows of random lengths into passes (set partitions, up to 7 rows) costs

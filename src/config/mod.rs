@@ -80,10 +80,10 @@ pub struct AlgoConfig {
     pub micro_batch_sequences: usize,
     /// A token budget per forward/backward pass instead (verl's dynamic batch size; 0: off,
     /// `micro_batch_sequences` cuts them): as many sequences as fit in this many token slots
-    /// (tokens run, padding included, and each response's copy of its shared prompt), at least
-    /// the run's longest sequence (the memory plan refuses less). Memory is the budget's
-    /// whatever the lengths; short responses run many to a pass. Also the scoring stage's
-    /// batches. Gradients are unchanged.
+    /// (the attention's slots, padding included, and each response's copy of its shared
+    /// prompt), at least the run's longest sequence (the memory plan refuses less). Memory is the
+    /// budget's whatever the lengths; short responses run many to a pass. Also the scoring
+    /// stage's batches. Gradients are unchanged.
     pub micro_batch_tokens: usize,
     /// Recompute each decoder layer in the backward pass instead of keeping its activations
     /// (gradient checkpointing): activations of one layer instead of all, for a third more

@@ -255,10 +255,11 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
 }
 
 /// Final hidden states of the positions that predict each response token, flattened over
-/// the batch: `([response tokens, hidden], targets, response lengths)`. Sequences are
-/// right-padded, which needs no mask (later slots never influence earlier ones), in passes of
-/// like lengths; when responses share prompts (a group's samples) or prompt beginnings, each
-/// shared prompt or prefix runs once ([`super::shared_prompt`]).
+/// the batch: `([response tokens, hidden], targets, response lengths)`. The tokens are packed
+/// without padding for the matmuls; the attention runs in passes of like lengths, right-padded,
+/// which needs no mask (later slots never influence earlier ones); when responses share prompts
+/// (a group's samples) or prompt beginnings, each shared prompt or prefix runs once
+/// ([`super::shared_prompt`]).
 pub fn response_hidden<B: Backend>(
     model: &crate::model::CausalLm<B>,
     requests: &[(Vec<u32>, Vec<u32>)],

@@ -316,9 +316,9 @@ impl Passes {
         self.passes.len()
     }
 
-    /// What the passes hold per layer, in token slots: every token they run, padding
-    /// included, and for each continuing pass a copy of its prompt's keys and values, a slot
-    /// per prompt token and row. A training micro-batch's activations grow with it (the
+    /// What the passes hold per layer, in token slots: every slot their attention runs,
+    /// padding included (the matmuls run the tokens alone), and for each continuing pass a copy
+    /// of its prompt's keys and values, a slot per prompt token and row. A training micro-batch's activations grow with it (the
     /// budget of `algo.micro_batch_tokens`).
     pub fn slots(&self) -> usize {
         let mut prompt = 0;

@@ -13,8 +13,8 @@ use crate::generate::shared_prompt;
 pub enum MicroBatching {
     /// At most this many sequences.
     Sequences(usize),
-    /// At most this many token slots ([`shared_prompt::slots`]: the tokens its passes run,
-    /// padding included, and the prompt slots fanned out to its responses); a sequence above
+    /// At most this many token slots ([`shared_prompt::slots`]: the slots its passes' attention
+    /// runs, padding included, and the prompt slots fanned out to its responses); a sequence above
     /// the budget runs alone.
     Tokens(usize),
 }

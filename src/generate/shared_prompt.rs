@@ -142,7 +142,7 @@ impl Group {
 
 /// One forward pass of a plan: `rows` right-padded sequences of `len` slots.
 struct Pass {
-    /// The tokens, `rows × len` with padding.
+    /// Its tokens, each row's after the one before, padding left out.
     ids: Vec<i64>,
     rows: usize,
     len: usize,
@@ -294,11 +294,9 @@ impl Passes {
         let mut first_rows = vec![0; members.len()];
         for rows in passes_by_length(&rests, overhead) {
             let n = rows.iter().map(|&k| rests[k]).max().unwrap_or(0);
-            let mut ids = vec![0i64; rows.len() * n];
-            for (row, &k) in rows.iter().enumerate() {
-                for (j, t) in rest(&requests[members[k]], prefix).enumerate() {
-                    ids[row * n + j] = t as i64;
-                }
+            let mut ids = Vec::new();
+            for &k in &rows {
+                ids.extend(rest(&requests[members[k]], prefix).map(|t| t as i64));
                 first_rows[k] = *offset;
                 *offset += rests[k];
             }
@@ -318,8 +316,8 @@ impl Passes {
 
     /// What the passes hold per layer, in token slots: every slot their attention runs,
     /// padding included (the matmuls run the tokens alone), and for each continuing pass a copy
-    /// of its prompt's keys and values, a slot per prompt token and row. A training micro-batch's activations grow with it (the
-    /// budget of `algo.micro_batch_tokens`).
+    /// of its prompt's keys and values, a slot per prompt token and row. A training
+    /// micro-batch's activations grow with it (the budget of `algo.micro_batch_tokens`).
     pub fn slots(&self) -> usize {
         let mut prompt = 0;
         let mut slots = 0;
@@ -333,25 +331,43 @@ impl Passes {
         slots
     }
 
-    /// Each pass's positions and mask (a continuing pass starts after its prompt pass).
-    pub fn layouts<B: Backend>(&self, model: &CausalLm<B>) -> Vec<LayoutTensors<B>> {
-        let mut prompt = 0;
-        let mut layouts = Vec::with_capacity(self.passes.len());
+    /// What each pass's attention reads, on `model`'s device, made once for all the layers:
+    /// its positions and mask (a continuing pass starts after its prompt pass), and where its
+    /// slots are among the packed tokens.
+    pub fn tensors<B: Backend>(&self, model: &CausalLm<B>) -> Vec<PassTensors<B>> {
+        let device = model.device();
+        let index = |at: Vec<i64>| {
+            let n = at.len();
+            Tensor::<B, 1, Int>::from_data(TensorData::new(at, [n]), &device)
+        };
+        let (mut prompt, mut first) = (0, 0);
+        let mut tensors = Vec::with_capacity(self.passes.len());
         for pass in &self.passes {
             let start = if pass.continues { prompt } else { 0 };
             if !pass.continues {
                 prompt = pass.len;
             }
-            // Right-padded, from the prompt's end: later slots never influence earlier ones.
-            layouts.push(model.layout_tensors(&Layout { start, ..Layout::dense(pass.rows, pass.len) }));
+            let tokens = pass.ids.len();
+            let gather = (tokens < pass.rows * pass.len).then(|| {
+                // A padding slot reads the pass's first token, never seen: later slots never
+                // influence earlier ones.
+                let mut reads = vec![first as i64; pass.rows * pass.len];
+                for (packed, slot) in pass.real_slots().enumerate() {
+                    reads[slot] = (first + packed) as i64;
+                }
+                (index(reads), index(pass.real_slots().map(|s| s as i64).collect()))
+            });
+            // Right-padded, from the prompt's end.
+            let layout = model.layout_tensors(&Layout { start, ..Layout::dense(pass.rows, pass.len) });
+            tensors.push(PassTensors { layout, first, tokens, gather });
+            first += tokens;
         }
-        layouts
+        tensors
     }
 
-    /// The tokens of every pass, packed without padding in pass order, each row's after the
-    /// one before: `[1, tokens]`.
+    /// The tokens of every pass, packed without padding in pass order: `[1, tokens]`.
     pub fn ids<B: Backend>(&self, device: &B::Device) -> Tensor<B, 2, Int> {
-        let ids: Vec<i64> = self.passes.iter().flat_map(|p| p.real_slots().map(|s| p.ids[s])).collect();
+        let ids: Vec<i64> = self.passes.iter().flat_map(|p| p.ids.iter().copied()).collect();
         let n = ids.len();
         Tensor::from_data(TensorData::new(ids, [1, n]), device)
     }
@@ -372,17 +388,15 @@ impl Passes {
     pub fn layer<B: Backend>(
         &self,
         layer: &DecoderLayer<B>,
-        layouts: &[LayoutTensors<B>],
+        tensors: &[PassTensors<B>],
         x: Tensor<B, 2>,
     ) -> Tensor<B, 2> {
-        layer.forward_packed(x, layouts[0].compute, |attention, [q, k, v]| {
-            let device = q.device();
+        layer.forward_packed(x, tensors[0].layout.compute, |attention, [q, k, v]| {
             let mut kept: Option<KvCache<B>> = None;
             let mut out = Vec::with_capacity(self.passes.len());
-            let mut first = 0;
-            for (i, pass) in self.passes.iter().enumerate() {
-                let slots = [&q, &k, &v].map(|t| pass.slots_of(t.clone(), first, &device));
-                first += pass.tokens();
+            for (i, (pass, at)) in self.passes.iter().zip(tensors).enumerate() {
+                let slots = [&q, &k, &v].map(|t| at.slots_of(t.clone()));
+                let layout = &at.layout;
                 let y = if pass.continues {
                     let fan_out = vec![0; pass.rows];
                     let mut cache = match self.passes.get(i + 1).is_some_and(|n| n.continues) {
@@ -394,17 +408,17 @@ impl Passes {
                         }
                     };
                     let start = cache.len();
-                    attention.attend(slots, [pass.rows, pass.len], &layouts[i], Some((&mut cache, 0, start)))
+                    attention.attend(slots, [pass.rows, pass.len], layout, Some((&mut cache, 0, start)))
                 } else if let Some(widest) = self.continuations(i).map(|n| n.len).max() {
                     let mut cache = KvCache::new(1, pass.len + widest);
-                    let y = attention.attend(slots, [pass.rows, pass.len], &layouts[i], Some((&mut cache, 0, 0)));
+                    let y = attention.attend(slots, [pass.rows, pass.len], layout, Some((&mut cache, 0, 0)));
                     cache.advance(pass.len);
                     kept = Some(cache);
                     y
                 } else {
-                    attention.attend(slots, [pass.rows, pass.len], &layouts[i], None)
+                    attention.attend(slots, [pass.rows, pass.len], layout, None)
                 };
-                out.push(pass.tokens_of(y, &device));
+                out.push(at.tokens_of(y));
             }
             match out.len() {
                 1 => out.pop().expect("one pass"),
@@ -429,10 +443,10 @@ impl Passes {
     /// The final hidden states of [`Self::select`]'s rows, the whole model's forward pass run
     /// as planned.
     pub fn response_hidden<B: Backend>(&self, model: &CausalLm<B>) -> Tensor<B, 2> {
-        let layouts = self.layouts(model);
+        let tensors = self.tensors(model);
         let mut x = self.embed(model, self.ids(&model.device()));
         for layer in &model.layers {
-            x = self.layer(layer, &layouts, x);
+            x = self.layer(layer, &tensors, x);
         }
         // The final norm works per row, so it can come after the selection.
         model.norm.forward(self.select(x), model.compute)
@@ -440,47 +454,44 @@ impl Passes {
 }
 
 impl Pass {
-    /// Its tokens, padding left out.
-    fn tokens(&self) -> usize {
-        self.lens.iter().sum()
-    }
-
-    fn padded(&self) -> bool {
-        self.tokens() < self.rows * self.len
-    }
-
     /// The slots (`row · len + position`) that hold its tokens, in packed order.
     fn real_slots(&self) -> impl Iterator<Item = usize> + '_ {
         self.lens.iter().enumerate().flat_map(move |(row, &n)| (row * self.len..).take(n))
     }
+}
 
-    /// This pass's slots `[rows · len, width]` of packed rows `x` (`[tokens, width]`) whose
-    /// first is its `first`: its rows right-padded, a padding slot holding a copy of its first
-    /// token (never read: later slots never influence earlier ones).
-    fn slots_of<B: Backend>(&self, x: Tensor<B, 2>, first: usize, device: &B::Device) -> Tensor<B, 2> {
-        if !self.padded() {
-            let width = x.dims()[1];
-            return x.slice([first..first + self.tokens(), 0..width]);
+/// What a pass's attention reads ([`Passes::tensors`]).
+pub struct PassTensors<B: Backend> {
+    layout: LayoutTensors<B>,
+    /// Its first token among the packed tokens, and how many it has.
+    first: usize,
+    tokens: usize,
+    /// For a padded pass: the packed token each of its slots reads, and the slot of each of
+    /// its tokens.
+    gather: Option<(Tensor<B, 1, Int>, Tensor<B, 1, Int>)>,
+}
+
+impl<B: Backend> PassTensors<B> {
+    /// The pass's slots `[rows · len, width]` of the packed rows `x` (`[tokens, width]`).
+    fn slots_of(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.gather {
+            Some((reads, _)) => x.select(0, reads.clone()),
+            None => {
+                let width = x.dims()[1];
+                x.slice([self.first..self.first + self.tokens, 0..width])
+            }
         }
-        let mut at = vec![first as i64; self.rows * self.len];
-        for (packed, slot) in self.real_slots().enumerate() {
-            at[slot] = (first + packed) as i64;
-        }
-        let n = at.len();
-        x.select(0, Tensor::from_data(TensorData::new(at, [n]), device))
     }
 
-    /// The outputs of its tokens, packed (`[tokens, width]`), from its slots' `[rows, len,
-    /// width]`.
-    fn tokens_of<B: Backend>(&self, y: Tensor<B, 3>, device: &B::Device) -> Tensor<B, 2> {
+    /// The outputs of the pass's tokens, packed (`[tokens, width]`), from its slots' `[rows,
+    /// len, width]`.
+    fn tokens_of(&self, y: Tensor<B, 3>) -> Tensor<B, 2> {
         let [rows, len, width] = y.dims();
         let y = y.reshape([rows * len, width]);
-        if !self.padded() {
-            return y;
+        match &self.gather {
+            Some((_, slots)) => y.select(0, slots.clone()),
+            None => y,
         }
-        let slots: Vec<i64> = self.real_slots().map(|s| s as i64).collect();
-        let n = slots.len();
-        y.select(0, Tensor::from_data(TensorData::new(slots, [n]), device))
     }
 }
 
@@ -574,15 +585,15 @@ mod tests {
         // At this size each group's rests run in one pass, padded to the longest.
         let passes = Passes::of(&requests);
         assert_eq!(passes.count(), 8);
-        let tokens: usize = passes.passes.iter().map(|p| p.tokens()).sum();
+        let tokens: usize = passes.passes.iter().map(|p| p.ids.len()).sum();
         assert!(tokens < passes.passes.iter().map(|p| p.rows * p.len).sum(), "some pass is padded");
         assert_eq!(passes.ids::<Cpu>(&Default::default()).dims(), [1, tokens]);
         let m = crate::model::precision::set_compute(small_random_model::<AD>(false, 5), ComputeDtype::Bf16);
         WEIGHTS_ROUNDED.with(|n| n.set(0));
         let x = passes.embed(&m, passes.ids(&m.device()));
         assert_eq!(x.dims(), [tokens, m.config.hidden_size]);
-        let layouts = passes.layouts(&m);
-        let _ = passes.layer(&m.layers[0], &layouts, x);
+        let tensors = passes.tensors(&m);
+        let _ = passes.layer(&m.layers[0], &tensors, x);
         // q, k, v, o, gate, up and down.
         assert_eq!(WEIGHTS_ROUNDED.with(|n| n.get()), 7);
     }

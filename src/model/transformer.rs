@@ -93,19 +93,6 @@ pub struct Attention<B: Backend> {
 }
 
 impl<B: Backend> Attention<B> {
-    /// `x: [batch, t, hidden]` → `[batch, t, hidden]`.
-    pub fn forward(
-        &self,
-        x: Tensor<B, 3>,
-        layout: &LayoutTensors<B>,
-        cache: Option<(&mut KvCache<B>, usize, usize)>,
-    ) -> Tensor<B, 3> {
-        let [b, t, d] = x.dims();
-        let c = layout.compute;
-        let [q, k, v] = self.project(x.reshape([b * t, d]), c);
-        self.o_proj.forward(self.attend([q, k, v], [b, t], layout, cache), c)
-    }
-
     /// The query, key and value projections of tokens in rows (`[n, hidden]`): `[n, heads ·
     /// head_dim]`, `[n, kv_heads · head_dim]` twice.
     pub fn project(&self, x: Tensor<B, 2>, compute: ComputeDtype) -> [Tensor<B, 2>; 3] {
@@ -196,9 +183,13 @@ impl<B: Backend> DecoderLayer<B> {
         layout: &LayoutTensors<B>,
         cache: Option<(&mut KvCache<B>, usize, usize)>,
     ) -> Tensor<B, 3> {
-        let c = layout.compute;
-        let h = x.clone() + self.self_attn.forward(self.input_layernorm.forward(x, c), layout, cache);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h, c), c)
+        let [b, t, d] = x.dims();
+        let y = self.forward_packed(x.reshape([b * t, d]), layout.compute, |attention, projected| {
+            let out = attention.attend(projected, [b, t], layout, cache);
+            let width = out.dims()[2];
+            out.reshape([b * t, width])
+        });
+        y.reshape([b, t, d])
     }
 
     /// The layer over tokens in rows (`[n, hidden]`, several passes' tokens packed): all but

@@ -66,13 +66,13 @@ pub fn forward<B: Backend>(model: &CausalLm<AD<B>>, requests: &[(Vec<u32>, Vec<u
 /// [`forward`] of the checked `batch`, run as `passes` plans it.
 fn forward_as<B: Backend>(model: &CausalLm<AD<B>>, batch: TokenBatch, passes: Passes) -> Recomputed<B> {
     let inner = model.valid();
-    let layouts = passes.layouts(&inner);
+    let tensors = passes.tensors(&inner);
     let ids = passes.ids::<B>(&inner.device());
     let mut x = passes.embed(&inner, ids.clone());
     let mut inputs = Vec::with_capacity(inner.layers.len());
     for layer in &inner.layers {
         inputs.push(x.clone());
-        x = passes.layer(layer, &layouts, x);
+        x = passes.layer(layer, &tensors, x);
     }
     let top = Tensor::from_inner(x).require_grad();
     // The final norm works per row, so it can come after the selection.
@@ -100,10 +100,10 @@ impl<B: Backend> Trunk<B> {
         let Some(mut upstream) = self.top.grad(head) else {
             return;
         };
-        let layouts = self.passes.layouts(model);
+        let tensors = self.passes.tensors(model);
         for (layer, input) in model.layers.iter().zip(self.inputs).rev() {
             let x = Tensor::from_inner(input).require_grad();
-            let y = self.passes.layer(layer, &layouts, x.clone());
+            let y = self.passes.layer(layer, &tensors, x.clone());
             let grads = surrogate(y, upstream).backward();
             store.accumulate(model, &grads);
             upstream = x.grad(&grads).expect("a layer's output depends on its input");

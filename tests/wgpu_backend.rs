@@ -204,6 +204,32 @@ fn check_chunked_logprobs(n: usize, d: usize, vocab: usize) {
     }
 }
 
+/// The packed tokens' row gathers (`backend::gather`, a custom autodiff op generic over the
+/// inner backend) on wgpu: the CPU's values and gradients, and the gradient of an output row
+/// that input row 0 read but `back` does not name is dropped where `select` would add it.
+#[test]
+fn row_gathers_take_their_gradient_by_gathering_on_wgpu() {
+    fn grads<B: burn::tensor::backend::AutodiffBackend>(dev: &B::Device) -> [Vec<f32>; 3] {
+        let x: Vec<f32> = (0..40).map(|i| (i * 7 % 11) as f32 * 0.25 - 1.0).collect();
+        let x = Tensor::<B, 2>::from_data(TensorData::new(x, [8, 5]), dev).require_grad();
+        let ints = |v: &[i64]| Tensor::<B, 1, Int>::from_data(TensorData::new(v.to_vec(), [v.len()]), dev);
+        let (index, back) = (ints(&[3, 0, 6, 0, 7, 1]), ints(&[1, 5, 6, 0, 6, 6, 2, 4]));
+        let w: Vec<f32> = (0..30).map(|i| (i % 4) as f32 - 1.5).collect();
+        let w = Tensor::<B, 2>::from_data(TensorData::new(w, [6, 5]), dev);
+        let host = |t: Tensor<B::InnerBackend, 2>| t.into_data().convert::<f32>().into_vec::<f32>().unwrap();
+        let out = hacpo::backend::gather::gather_rows(x.clone(), index.clone(), back);
+        let ours = x.grad(&(out.clone() * w.clone()).sum().backward()).unwrap();
+        let select = x.grad(&(x.clone().select(0, index) * w).sum().backward()).unwrap();
+        [host(out.inner()), host(ours), host(select)]
+    }
+    let on_wgpu = grads::<burn::backend::Autodiff<Wgpu>>(&device());
+    assert_eq!(on_wgpu, grads::<burn::backend::Autodiff<hacpo::backend::Cpu>>(&Default::default()));
+    let [_, ours, select] = on_wgpu;
+    // Output row 3 read row 0 as padding would: only row 0's gradient differs, by row 3's weight.
+    assert_ne!(ours[..5], select[..5]);
+    assert_eq!(ours[5..], select[5..]);
+}
+
 /// A reward that differs between responses of different lengths (the tiny agents favour
 /// "1", "2" and EOS), so that advantages are not all zero and the policy loss has a gradient.
 struct ByLength {

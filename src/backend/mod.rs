@@ -11,6 +11,7 @@ pub mod bf16_matmul;
 pub mod f32_matmul;
 pub mod flex_fast;
 pub mod fused;
+pub mod gather;
 pub mod kernels;
 pub mod reduce;
 

@@ -17,9 +17,10 @@
 //! token. So the passes' tokens are packed, padding left out, and every projection and MLP of
 //! a layer multiplies all of them at once (verl's and TRL's padding-free batches: one product
 //! of each weight a micro-batch, a bf16 weight rounded once); each pass's attention runs on its
-//! rows right-padded to the longest. Responses of very different lengths (a math rollout's run
-//! from a few hundred tokens to the limit) run their attention in passes of like lengths where
-//! that saves more padding than a pass costs ([`passes_by_length`]).
+//! rows right-padded to the longest, gathered from the packed tokens and back by
+//! [`gather_rows`], whose gradient is a gather too. Responses of very different lengths (a
+//! math rollout's run from a few hundred tokens to the limit) run their attention in passes of
+//! like lengths where that saves more padding than a pass costs ([`passes_by_length`]).
 //!
 //! The last response token is never fed (nothing here reads what it predicts), and the first
 //! response token is predicted by the last prompt position, in the prefix pass when the prompt
@@ -32,6 +33,7 @@ use std::collections::HashMap;
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
+use crate::backend::gather::gather_rows;
 use crate::model::transformer::DecoderLayer;
 use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
@@ -341,21 +343,29 @@ impl Passes {
             Tensor::<B, 1, Int>::from_data(TensorData::new(at, [n]), &device)
         };
         let (mut prompt, mut first) = (0, 0);
+        let total = self.passes.iter().map(|p| p.ids.len()).sum();
         let mut tensors = Vec::with_capacity(self.passes.len());
         for pass in &self.passes {
             let start = if pass.continues { prompt } else { 0 };
             if !pass.continues {
                 prompt = pass.len;
             }
-            let tokens = pass.ids.len();
-            let gather = (tokens < pass.rows * pass.len).then(|| {
-                // A padding slot reads the pass's first token, never seen: later slots never
-                // influence earlier ones.
-                let mut reads = vec![first as i64; pass.rows * pass.len];
+            let (tokens, slots) = (pass.ids.len(), pass.rows * pass.len);
+            let gather = (tokens < slots).then(|| {
+                // A padding slot reads the pass's first token, never seen (later slots never
+                // influence earlier ones), so its gradient is zero: each token takes its own
+                // slot's, and the other passes' tokens the zero row (`slots`).
+                let mut reads = vec![first as i64; slots];
+                let mut back = vec![slots as i64; total];
+                // Back from the slots, a padding slot takes the zero row (`tokens`).
+                let mut slots_back = vec![tokens as i64; slots];
                 for (packed, slot) in pass.real_slots().enumerate() {
                     reads[slot] = (first + packed) as i64;
+                    back[first + packed] = slot as i64;
+                    slots_back[slot] = packed as i64;
                 }
-                (index(reads), index(pass.real_slots().map(|s| s as i64).collect()))
+                let slots_of = [index(reads), index(back)];
+                [slots_of, [index(pass.real_slots().map(|s| s as i64).collect()), index(slots_back)]]
             });
             // Right-padded, from the prompt's end.
             let layout = model.layout_tensors(&Layout { start, ..Layout::dense(pass.rows, pass.len) });
@@ -466,16 +476,17 @@ pub struct PassTensors<B: Backend> {
     /// Its first token among the packed tokens, and how many it has.
     first: usize,
     tokens: usize,
-    /// For a padded pass: the packed token each of its slots reads, and the slot of each of
-    /// its tokens.
-    gather: Option<(Tensor<B, 1, Int>, Tensor<B, 1, Int>)>,
+    /// For a padded pass, [`gather_rows`]' `index` and `back` from the packed tokens to its
+    /// slots (the packed token each slot reads; the slot of each of its tokens), and from its
+    /// slots to its tokens.
+    gather: Option<[[Tensor<B, 1, Int>; 2]; 2]>,
 }
 
 impl<B: Backend> PassTensors<B> {
     /// The pass's slots `[rows · len, width]` of the packed rows `x` (`[tokens, width]`).
     fn slots_of(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.gather {
-            Some((reads, _)) => x.select(0, reads.clone()),
+            Some([[reads, back], _]) => gather_rows(x, reads.clone(), back.clone()),
             None => {
                 let width = x.dims()[1];
                 x.slice([self.first..self.first + self.tokens, 0..width])
@@ -489,7 +500,7 @@ impl<B: Backend> PassTensors<B> {
         let [rows, len, width] = y.dims();
         let y = y.reshape([rows * len, width]);
         match &self.gather {
-            Some((_, slots)) => y.select(0, slots.clone()),
+            Some([_, [slots, back]]) => gather_rows(y, slots.clone(), back.clone()),
             None => y,
         }
     }

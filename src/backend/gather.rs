@@ -5,7 +5,8 @@
 //! and walks every index in turn, since two indices may name the same row: a few hundred
 //! threads doing thousands of dependent steps each. The packed tokens of a training
 //! micro-batch go through such gathers four times a layer for every padded pass (its slots
-//! and back), and the final hidden states once.
+//! and back; the final hidden states' one gather keeps `select`: a group's responses all read
+//! their prompt's last row).
 //!
 //! Those gathers read each input row at most once (a pass's padding slots aside, whose
 //! gradient is exactly zero: later slots never influence earlier ones, and the padding's own

@@ -364,8 +364,9 @@ impl Passes {
                     back[first + packed] = slot as i64;
                     slots_back[slot] = packed as i64;
                 }
-                let slots_of = [index(reads), index(back)];
-                [slots_of, [index(pass.real_slots().map(|s| s as i64).collect()), index(slots_back)]]
+                // Each of its tokens' slot, in packed order, as `back` holds them.
+                let token_slots = back[first..first + tokens].to_vec();
+                [[index(reads), index(back)], [index(token_slots), index(slots_back)]]
             });
             // Right-padded, from the prompt's end.
             let layout = model.layout_tensors(&Layout { start, ..Layout::dense(pass.rows, pass.len) });

@@ -20,6 +20,7 @@ Needs: torch, transformers (and accelerate + gguf for --gguf).
 import argparse
 import json
 import os
+import sys
 import time
 
 import torch
@@ -113,6 +114,10 @@ def main():
     peaks = []
 
     def phase_done():
+        # Each figure as soon as it is measured (as `hacpo bench` does): a run stopped by a
+        # time limit still leaves the phases it finished on stderr.
+        n, b, k, s = results[-1]
+        print(f"{n} b{b}: {k / s:.1f} tokens/s (median of {args.reps})", file=sys.stderr, flush=True)
         if DEVICE.startswith("cuda"):
             peaks.append(torch.cuda.max_memory_allocated())
             torch.cuda.reset_peak_memory_stats()

@@ -41,22 +41,47 @@ pub struct Measurement {
     pub seconds: f64,
     pub tokens_per_second: f64,
     pub reps: usize,
+    /// Seconds of the warm-up run, kernel compilation (GPU) and first allocations included.
+    pub warmup_seconds: f64,
 }
 
 /// Runs `run` once to warm up and `reps` more times; `run` returns (tokens, seconds).
+///
+/// Each phase shows progress and writes its figure to stderr as soon as it is measured: on a
+/// GPU the warm-up alone (kernels compiled on first use) can take minutes, and a run stopped
+/// by a time limit still leaves the phases it finished.
 fn median_of(name: &str, batch: usize, reps: usize, mut run: impl FnMut() -> (usize, f64)) -> Measurement {
+    let progress = crate::progress::Progress::new(format!("{name} b{batch}"), reps.max(1) as u64 + 1);
+    progress.set_message("warm-up");
+    let started = Instant::now();
     run();
-    let mut samples: Vec<(usize, f64)> = (0..reps.max(1)).map(|_| run()).collect();
+    let warmup_seconds = started.elapsed().as_secs_f64();
+    progress.inc(1);
+    let mut samples: Vec<(usize, f64)> = (0..reps.max(1))
+        .map(|i| {
+            progress.set_message(format!("run {}/{}", i + 1, reps.max(1)));
+            let sample = run();
+            progress.inc(1);
+            sample
+        })
+        .collect();
+    progress.finish();
     samples.sort_by(|a, b| (a.0 as f64 / a.1).total_cmp(&(b.0 as f64 / b.1)));
     let (tokens, seconds) = samples[samples.len() / 2];
-    Measurement {
+    let measurement = Measurement {
         name: name.into(),
         batch,
         tokens,
         seconds,
         tokens_per_second: tokens as f64 / seconds,
         reps: samples.len(),
-    }
+        warmup_seconds,
+    };
+    eprintln!(
+        "{name} b{batch}: {:.1} tokens/s (median of {}; warm-up {warmup_seconds:.1} s)",
+        measurement.tokens_per_second, measurement.reps
+    );
+    measurement
 }
 
 /// `n` uniformly random token ids below `vocab`.

@@ -240,13 +240,13 @@ fn load_weights<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B:
     if let Some(id) = &args.random_shape {
         let entry = hacpo::model::zoo::find(id).ok_or_else(|| hacpo::resolve::unknown_model(id))?;
         let config = entry.model_config()?;
-        return weights::build(&config, &mut weights::RandomWeights::new(&config, 0, 0.02), device);
+        return weights::build(&config, &mut weights::RandomWeights::parallel(&config, 0, 0.02), device);
     }
     match &args.model {
         Some(m) => Ok(hacpo::model::load::<B>(m, device)?.model),
         None => {
             let config = bench::tiny_5m_config();
-            weights::build(&config, &mut weights::RandomWeights::new(&config, 0, 0.02), device)
+            weights::build(&config, &mut weights::RandomWeights::parallel(&config, 0, 0.02), device)
         }
     }
 }

@@ -1,59 +1,70 @@
 #!/usr/bin/env bash
-# GPU benchmarks, hacpo beside PyTorch eager on the same CUDA device, in one run.
+# GPU benchmarks, hacpo beside PyTorch eager on the same CUDA device, in one run that keeps to a
+# time budget.
 #
-#   scripts/gpu_bench.sh --hacpo ./hacpo-cuda [--python python3] [--shape qwen-1.5b] [--out DIR]
+#   scripts/gpu_bench.sh --hacpo ./hacpo-cuda [--also ./hacpo-cuda-autotune] [--budget 540]
+#                        [--python python3] [--shape qwen-1.5b] [--reps 2] [--out DIR]
 #   scripts/gpu_bench.sh --device cpu --smoke --shape qwen-0.5b    # the script itself, on a CPU
 #
 # A CUDA machine may have no Rust toolchain: build the binary elsewhere and bring it along,
 #   CUDARC_CUDA_VERSION=13000 cargo build --release --features cuda && strip target/release/hacpo
-# and have Python with torch and transformers here. CUDA_PATH defaults to /usr/local/cuda
-# (hacpo's kernels are compiled by NVRTC at run time).
+# (burn's autotuned kernels: --features cuda,burn/autotune; its fused kernels as well:
+# --features cuda,burn/autotune,burn/fusion; pass such builds with --also to measure them beside
+# the first) and have Python with torch and transformers here. CUDA_PATH defaults to
+# /usr/local/cuda (hacpo's kernels are compiled by NVRTC at run time).
 #
-# What it runs (random weights in the shape of a zoo entry, no download):
-#   1. hacpo bench --device $DEVICE --random-shape SHAPE --compute-dtype f32, then bf16
-#      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights)
-#   2. scripts/bench_pytorch.py --device cuda --shape SHAPE     (SDPA; f32 and bf16)
-#      Same phases and sizes: prefill, decode at batch 1 and 64, train step.
-#   3. hacpo bench --trainer --device cuda --compute-dtype bf16: three HACPO steps of two random
-#      agents with the real Qwen3 and Llama-3.1 tokenizers, both of SHAPE's hidden size and depth
-#      (4 heads, MLP 3× hidden: the trainer bench's own family of shapes), on one GPU; reads tests/shared (and the fetched Llama tokenizer).
-# and prints tokens/s side by side with the ratio hacpo / PyTorch, and each phase's peak memory
-# (PyTorch's allocator peak; nvidia-smi's peak for hacpo, sampled every 0.2 s).
-# Everything lands in DIR (default gpu-bench-<date>): the JSON of each run and summary.txt.
+# What it runs (random weights in the shape of a zoo entry, no download), in this order, each
+# stage under a time limit of its own and skipped when the budget has too little left:
+#   1. for bf16, then f32: hacpo bench --device $DEVICE --random-shape SHAPE of every build
+#      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
+#      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
+#      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step.
+#   2. hacpo bench --trainer --device cuda --compute-dtype bf16: HACPO steps of two random
+#      agents with the real Qwen3 and Llama-3.1 tokenizers, of SHAPE's hidden size and depth;
+#      reads tests/shared (and the fetched Llama tokenizer).
+# Both benchmarks write each phase's figure to stderr as soon as it is measured, so a stage cut
+# off by its limit still counts the phases it finished. The summary prints tokens/s side by side
+# with the ratio hacpo / PyTorch and each run's peak memory (nvidia-smi, sampled every 0.2 s).
+# Everything lands in DIR (default gpu-bench-<date>): each run's output (.out: JSON) and log (.err), and summary.txt.
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 HACPO="${HACPO:-$HERE/../target/release/hacpo}"
+ALSO=()
 PYTHON="${PYTHON:-python3}"
 SHAPE="qwen-1.5b"
 OUT="gpu-bench-$(date +%Y%m%d-%H%M%S)"
-REPS=5
-PREFILL="--prefill-batch 4 --prefill-len 512"
-DECODE="--decode-batch 1,64 --prompt-len 128 --new-tokens 128"
-TRAIN="--train-batch 4 --train-len 512"
+REPS=2
+BUDGET=540
+SIZES="--prefill-batch 4 --prefill-len 512 --prompt-len 128 --new-tokens 32 --train-batch 4 --train-len 512"
 DEVICE="cuda"
-TRAINER_STEPS=3
+TRAINER_STEPS=2
 SMOKE=0
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --hacpo) HACPO="$2"; shift 2 ;;
+    --also) ALSO+=("$2"); shift 2 ;;
     --python) PYTHON="$2"; shift 2 ;;
     --shape) SHAPE="$2"; shift 2 ;;
     --out) OUT="$2"; shift 2 ;;
     --reps) REPS="$2"; shift 2 ;;
+    --budget) BUDGET="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     # Tiny sizes and one repetition: checks the script end to end, measures nothing useful.
-    --smoke) PREFILL="--prefill-batch 1 --prefill-len 16"; DECODE="--decode-batch 1,2 --prompt-len 8 --new-tokens 2"
-             TRAIN="--train-batch 1 --train-len 16"; REPS=1; TRAINER_STEPS=1; SMOKE=1; shift ;;
+    --smoke) SIZES="--prefill-batch 1 --prefill-len 16 --prompt-len 8 --new-tokens 2 --train-batch 1 --train-len 16"
+             REPS=1; TRAINER_STEPS=1; SMOKE=1; shift ;;
     -h|--help) usage ;;
     *) echo "error: unknown argument $1" >&2; usage ;;
   esac
 done
 
 fail() { echo "error: $*" >&2; exit 2; }
-[ -x "$HACPO" ] || fail "no hacpo binary at $HACPO; build one with CUDARC_CUDA_VERSION=13000 cargo build --release --features cuda and pass --hacpo PATH"
+for bin in "$HACPO" ${ALSO[@]+"${ALSO[@]}"}; do
+  [ -x "$bin" ] || fail "no hacpo binary at $bin; build one with CUDARC_CUDA_VERSION=13000 cargo build --release --features cuda and pass --hacpo PATH"
+done
+case "$BUDGET" in ''|*[!0-9]*) fail "--budget takes whole seconds, not $BUDGET" ;; esac
 if [ "$DEVICE" = cpu ]; then
   "$PYTHON" -c "import torch, transformers" || fail "$PYTHON needs torch and transformers"
 else
@@ -69,66 +80,85 @@ if [ "$DEVICE" = cpu ]; then
 else
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 fi
+STARTED=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - STARTED) )); }
 
-# Peak GPU memory of a command, from nvidia-smi samples (hacpo has no allocator statistics).
-with_peak() {
-  local name="$1"; shift
-  local samples="$OUT/$name.memory"
+# Runs stage NAME for at most CAP seconds (less if the budget has less left; skipped under 45 s),
+# its stdout to NAME.out and stderr to NAME.err, and records nvidia-smi's peak memory.
+stage() {
+  local name="$1" cap="$2"; shift 2
+  local limit; limit=$(left); [ "$limit" -gt "$cap" ] && limit=$cap
+  if [ "$limit" -lt 45 ]; then echo "== $name: skipped, $(left) s of the budget left" | tee -a "$OUT/stages.txt"; return; fi
+  echo "== $name (at most $limit s)"
+  local samples="$OUT/$name.memory" sampler="" rc=0 t0; t0=$(date +%s)
   : > "$samples"
-  if [ "$DEVICE" = cpu ]; then
-    "$@" || fail "$name failed: $*"
-    echo "-" > "$OUT/$name.peak_mib"
-    return
+  if [ "$DEVICE" != cpu ]; then
+    ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 >> "$samples"; sleep 0.2; done ) &
+    sampler=$!
   fi
-  ( while true; do nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i 0 >> "$samples"; sleep 0.2; done ) &
-  local sampler=$!
-  local rc=0
-  "$@" || rc=$?
-  kill "$sampler" 2> /dev/null; wait "$sampler" 2> /dev/null || true
-  [ "$rc" -eq 0 ] || fail "$name failed (exit $rc): $*"
-  sort -n "$samples" | tail -1 > "$OUT/$name.peak_mib"
+  timeout "$limit" "$@" > "$OUT/$name.out" 2> "$OUT/$name.err" || rc=$?
+  [ -n "$sampler" ] && { kill "$sampler" 2> /dev/null; wait "$sampler" 2> /dev/null || true; }
+  if [ -n "$sampler" ]; then sort -n "$samples" | tail -1; else echo "-"; fi > "$OUT/$name.peak_mib"
+  local how="done"; [ "$rc" -eq 124 ] && how="cut off at its limit"; [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && how="failed (exit $rc)"
+  echo "== $name: $how after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/stages.txt"
+  grep -E '^(prefill|decode|train_step) b[0-9]+: ' "$OUT/$name.err" || true
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || tail -5 "$OUT/$name.err"
 }
 
-for dtype in f32 bf16; do
-  echo "== hacpo bench, $SHAPE shape, $dtype matmuls"
-  with_peak "hacpo_$dtype" sh -c "\"$HACPO\" bench --device $DEVICE --random-shape $SHAPE --compute-dtype $dtype $PREFILL $DECODE $TRAIN --reps $REPS --format json > \"$OUT/hacpo_$dtype.json\""
-done
-for dtype in float32 bfloat16; do
-  echo "== PyTorch eager (SDPA), $SHAPE shape, $dtype"
-  "$PYTHON" "$HERE/bench_pytorch.py" --device "$DEVICE" --shape "$SHAPE" --dtype "$dtype" $PREFILL $DECODE $TRAIN \
-    --reps "$REPS" > "$OUT/torch_$dtype.json" || fail "bench_pytorch.py --dtype $dtype failed"
+LABELS=()
+for bin in "$HACPO" ${ALSO[@]+"${ALSO[@]}"}; do LABELS+=("$(basename "$bin")"); done
+[ "${#LABELS[@]}" -eq "$(printf '%s\n' "${LABELS[@]}" | sort -u | wc -l)" ] || fail "give the builds different file names: the summary names them by it"
+BINS=("$HACPO" ${ALSO[@]+"${ALSO[@]}"})
+for dtype in bf16 f32; do
+  decode=64; [ "$dtype" = f32 ] && decode=1,64
+  for i in "${!BINS[@]}"; do
+    stage "${LABELS[$i]}_$dtype" 240 "${BINS[$i]}" bench --device "$DEVICE" --random-shape "$SHAPE" --compute-dtype "$dtype" \
+      $SIZES --decode-batch "$decode" --reps "$REPS" --format json
+  done
+  torch_dtype=bfloat16; [ "$dtype" = f32 ] && torch_dtype=float32
+  stage "torch_$dtype" 150 "$PYTHON" "$HERE/bench_pytorch.py" --device "$DEVICE" --shape "$SHAPE" --dtype "$torch_dtype" \
+    $SIZES --decode-batch "$decode" --reps "$REPS"
 done
 
-echo "== hacpo: three HACPO steps of two random $SHAPE-shaped agents on one device ($DEVICE)"
 read -r HIDDEN LAYERS < <("$PYTHON" -c "
 import tomllib; c = tomllib.load(open('$HERE/../models/$SHAPE.toml', 'rb'))['config']
 print(c['hidden_size'], c['num_hidden_layers'])")
 [ "$SMOKE" = 1 ] && { HIDDEN=64; LAYERS=2; }
-with_peak hacpo_trainer sh -c "\"$HACPO\" bench --trainer --device $DEVICE --compute-dtype bf16 --hidden $HIDDEN --layers $LAYERS --steps $TRAINER_STEPS > \"$OUT/hacpo_trainer.txt\" 2>&1"
+stage hacpo_trainer 150 "$HACPO" bench --trainer --device "$DEVICE" --compute-dtype bf16 --hidden "$HIDDEN" --layers "$LAYERS" \
+  --steps "$TRAINER_STEPS"
 
-"$PYTHON" - "$OUT" <<'EOF' | tee "$OUT/summary.txt"
-import json, os, sys
-out = sys.argv[1]
-load = lambda f: json.load(open(os.path.join(out, f)))
-h, h16 = load("hacpo_f32.json"), load("hacpo_bf16.json")
-t32, t16 = load("torch_float32.json"), load("torch_bfloat16.json")
-key = lambda r: (r["name"], r["batch"])
-rate = lambda run: {key(r): r["tokens_per_second"] for r in run["results"]}
-peak = lambda run: {key(r): r.get("peak_bytes") for r in run["results"]}
-hr, hr16, r32, r16, p32, p16 = rate(h), rate(h16), rate(t32), rate(t16), peak(t32), peak(t16)
+"$PYTHON" - "$OUT" "${LABELS[@]}" <<'EOF' | tee "$OUT/summary.txt"
+import os, re, sys
+out, labels = sys.argv[1], sys.argv[2:]
+line = re.compile(r"^(prefill|decode|train_step) b(\d+): ([\d.]+) tokens/s", re.M)
+def rates(name):
+    path = os.path.join(out, name + ".err")
+    text = open(path).read() if os.path.exists(path) else ""
+    return {(m[1], int(m[2])): float(m[3]) for m in line.finditer(text)}
+def peak(name):
+    path = os.path.join(out, name + ".peak_mib")
+    return (open(path).read().strip() or "?") if os.path.exists(path) else "-"
 print(f"GPU: {open(os.path.join(out, 'gpu.txt')).read().strip()}")
-print(f"model: {h['model']}; torch {t32['torch']}")
-print("tokens/s; ratio = hacpo over PyTorch in the same precision")
-print(f"{'phase':<16}{'hacpo f32':>11}{'torch f32':>11}{'ratio':>7}{'hacpo bf16':>12}{'torch bf16':>12}{'ratio':>7}"
-      f"{'torch peak f32/bf16 GB':>25}")
-for k in hr:
-    gb = lambda p: "-" if p.get(k) is None else f"{p[k] / 1e9:.1f}"
-    print(f"{k[0] + ' b' + str(k[1]):<16}{hr[k]:>11.1f}{r32[k]:>11.1f}{hr[k] / r32[k]:>7.2f}{hr16[k]:>12.1f}{r16[k]:>12.1f}"
-          f"{hr16[k] / r16[k]:>7.2f}{gb(p32) + ' / ' + gb(p16):>25}")
-for name in ["hacpo_f32", "hacpo_bf16", "hacpo_trainer"]:
-    mib = open(os.path.join(out, name + ".peak_mib")).read().strip() or "?"
-    print(f"{name}: peak GPU memory {mib} MiB (nvidia-smi)")
-print("hacpo --trainer (last lines):")
-print("\n".join(open(os.path.join(out, "hacpo_trainer.txt")).read().strip().splitlines()[-12:]))
+print("tokens/s (phases a stage finished); ratio = that hacpo build over PyTorch in the same precision")
+for dtype in ["bf16", "f32"]:
+    torch = rates(f"torch_{dtype}")
+    runs = [(label, rates(f"{label}_{dtype}")) for label in labels]
+    phases = sorted({k for _, r in runs for k in r} | set(torch), key=lambda k: (["prefill", "decode", "train_step"].index(k[0]), k[1]))
+    head = "".join(f"{label[:18]:>20}{'ratio':>7}" for label, _ in runs)
+    print(f"\n{dtype:<16}{head}{'PyTorch':>12}")
+    for k in phases:
+        cells = ""
+        for _, r in runs:
+            v, t = r.get(k), torch.get(k)
+            cells += f"{'-' if v is None else round(v, 1)!s:>20}" + (f"{v / t:>7.2f}" if v and t else f"{'-':>7}")
+        t = torch.get(k)
+        print(f"{k[0] + ' b' + str(k[1]):<16}{cells}{'-' if t is None else round(t, 1)!s:>12}")
+    print("peak MiB (nvidia-smi): " + ", ".join(f"{label} {peak(f'{label}_{dtype}')}" for label in labels)
+          + f", PyTorch {peak(f'torch_{dtype}')}")
+trainer = os.path.join(out, "hacpo_trainer.out")
+if os.path.exists(trainer):
+    print("\nhacpo --trainer (last lines):")
+    print("\n".join(open(trainer).read().strip().splitlines()[-8:]))
+print("\n" + open(os.path.join(out, "stages.txt")).read().strip())
 EOF
 echo "results in $OUT/"

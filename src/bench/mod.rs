@@ -51,15 +51,16 @@ pub struct Measurement {
 /// GPU the warm-up alone (kernels compiled on first use) can take minutes, and a run stopped
 /// by a time limit still leaves the phases it finished.
 fn median_of(name: &str, batch: usize, reps: usize, mut run: impl FnMut() -> (usize, f64)) -> Measurement {
-    let progress = crate::progress::Progress::new(format!("{name} b{batch}"), reps.max(1) as u64 + 1);
+    let reps = reps.max(1);
+    let progress = crate::progress::Progress::new(format!("{name} b{batch}"), reps as u64 + 1);
     progress.set_message("warm-up");
     let started = Instant::now();
     run();
     let warmup_seconds = started.elapsed().as_secs_f64();
     progress.inc(1);
-    let mut samples: Vec<(usize, f64)> = (0..reps.max(1))
+    let mut samples: Vec<(usize, f64)> = (0..reps)
         .map(|i| {
-            progress.set_message(format!("run {}/{}", i + 1, reps.max(1)));
+            progress.set_message(format!("run {}/{reps}", i + 1));
             let sample = run();
             progress.inc(1);
             sample

@@ -237,15 +237,11 @@ fn load<B: burn::tensor::backend::Backend>(
 }
 
 fn load_weights<B: burn::tensor::backend::Backend>(args: &BenchArgs, device: &B::Device) -> Result<CausalLm<B>> {
-    if let Some(id) = &args.random_shape {
-        let entry = hacpo::model::zoo::find(id).ok_or_else(|| hacpo::resolve::unknown_model(id))?;
-        let config = entry.model_config()?;
-        return weights::build(&config, &mut weights::RandomWeights::parallel(&config, 0, 0.02), device);
-    }
-    match &args.model {
-        Some(m) => Ok(hacpo::model::load::<B>(m, device)?.model),
-        None => {
-            let config = bench::tiny_5m_config();
+    match (&args.random_shape, &args.model) {
+        (None, Some(m)) => Ok(hacpo::model::load::<B>(m, device)?.model),
+        // A zoo entry's shape or the built-in tiny-5m, with random weights.
+        _ => {
+            let config = model_shape(args)?;
             weights::build(&config, &mut weights::RandomWeights::parallel(&config, 0, 0.02), device)
         }
     }

@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod backend;
 pub mod bench;
+pub mod cache;
 pub mod cluster;
 pub mod config;
 pub mod data;

@@ -447,3 +447,48 @@ fn scoring_over_an_odd_151k_vocabulary_matches_the_cpu_on_wgpu() {
         assert!(max_abs_diff(&got, &want) < TOLERANCE, "T {temperature}: wgpu {got:?} vs cpu {want:?}");
     }
 }
+
+/// On a GPU backend hacpo keeps compiled kernels under `$HACPO_CACHE/kernels/<key>` and says
+/// so with `-v`; `HACPO_KERNEL_CACHE=off` turns that off; a malformed cubecl.toml in the working
+/// directory is refused with its name before any model loads (cubecl would panic on it).
+#[test]
+fn gpu_kernels_are_kept_in_hacpos_cache_unless_cubecl_is_configured() {
+    let _ = device(); // fails with what to install when there is no Vulkan driver
+    let dir = common::tiny_model_dir("qwen3-tiny");
+    let (cache, cwd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let generate = |switch: &str| {
+        common::hacpo_command(&[
+            "generate",
+            "--model",
+            dir.path().to_str().unwrap(),
+            "--prompt",
+            "hello",
+            "--greedy",
+            "--max-new-tokens",
+            "2",
+            "--device",
+            "wgpu",
+            "-v",
+        ])
+        .current_dir(cwd.path())
+        .env("HACPO_CACHE", cache.path())
+        .env("HACPO_KERNEL_CACHE", switch)
+        .output()
+        .unwrap()
+    };
+    let kept = cache.path().join(format!("kernels/wgpu-burn{}", hacpo::backend::kernel_cache::BURN_VERSION));
+    let out = generate("on");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains(&format!("compiled GPU kernels are kept in {}", kept.display())), "{err}");
+    assert!(kept.is_dir());
+    let out = generate("off");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && err.contains("GPU kernels are compiled anew: HACPO_KERNEL_CACHE is off"), "{err}");
+
+    std::fs::write(cwd.path().join("cubecl.toml"), "[compilation\n").unwrap();
+    let out = generate("on");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("cubecl.toml") && err.contains("fix or remove it"), "{err}");
+}

@@ -12,6 +12,7 @@ pub mod f32_matmul;
 pub mod flex_fast;
 pub mod fused;
 pub mod gather;
+pub mod kernel_cache;
 pub mod kernels;
 pub mod reduce;
 
@@ -168,7 +169,8 @@ impl DeviceOf for Wgpu {
 }
 
 /// Runs a generic body with the backend and device that a [`DeviceSpec`] names:
-/// `with_backend!(spec, |B, device| run::<B>(&device))`.
+/// `with_backend!(spec, |B, device| run::<B>(&device))`. On a GPU it first sets where compiled
+/// kernels are kept ([`kernel_cache::prepare`]; `?` on a malformed cubecl configuration).
 #[macro_export]
 macro_rules! with_backend {
     ($spec:expr, |$b:ident, $dev:ident| $body:expr) => {{
@@ -180,6 +182,7 @@ macro_rules! with_backend {
             }
             #[cfg(feature = "cuda")]
             $crate::backend::DeviceSpec::Cuda(i) => {
+                $crate::backend::kernel_cache::prepare($crate::backend::DeviceSpec::Cuda(i))?;
                 type $b = $crate::backend::Cuda;
                 let $dev = burn::backend::cuda::CudaDevice::new(i);
                 $body
@@ -188,6 +191,7 @@ macro_rules! with_backend {
             $crate::backend::DeviceSpec::Cuda(_) => unreachable!("DeviceSpec::parse rejects cuda without the feature"),
             #[cfg(feature = "wgpu")]
             $crate::backend::DeviceSpec::Wgpu => {
+                $crate::backend::kernel_cache::prepare($crate::backend::DeviceSpec::Wgpu)?;
                 type $b = $crate::backend::Wgpu;
                 let $dev = burn::backend::wgpu::WgpuDevice::default();
                 $body

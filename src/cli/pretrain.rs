@@ -33,7 +33,7 @@ pub fn run(args: PretrainArgs) -> Result<()> {
         None => TrainConfig::from_toml(EMBEDDED_DEFAULT, EMBEDDED_DEFAULT_NAME, &args.overrides)?,
     };
     cfg.validate()?;
-    let out = args.out.unwrap_or_else(|| hacpo::tiny::cache_root().join("tiny"));
+    let out = args.out.unwrap_or_else(|| hacpo::cache::root().join("tiny"));
     for dir in hacpo::tiny::pretrain_agents::<Cpu>(&cfg, &out, &Default::default())? {
         println!("{}", dir.display());
     }

@@ -267,20 +267,11 @@ pub fn ids() -> Vec<&'static str> {
     SPECS.iter().map(|(k, _)| *k).collect()
 }
 
-/// `$HACPO_CACHE`, else `~/.cache/hacpo`.
-pub fn cache_root() -> PathBuf {
-    if let Some(d) = std::env::var_os("HACPO_CACHE") {
-        return PathBuf::from(d);
-    }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    home.join(".cache/hacpo")
-}
-
 /// Where `spec` pre-trained on `task` (its generator's settings) is cached.
 pub fn cache_dir(spec: &TinySpec, task: &impl Serialize) -> PathBuf {
     let key = serde_json::to_string(&(RECIPE_VERSION, spec, task)).expect("json");
     let h = crate::stable_hash::hash_bytes(key.as_bytes());
-    cache_root().join("tiny").join(format!("{}-{h:016x}", spec.id))
+    crate::cache::root().join("tiny").join(format!("{}-{h:016x}", spec.id))
 }
 
 /// Whether `dir` holds a complete pre-trained agent.

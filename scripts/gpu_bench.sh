@@ -15,6 +15,10 @@
 #
 # What it runs (random weights in the shape of a zoo entry, no download), in this order, each
 # stage under a time limit of its own and skipped when the budget has too little left:
+#   0. the kernel cache: one step of the embedded default (`hacpo train --devices cuda --steps 1`,
+#      held-out passes before and after) twice with an empty $HACPO_CACHE (DIR/hacpo-cache),
+#      first compiling every kernel, then loading them from the cache (`kernel_cold`,
+#      `kernel_warm`; --no-kernel-cache skips this). The stages below share that cache.
 #   1. for bf16, then f32: hacpo bench --device $DEVICE --random-shape SHAPE of every build
 #      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
 #      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
@@ -40,8 +44,9 @@ SIZES="--prefill-batch 4 --prefill-len 512 --prompt-len 128 --new-tokens 32 --tr
 DEVICE="cuda"
 TRAINER_STEPS=2
 SMOKE=0
+KERNEL_CACHE=1
 
-usage() { sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --hacpo) HACPO="$2"; shift 2 ;;
@@ -52,6 +57,7 @@ while [ $# -gt 0 ]; do
     --reps) REPS="$2"; shift 2 ;;
     --budget) BUDGET="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
+    --no-kernel-cache) KERNEL_CACHE=0; shift ;;
     # Tiny sizes and one repetition: checks the script end to end, measures nothing useful.
     --smoke) SIZES="--prefill-batch 1 --prefill-len 16 --prompt-len 8 --new-tokens 2 --train-batch 1 --train-len 16"
              REPS=1; TRAINER_STEPS=1; SMOKE=1; shift ;;
@@ -104,6 +110,14 @@ stage() {
   grep -E '^(prefill|decode|train_step) b[0-9]+: ' "$OUT/$name.err" || true
   [ "$rc" -eq 0 ] || [ "$rc" -eq 124 ] || tail -5 "$OUT/$name.err"
 }
+
+# Compiled kernels go to a cache of this run's own, empty at first (src/backend/kernel_cache.rs).
+export HACPO_CACHE="$OUT/hacpo-cache"
+if [ "$KERNEL_CACHE" = 1 ] && [ "$DEVICE" != cpu ]; then
+  for run in cold warm; do
+    stage "kernel_$run" 150 "$HACPO" train --devices "$DEVICE" --steps 1 --set task.val_every=0 --out "$OUT/train-$run"
+  done
+fi
 
 LABELS=()
 for bin in "$HACPO" ${ALSO[@]+"${ALSO[@]}"}; do LABELS+=("$(basename "$bin")"); done

@@ -176,7 +176,8 @@ pub fn cuda_key(smi: &str) -> std::result::Result<String, String> {
     let mut keys: Vec<String> = Vec::new();
     for line in smi.lines().map(str::trim).filter(|l| !l.is_empty()) {
         let (cap, driver) = line.split_once(',').ok_or_else(|| format!("unexpected nvidia-smi line {line:?}"))?;
-        let (major, minor) = cap.trim().split_once('.').ok_or_else(|| format!("unexpected compute capability {cap:?}"))?;
+        let (major, minor) =
+            cap.trim().split_once('.').ok_or_else(|| format!("unexpected compute capability {cap:?}"))?;
         let driver = driver.trim();
         let plain = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '.');
         if !(plain(major) && plain(minor) && plain(driver)) {
@@ -184,11 +185,15 @@ pub fn cuda_key(smi: &str) -> std::result::Result<String, String> {
         }
         keys.push(format!("cuda-sm{major}{minor}-driver{driver}-burn{BURN_VERSION}"));
     }
+    keys.sort_unstable();
     keys.dedup();
     match keys.as_slice() {
         [key] => Ok(key.clone()),
         [] => Err("nvidia-smi listed no GPU".into()),
-        _ => Err(format!("this machine's GPUs differ ({}): kernels compiled for one could reach another", keys.join(", "))),
+        _ => Err(format!(
+            "this machine's GPUs differ ({}): kernels compiled for one could reach another",
+            keys.join(", ")
+        )),
     }
 }
 
@@ -237,7 +242,10 @@ mod tests {
     #[test]
     fn the_cuda_key_names_what_the_kernels_were_compiled_for() {
         let b = BURN_VERSION;
-        assert_eq!(cuda_key("9.0, 580.159.04\n9.0, 580.159.04\n").unwrap(), format!("cuda-sm90-driver580.159.04-burn{b}"));
+        assert_eq!(
+            cuda_key("9.0, 580.159.04\n9.0, 580.159.04\n").unwrap(),
+            format!("cuda-sm90-driver580.159.04-burn{b}")
+        );
         assert_eq!(cuda_key("12.0, 590.1\n").unwrap(), format!("cuda-sm120-driver590.1-burn{b}"));
         assert!(cuda_key("9.0, 580.1\n8.0, 580.1\n").unwrap_err().contains("GPUs differ"));
         assert!(cuda_key("").unwrap_err().contains("no GPU"));

@@ -23,7 +23,10 @@
 #      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
 #      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
 #      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step.
-#   2. hacpo bench --trainer --device cuda --compute-dtype bf16: HACPO steps of two random
+#   2. a whole GRPO step against TRL's GRPOTrainer (scripts/rl_step_bench.py --device cuda
+#      --random-shape SHAPE --also-bf16: f32, and bf16 on both sides), when $PYTHON has trl and
+#      datasets (pip install trl datasets); skipped otherwise, with that said.
+#   3. hacpo bench --trainer --device cuda --compute-dtype bf16: HACPO steps of two random
 #      agents with the real Qwen3 and Llama-3.1 tokenizers, of SHAPE's hidden size and depth;
 #      reads tests/shared (and the fetched Llama tokenizer).
 # Both benchmarks write each phase's figure to stderr as soon as it is measured, so a stage cut
@@ -134,6 +137,14 @@ for dtype in bf16 f32; do
     $SIZES --decode-batch "$decode" --reps "$REPS"
 done
 
+if "$PYTHON" -c "import trl, datasets" 2> /dev/null; then
+  rl_layers=(); [ "$SMOKE" = 1 ] && rl_layers=(--layers 2)
+  stage rl_step 240 "$PYTHON" "$HERE/rl_step_bench.py" --python "$PYTHON" --hacpo "$HACPO" --device "$DEVICE" \
+    --random-shape "$SHAPE" ${rl_layers[@]+"${rl_layers[@]}"} --rounds 1 --steps 3 --also-bf16
+else
+  echo "== rl_step: skipped, $PYTHON has no trl or datasets (pip install trl datasets)" | tee -a "$OUT/stages.txt"
+fi
+
 read -r HIDDEN LAYERS < <("$PYTHON" -c "
 import tomllib; c = tomllib.load(open('$HERE/../models/$SHAPE.toml', 'rb'))['config']
 print(c['hidden_size'], c['num_hidden_layers'])")
@@ -169,6 +180,10 @@ for dtype in ["bf16", "f32"]:
         print(f"{k[0] + ' b' + str(k[1]):<16}{cells}{'-' if t is None else round(t, 1)!s:>12}")
     print("peak MiB (nvidia-smi): " + ", ".join(f"{label} {peak(f'{label}_{dtype}')}" for label in labels)
           + f", PyTorch {peak(f'torch_{dtype}')}")
+rl_step = os.path.join(out, "rl_step.out")
+if os.path.exists(rl_step) and open(rl_step).read().strip():
+    print("\nwhole GRPO step against TRL (rl_step_bench.py):")
+    print(open(rl_step).read().strip())
 trainer = os.path.join(out, "hacpo_trainer.out")
 if os.path.exists(trainer):
     print("\nhacpo --trainer (last lines):")

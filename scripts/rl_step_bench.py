@@ -19,9 +19,19 @@ hacpo build (an earlier commit's, to measure a change); `--also-bf16` a hacpo ru
 products in bf16 (algo.compute_dtype); `--no-trl` leaves TRL out (no venv needed), the ratios
 then against hacpo's f32 run.
 
+On a GPU (`--device cuda`: hacpo's policy on cuda:0, TRL on the GPU it finds, `--also-bf16`
+adds TRL with bf16 autocast beside hacpo's bf16 products) the model may instead be
+`--random-shape ZOO_ID`: a Qwen-family zoo entry's shape (models/ZOO_ID.toml) with random weights
+(seed 0) and the Qwen tokenizer of tests/shared, written once as a Hugging Face directory that
+both sides load; `--layers N` keeps its first N layers (a quick check on a CPU). Random weights
+earn no reward and sample every response to its full length, which times the same work on both
+sides (neither skips a group whose rewards are all alike).
+
 Usage:
   python3 scripts/rl_step_bench.py --python <venv with torch, transformers, trl, gguf, datasets> \\
       --hacpo target/release/hacpo --gguf "$(bash scripts/fetch-smollm2.sh)" [--rounds 2 --steps 3]
+  python3 scripts/rl_step_bench.py --device cuda --random-shape qwen-0.5b --hacpo ./hacpo-cuda \\
+      [--python python3] [--rounds 1 --steps 3 --also-bf16]
 Threads: --threads (default: all cores) for both, as RAYON_NUM_THREADS and torch.set_num_threads.
 """
 import argparse
@@ -45,7 +55,7 @@ def questions():
     return [(r["question"].strip(), r["answer"].split("####")[-1].strip().replace(",", "")) for r in rows]
 
 
-def hacpo_config(gguf, out, steps, separately, dtype="f32"):
+def hacpo_config(model, out, steps, separately, dtype="f32", device="cpu"):
     return f"""
 [run]
 out_dir = "{out}"
@@ -82,8 +92,9 @@ train_limit = {PROMPTS}
 val_every = 0
 
 [[policies]]
-name = "smollm2"
-model = "{gguf}"
+name = "policy"
+model = "{model}"
+device = "{device}"
 """
 
 
@@ -93,7 +104,7 @@ def run_hacpo(args, separately, binary, dtype="f32"):
         out = os.path.join(tmp, "run")
         config = os.path.join(tmp, "config.toml")
         with open(config, "w") as f:
-            f.write(hacpo_config(os.path.abspath(args.gguf), out, args.steps, separately, dtype))
+            f.write(hacpo_config(args.model, out, args.steps, separately, dtype, args.device))
         env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
         subprocess.run([binary, "train", "--config", config, "--skip-memory-check"], check=True, env=env,
                        stdout=subprocess.DEVNULL)
@@ -104,11 +115,66 @@ def run_hacpo(args, separately, binary, dtype="f32"):
     return [{k: r[m] for k, m in keys.items()} for r in records[1:]]
 
 
-def run_trl(args):
-    out = subprocess.run([args.python, os.path.abspath(__file__), "--trl-worker", "--gguf", args.gguf,
-                          "--steps", str(args.steps), "--threads", str(args.threads)],
-                         check=True, capture_output=True, text=True).stdout
+def run_trl(args, bf16=False):
+    worker = [args.python, os.path.abspath(__file__), "--trl-worker", "--model", args.model, "--steps", str(args.steps),
+              "--threads", str(args.threads), "--device", args.device] + (["--trl-bf16"] if bf16 else [])
+    done = subprocess.run(worker, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"TRL's run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+    out = done.stdout
     return [{"step": s} for s in json.loads(out[out.rindex("{"):])["step_seconds"][1:]]
+
+
+def load_trl_model(model_path, dtype):
+    """The model as TRL fine-tunes it: a plain f32 model (one loaded from a GGUF is marked
+    quantised, and the Trainer refuses to fine-tune it)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not model_path.endswith(".gguf"):
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype), AutoTokenizer.from_pretrained(model_path)
+    directory, name = os.path.split(model_path)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.load_state_dict(loaded.state_dict())
+    return model, tokenizer
+
+
+def random_model(shape, layers, directory):
+    """A Hugging Face directory of zoo entry SHAPE's architecture with random weights (seed 0) and
+    the Qwen tokenizer of tests/shared; reused when it is there already."""
+    import tomllib
+
+    zoo = os.path.join(HERE, "..", "models", f"{shape}.toml")
+    if not os.path.exists(zoo):
+        sys.exit(f"--random-shape {shape}: no zoo entry {zoo}")
+    entry = tomllib.load(open(zoo, "rb"))
+    family = entry.get("family")
+    if family not in ("qwen2", "qwen3"):
+        sys.exit(f"--random-shape {shape}: a {family} shape needs its own tokenizer; use a qwen2 or qwen3 entry")
+    if os.path.exists(os.path.join(directory, "model.safetensors")):
+        return directory
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    values = dict(entry["config"])
+    if layers:
+        values["num_hidden_layers"] = layers
+    config = AutoConfig.for_model(family, **values, hidden_act="silu", eos_token_id=entry["eos_token_ids"][0],
+                                  bos_token_id=None, use_cache=True)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    os.makedirs(directory, exist_ok=True)
+    model.save_pretrained(directory, safe_serialization=True)
+    tokenizers = os.path.join(HERE, "..", "tests", "shared", "assets", "tokenizers", "qwen3")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(tokenizers, name), directory)
+    return directory
 
 
 def trl_worker(args):
@@ -117,21 +183,11 @@ def trl_worker(args):
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(args.threads)
-    directory, name = os.path.split(os.path.abspath(args.gguf))
-    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=name)
-    # The dequantised weights in a plain f32 model: one loaded from a GGUF is marked quantised,
-    # and the Trainer refuses to fine-tune it.
-    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=torch.float32)
-    config = loaded.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(loaded.state_dict())
-    del loaded
+    model, tokenizer = load_trl_model(args.model, torch.float32)
     data = Dataset.from_list([{"prompt": [{"role": "user", "content": f"{q}\n{MATH_PROMPT}"}], "answer": a}
                               for q, a in questions()])
 
@@ -148,11 +204,13 @@ def trl_worker(args):
             self.started = time.perf_counter()
 
         def on_step_end(self, *_, **__):
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
             self.seconds.append(time.perf_counter() - self.started)
 
     clock = Clock()
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), use_cpu=True, bf16=False, fp16=False, seed=0, max_steps=args.steps,
+        output_dir=tempfile.mkdtemp(), use_cpu=args.device == "cpu", bf16=args.trl_bf16, fp16=False, seed=0, max_steps=args.steps,
         per_device_train_batch_size=MICRO, gradient_accumulation_steps=PROMPTS * G // MICRO, num_generations=G,
         max_completion_length=NEW_TOKENS, temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, logging_steps=1, report_to=[],
@@ -169,7 +227,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hacpo", default=os.path.join(HERE, "..", "target", "release", "hacpo"))
     ap.add_argument("--python", default="python3", help="a Python with torch, transformers, trl, gguf, datasets")
-    ap.add_argument("--gguf", required=True, help="SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-smollm2.sh)")
+    ap.add_argument("--gguf", help="SmolLM2-135M-Instruct.Q4_1.gguf (scripts/fetch-smollm2.sh)")
+    ap.add_argument("--random-shape", metavar="ZOO_ID", help="a Qwen-family zoo entry's shape with random weights")
+    ap.add_argument("--layers", type=int, help="with --random-shape: only this many layers")
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides run (default cpu)")
+    ap.add_argument("--trl-bf16", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model-worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=3, help="steps per run, the first left out (at least 2)")
     ap.add_argument("--threads", type=int, default=os.cpu_count())
@@ -187,6 +251,20 @@ def main():
         sys.exit("--steps must be at least 2: the first step of each run is left out")
     if args.trl_worker:
         return trl_worker(args)
+    if args.model_worker:
+        return random_model(args.random_shape, args.layers, args.model)
+    if bool(args.gguf) == bool(args.random_shape):
+        sys.exit("give the model: --gguf FILE or --random-shape ZOO_ID")
+    if args.gguf:
+        args.model = os.path.abspath(args.gguf)
+    else:
+        name = args.random_shape + (f"-{args.layers}-layers" if args.layers else "")
+        directory = os.path.join(tempfile.gettempdir(), f"rl-step-bench-{name}")
+        make = [args.python, os.path.abspath(__file__), "--model-worker", "--random-shape", args.random_shape,
+                "--model", directory] + (["--layers", str(args.layers)] if args.layers else [])
+        subprocess.run(make, check=True)
+        args.model = directory
+        print(f"random model: {args.model}", file=sys.stderr, flush=True)
     # Who runs, and how: (hacpo binary, whether it asks for the old log-probs' own pass; a build
     # from before that setting has no such key; the compute dtype), None for TRL.
     runs = {"hacpo": (args.hacpo, False, "f32")}
@@ -196,13 +274,18 @@ def main():
         runs["hacpo, separate old pass"] = (args.hacpo, True, "f32")
     if args.also_bf16:
         runs["hacpo, bf16 compute"] = (args.hacpo, False, "bf16")
+        if args.device == "cuda" and not args.no_trl:
+            runs["trl, bf16 autocast"] = "bf16"
     for binary in args.also_hacpo:
         runs[f"hacpo {binary}"] = (binary, False, "f32")
     steps = {who: [] for who in runs}
     for r in range(args.rounds):
         for who, how in runs.items():
             t = time.time()
-            steps[who] += run_trl(args) if how is None else run_hacpo(args, how[1], how[0], how[2])
+            if how is None or how == "bf16":
+                steps[who] += run_trl(args, bf16=how == "bf16")
+            else:
+                steps[who] += run_hacpo(args, how[1], how[0], how[2])
             print(f"round {r + 1}: {who} {time.time() - t:.0f} s", file=sys.stderr, flush=True)
     base = "hacpo" if args.no_trl else "trl"
     reference = statistics.median(s["step"] for s in steps[base])
@@ -211,7 +294,8 @@ def main():
         median = statistics.median(s["step"] for s in runs)
         stages = ", ".join(f"{k} {statistics.median(s[k] for s in runs):.1f}" for k in runs[0] if k != "step")
         print(f"{who:<26} {median:>8.1f} {reference / median:>8.2f}x   {stages}")
-    print(f"({sum(len(v) for v in steps.values())} steps timed, {args.threads} threads)")
+    where = "cuda" if args.device == "cuda" else f"{args.threads} threads"
+    print(f"({sum(len(v) for v in steps.values())} steps timed, {where}, model {args.model})")
 
 
 if __name__ == "__main__":

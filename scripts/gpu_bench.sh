@@ -116,9 +116,10 @@ stage() {
 
 # Compiled kernels go to a cache of this run's own, empty at first (src/backend/kernel_cache.rs).
 export HACPO_CACHE="$OUT/hacpo-cache"
+rm -rf "$HACPO_CACHE" "$OUT/train-cold" "$OUT/train-warm"
 if [ "$KERNEL_CACHE" = 1 ] && [ "$DEVICE" != cpu ]; then
   for run in cold warm; do
-    stage "kernel_$run" 150 "$HACPO" train --devices "$DEVICE" --steps 1 --set task.val_every=0 --out "$OUT/train-$run"
+    stage "kernel_$run" 120 "$HACPO" train --devices "$DEVICE" --steps 1 --set task.val_every=0 --out "$OUT/train-$run"
   done
 fi
 
@@ -180,10 +181,18 @@ for dtype in ["bf16", "f32"]:
         print(f"{k[0] + ' b' + str(k[1]):<16}{cells}{'-' if t is None else round(t, 1)!s:>12}")
     print("peak MiB (nvidia-smi): " + ", ".join(f"{label} {peak(f'{label}_{dtype}')}" for label in labels)
           + f", PyTorch {peak(f'torch_{dtype}')}")
-rl_step = os.path.join(out, "rl_step.out")
-if os.path.exists(rl_step) and open(rl_step).read().strip():
-    print("\nwhole GRPO step against TRL (rl_step_bench.py):")
-    print(open(rl_step).read().strip())
+import json
+for run in ["cold", "warm"]:
+    path = os.path.join(out, f"train-{run}", "metrics.jsonl")
+    if os.path.exists(path):
+        first = json.loads(open(path).readline())["data"]
+        print(f"\nkernel cache {run}: step 1 " + ", ".join(
+            f"{k.split('/')[1]} {first[k]:.1f} s" for k in ["timing_s/step", "timing_s/gen", "timing_s/update_actor"] if k in first))
+rl_step = os.path.join(out, "rl_step")
+if os.path.exists(rl_step + ".err"):
+    print("\nwhole GRPO step against TRL (rl_step_bench.py), each run as it ended, then the medians:")
+    print("\n".join(l for l in open(rl_step + ".err").read().splitlines() if l.startswith("round ")))
+    print(open(rl_step + ".out").read().strip() if os.path.exists(rl_step + ".out") else "")
 trainer = os.path.join(out, "hacpo_trainer.out")
 if os.path.exists(trainer):
     print("\nhacpo --trainer (last lines):")

@@ -169,11 +169,15 @@ def random_model(shape, layers, directory):
                                   bos_token_id=None, use_cache=True)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    os.makedirs(directory, exist_ok=True)
-    model.save_pretrained(directory, safe_serialization=True)
+    # Written beside and renamed: a run cut off while saving leaves nothing a later run reuses.
+    parent = os.path.dirname(os.path.abspath(directory))
+    partial = tempfile.mkdtemp(dir=parent, prefix=".partial-")
+    model.save_pretrained(partial, safe_serialization=True)
     tokenizers = os.path.join(HERE, "..", "tests", "shared", "assets", "tokenizers", "qwen3")
     for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(os.path.join(tokenizers, name), directory)
+        shutil.copy(os.path.join(tokenizers, name), partial)
+    shutil.rmtree(directory, ignore_errors=True)
+    os.rename(partial, directory)
     return directory
 
 
@@ -266,7 +270,8 @@ def main():
         args.model = directory
         print(f"random model: {args.model}", file=sys.stderr, flush=True)
     # Who runs, and how: (hacpo binary, whether it asks for the old log-probs' own pass; a build
-    # from before that setting has no such key; the compute dtype), None for TRL.
+    # from before that setting has no such key; the compute dtype), None for TRL, "bf16" for TRL
+    # under bf16 autocast.
     runs = {"hacpo": (args.hacpo, False, "f32")}
     if not args.no_trl:
         runs["trl"] = None
@@ -286,7 +291,8 @@ def main():
                 steps[who] += run_trl(args, bf16=how == "bf16")
             else:
                 steps[who] += run_hacpo(args, how[1], how[0], how[2])
-            print(f"round {r + 1}: {who} {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+            timed = ", ".join(f"{s['step']:.1f}" for s in steps[who][-(args.steps - 1):])
+            print(f"round {r + 1}: {who} {time.time() - t:.0f} s (s/step: {timed})", file=sys.stderr, flush=True)
     base = "hacpo" if args.no_trl else "trl"
     reference = statistics.median(s["step"] for s in steps[base])
     print(f"{'':<26} {'s/step':>8} {base.upper() if base == 'trl' else base:>5} / it   stages (median s)")

@@ -476,11 +476,15 @@ fn gpu_kernels_are_kept_in_hacpos_cache_unless_cubecl_is_configured() {
         .output()
         .unwrap()
     };
-    let kept = cache.path().join(format!("kernels/wgpu-burn{}", hacpo::backend::kernel_cache::BURN_VERSION));
+    let kept = cache.path().join(format!(
+        "kernels/wgpu-burn{}-{:08x}",
+        hacpo::backend::kernel_cache::BURN_VERSION,
+        hacpo::backend::kernel_cache::kernel_crates_hash() as u32
+    ));
     let out = generate("on");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains(&format!("compiled GPU kernels are kept in {}", kept.display())), "{err}");
+    assert!(err.contains(&format!("GPU kernel cache: {}", kept.display())), "{err}");
     assert!(kept.is_dir());
     let out = generate("off");
     let err = String::from_utf8_lossy(&out.stderr);

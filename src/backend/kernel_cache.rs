@@ -3,12 +3,16 @@
 //! burn's GPU backends compile each kernel the first time a process launches it (CUDA: NVRTC
 //! to PTX, which the driver then translates for the GPU). A training run launches a few hundred
 //! distinct kernels (289 in the embedded default's first step and held-out passes, counted on
-//! lavapipe); on an H200 that first step's update took 12.5 s and the next one 1.4 s. cubecl can
-//! keep what it compiled on disk, keyed by the kernel's id (`[compilation] cache`), but leaves
-//! that off by default: hacpo turns it on under `$HACPO_CACHE/kernels/<key>/`, where the key
-//! names what the code was compiled for (backend, GPU architecture, driver, the pinned burn), so
-//! that a cache in a home directory shared by machines with different GPUs never hands one GPU
-//! another's code. The driver keeps its own translations (`~/.nv/ComputeCache`).
+//! lavapipe); on an H200 that first step's update took 12.5 s and the next one 1.4 s (how much of
+//! that is compiling is for a GPU run to measure). cubecl can keep what it compiled on disk (CUDA's
+//! PTX, Vulkan's SPIR-V; WGSL is compiled by the driver every time), keyed by the kernel's id
+//! (`[compilation] cache`), but leaves that off by default: hacpo turns it on under
+//! `$HACPO_CACHE/kernels/<key>/`. A kernel's id does not cover its code or the GPU it was compiled
+//! for, so the key does: the backend, for CUDA the GPUs' architecture and driver, and the
+//! versions of the crates that write kernels (burn's, cubecl's, cubek's, from `Cargo.lock`).
+//! A cache in a home directory shared by machines with different GPUs never hands one GPU
+//! another's code, and an upgrade starts a new directory (old ones can be deleted). The driver
+//! keeps its own translations of PTX (`~/.nv/ComputeCache`).
 //!
 //! A `cubecl.toml` (or a `burn.toml` with a `[cubecl]` table) in the working directory or above
 //! is the user's own configuration: hacpo leaves everything to it, after checking that it parses
@@ -20,8 +24,15 @@ use std::sync::OnceLock;
 use super::DeviceSpec;
 use crate::error::{Error, Result};
 
-/// The burn release hacpo pins (`Cargo.toml`): its kernels' code is part of the cache key.
+/// The burn release hacpo pins (`Cargo.toml`), named in the cache key.
 pub const BURN_VERSION: &str = "0.21.0";
+
+/// The cubecl release hacpo pins (`Cargo.toml`): cubecl's caches live under `<name>/<version>/`.
+const CUBECL_VERSION: &str = "0.10.0";
+
+/// The files cubecl keeps compiled kernels in, under the cache directory (cubecl-common's
+/// `CompilationCache`): the directory must hold them, or cubecl panics opening them.
+const CHUNKS: [&str; 2] = ["cuda/{v}/ptx/chunk0.cbor", "vulkan/{v}/spirv/chunk0.cbor"];
 
 /// The files cubecl reads its configuration from, nearest first in each directory: a file of
 /// its own, or a section of burn's.
@@ -55,7 +66,7 @@ pub fn prepare(spec: DeviceSpec) -> Result<()> {
         let decided = apply(decided);
         match &decided {
             KernelCache::Dir(dir) => tracing::info!(
-                "compiled GPU kernels are kept in {} (HACPO_KERNEL_CACHE=off turns that off)",
+                "GPU kernel cache: {} (CUDA's and Vulkan's compiled kernels; HACPO_KERNEL_CACHE=off turns it off)",
                 dir.display()
             ),
             KernelCache::UserConfig(file) => {
@@ -144,10 +155,36 @@ fn check_config(value: toml::Value) -> std::result::Result<(), String> {
     }
 }
 
-/// Creates `dir` and writes a file in it.
+/// Opens what cubecl will open in `dir` as cubecl does (creating what is missing), and reads the
+/// chunks already there: cubecl `expect`s all of that to work. (A disk that fills up during a run
+/// still stops cubecl when it writes a new kernel.)
 fn writable(dir: &Path) -> std::io::Result<()> {
-    std::fs::create_dir_all(dir)?;
+    for chunk in CHUNKS.map(|c| dir.join(c.replace("{v}", CUBECL_VERSION))) {
+        std::fs::create_dir_all(chunk.parent().expect("a chunk is in a directory"))?;
+        std::fs::File::options().append(true).create(true).open(&chunk)?;
+        std::fs::read(&chunk)?;
+    }
     tempfile::NamedTempFile::new_in(dir).map(drop)
+}
+
+/// A hash of the versions of the crates whose code becomes kernels (`Cargo.lock`'s burn, cubecl
+/// and cubek packages): any change to them starts a new cache directory.
+pub fn kernel_crates_hash() -> u64 {
+    let mut named: Vec<&str> = Vec::new();
+    for package in include_str!("../../Cargo.lock").split("[[package]]") {
+        let field = |key: &str| package.lines().find_map(|l| l.strip_prefix(key)).map(|v| v.trim_matches('"'));
+        if let (Some(name), Some(version)) = (field("name = "), field("version = "))
+            && ["burn", "cubecl", "cubek"].iter().any(|p| name.starts_with(p))
+        {
+            named.extend([name, version]);
+        }
+    }
+    crate::stable_hash::hash_bytes(named.join(" ").as_bytes())
+}
+
+/// What ends every key: the pinned burn and the kernel crates' hash.
+fn crates_suffix() -> String {
+    format!("burn{BURN_VERSION}-{:08x}", kernel_crates_hash() as u32)
 }
 
 /// What compiled code depends on besides the kernel: the backend, and for CUDA the GPUs'
@@ -156,7 +193,7 @@ fn writable(dir: &Path) -> std::io::Result<()> {
 fn device_key(spec: DeviceSpec) -> std::result::Result<String, String> {
     match spec {
         DeviceSpec::Cpu => Err("the CPU compiles no kernels at run time".into()),
-        DeviceSpec::Wgpu => Ok(format!("wgpu-burn{BURN_VERSION}")),
+        DeviceSpec::Wgpu => Ok(format!("wgpu-{}", crates_suffix())),
         DeviceSpec::Cuda(_) => {
             let out = std::process::Command::new("nvidia-smi")
                 .args(["--query-gpu=compute_cap,driver_version", "--format=csv,noheader"])
@@ -171,7 +208,7 @@ fn device_key(spec: DeviceSpec) -> std::result::Result<String, String> {
 }
 
 /// The key of `nvidia-smi --query-gpu=compute_cap,driver_version --format=csv,noheader`'s
-/// output: `cuda-sm90-driver580.159.04-burn0.21.0`.
+/// output: `cuda-sm90-driver580.159.04-burn0.21.0-<the kernel crates' hash>`.
 pub fn cuda_key(smi: &str) -> std::result::Result<String, String> {
     let mut keys: Vec<String> = Vec::new();
     for line in smi.lines().map(str::trim).filter(|l| !l.is_empty()) {
@@ -183,7 +220,7 @@ pub fn cuda_key(smi: &str) -> std::result::Result<String, String> {
         if !(plain(major) && plain(minor) && plain(driver)) {
             return Err(format!("unexpected nvidia-smi line {line:?}"));
         }
-        keys.push(format!("cuda-sm{major}{minor}-driver{driver}-burn{BURN_VERSION}"));
+        keys.push(format!("cuda-sm{major}{minor}-driver{driver}-{}", crates_suffix()));
     }
     keys.sort_unstable();
     keys.dedup();
@@ -241,12 +278,9 @@ mod tests {
     /// none, or output hacpo does not understand give no key (and no cache), never a panic.
     #[test]
     fn the_cuda_key_names_what_the_kernels_were_compiled_for() {
-        let b = BURN_VERSION;
-        assert_eq!(
-            cuda_key("9.0, 580.159.04\n9.0, 580.159.04\n").unwrap(),
-            format!("cuda-sm90-driver580.159.04-burn{b}")
-        );
-        assert_eq!(cuda_key("12.0, 590.1\n").unwrap(), format!("cuda-sm120-driver590.1-burn{b}"));
+        let b = crates_suffix();
+        assert_eq!(cuda_key("9.0, 580.159.04\n9.0, 580.159.04\n").unwrap(), format!("cuda-sm90-driver580.159.04-{b}"));
+        assert_eq!(cuda_key("12.0, 590.1\n").unwrap(), format!("cuda-sm120-driver590.1-{b}"));
         assert!(cuda_key("9.0, 580.1\n8.0, 580.1\n").unwrap_err().contains("GPUs differ"));
         assert!(cuda_key("").unwrap_err().contains("no GPU"));
         for odd in ["[N/A], 580.1", "9.0", "9.0, ../../x", "90, 580.1"] {
@@ -264,7 +298,7 @@ mod tests {
         let kernels = root.path().join("kernels");
         let on = decide(None, cwd.path(), &kernels, key).unwrap();
         assert_eq!(on, KernelCache::Dir(kernels.join("cuda-sm90-driver580.1-burn0.21.0")));
-        assert!(kernels.join("cuda-sm90-driver580.1-burn0.21.0").is_dir());
+        assert!(kernels.join("cuda-sm90-driver580.1-burn0.21.0/cuda").is_dir());
         assert_eq!(decide(Some("on"), cwd.path(), &kernels, key).unwrap(), on);
         for off in ["off", "0", "false", " no "] {
             assert_eq!(
@@ -319,10 +353,35 @@ mod tests {
         }
     }
 
-    /// The pinned burn of the cache key is Cargo.toml's.
+    /// The pinned burn and cubecl are Cargo.toml's; the kernel crates' hash covers the lock's
+    /// burn, cubecl and cubek packages (this build has dozens) and nothing else.
     #[test]
-    fn the_keys_burn_version_is_the_pinned_one() {
+    fn the_key_follows_the_pinned_and_locked_kernel_crates() {
         let manifest = include_str!("../../Cargo.toml");
         assert!(manifest.contains(&format!("burn = {{ version = \"={BURN_VERSION}\"")), "update BURN_VERSION");
+        assert!(
+            manifest.contains(&format!("cubecl-runtime = {{ version = \"={CUBECL_VERSION}\"")),
+            "update CUBECL_VERSION"
+        );
+        let lock = include_str!("../../Cargo.lock");
+        assert!(lock.matches("name = \"cubecl-").count() >= 5 && lock.matches("name = \"burn-").count() >= 5);
+        assert_eq!(kernel_crates_hash(), kernel_crates_hash());
+        assert_ne!(kernel_crates_hash(), crate::stable_hash::hash_bytes(b""));
+    }
+
+    /// The cache directory holds the chunk files cubecl opens; a chunk that cannot be opened
+    /// (here a directory in its place) turns the cache off instead of letting cubecl panic.
+    #[test]
+    fn the_probe_opens_the_files_cubecl_will() {
+        let cwd = tempfile::tempdir().unwrap();
+        let kernels = tempfile::tempdir().unwrap();
+        let KernelCache::Dir(dir) = decide(None, cwd.path(), kernels.path(), key).unwrap() else { panic!("on") };
+        for chunk in CHUNKS {
+            assert!(dir.join(chunk.replace("{v}", CUBECL_VERSION)).is_file(), "{chunk}");
+        }
+        let other = kernels.path().join("other");
+        std::fs::create_dir_all(other.join("other/cuda/0.10.0/ptx/chunk0.cbor")).unwrap();
+        let found = decide(None, cwd.path(), &other, || Ok("other".into())).unwrap();
+        assert!(matches!(found, KernelCache::Off(ref why) if why.starts_with("cannot write to")), "{found:?}");
     }
 }

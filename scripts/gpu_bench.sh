@@ -18,7 +18,8 @@
 #   0. the kernel cache: one step of the embedded default (`hacpo train --devices cuda --steps 1`,
 #      held-out passes before and after) twice with an empty $HACPO_CACHE (DIR/hacpo-cache),
 #      first compiling every kernel, then loading them from the cache (`kernel_cold`,
-#      `kernel_warm`; --no-kernel-cache skips this). The stages below share that cache.
+#      `kernel_warm`; --no-kernel-cache skips this; --smoke runs it on a CPU too). The stages
+#      below share that cache.
 #   1. for bf16, then f32: hacpo bench --device $DEVICE --random-shape SHAPE of every build
 #      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
 #      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
@@ -117,7 +118,7 @@ stage() {
 # Compiled kernels go to a cache of this run's own, empty at first (src/backend/kernel_cache.rs).
 export HACPO_CACHE="$OUT/hacpo-cache"
 rm -rf "$HACPO_CACHE" "$OUT/train-cold" "$OUT/train-warm"
-if [ "$KERNEL_CACHE" = 1 ] && [ "$DEVICE" != cpu ]; then
+if [ "$KERNEL_CACHE" = 1 ] && { [ "$DEVICE" != cpu ] || [ "$SMOKE" = 1 ]; }; then
   for run in cold warm; do
     stage "kernel_$run" 120 "$HACPO" train --devices "$DEVICE" --steps 1 --set task.val_every=0 --out "$OUT/train-$run"
   done

@@ -496,3 +496,29 @@ fn gpu_kernels_are_kept_in_hacpos_cache_unless_cubecl_is_configured() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("cubecl.toml") && err.contains("fix or remove it"), "{err}");
 }
+
+/// Without a Vulkan driver a `--device wgpu` command stops before loading anything, saying what
+/// to install (exit 2), instead of the backend's panics in two threads (exit 101).
+#[test]
+fn a_wgpu_run_without_a_vulkan_driver_says_what_to_install() {
+    let dir = common::tiny_model_dir("qwen3-tiny");
+    let out = common::hacpo_command(&[
+        "generate",
+        "--model",
+        dir.path().to_str().unwrap(),
+        "--prompt",
+        "hello",
+        "--max-new-tokens",
+        "2",
+        "--device",
+        "wgpu",
+    ])
+    .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+    .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+    .output()
+    .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("no usable wgpu device") && err.contains("mesa-vulkan-drivers"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}

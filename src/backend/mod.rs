@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod bf16_matmul;
+pub mod device_check;
 pub mod f32_matmul;
 pub mod flex_fast;
 pub mod fused;
@@ -170,7 +171,8 @@ impl DeviceOf for Wgpu {
 
 /// Runs a generic body with the backend and device that a [`DeviceSpec`] names:
 /// `with_backend!(spec, |B, device| run::<B>(&device))`. On a GPU it first sets where compiled
-/// kernels are kept ([`kernel_cache::prepare`]; `?` on a malformed cubecl configuration).
+/// kernels are kept ([`kernel_cache::prepare`]; `?` on a malformed cubecl configuration), then
+/// runs one kernel there ([`device_check::check`]; `?` when the device cannot).
 #[macro_export]
 macro_rules! with_backend {
     ($spec:expr, |$b:ident, $dev:ident| $body:expr) => {{
@@ -185,6 +187,7 @@ macro_rules! with_backend {
                 $crate::backend::kernel_cache::prepare($crate::backend::DeviceSpec::Cuda(i))?;
                 type $b = $crate::backend::Cuda;
                 let $dev = burn::backend::cuda::CudaDevice::new(i);
+                $crate::backend::device_check::check::<$b>($crate::backend::DeviceSpec::Cuda(i), &$dev)?;
                 $body
             }
             #[cfg(not(feature = "cuda"))]
@@ -194,6 +197,7 @@ macro_rules! with_backend {
                 $crate::backend::kernel_cache::prepare($crate::backend::DeviceSpec::Wgpu)?;
                 type $b = $crate::backend::Wgpu;
                 let $dev = burn::backend::wgpu::WgpuDevice::default();
+                $crate::backend::device_check::check::<$b>($crate::backend::DeviceSpec::Wgpu, &$dev)?;
                 $body
             }
             #[cfg(not(feature = "wgpu"))]

@@ -393,6 +393,14 @@ fn compare_two_hacpo_steps(compute: hacpo::dtype::ComputeDtype, loss_tolerance: 
     assert!(varied, "some update had a policy loss: the comparison covers its backward pass");
 }
 
+/// `hacpo generate` of the model in `dir`, greedy, on the prompt "hello", with `args` added.
+fn generate_command(dir: &tempfile::TempDir, args: &[&str]) -> std::process::Command {
+    let model = dir.path().to_str().unwrap();
+    let mut all = vec!["generate", "--model", model, "--prompt", "hello", "--greedy"];
+    all.extend_from_slice(args);
+    common::hacpo_command(&all)
+}
+
 /// `--device wgpu` from the command line: greedy generation gives the CPU's text, in f32 and
 /// with f16 matmuls; bf16 is refused there with what to use instead.
 #[test]
@@ -400,22 +408,9 @@ fn the_command_line_generates_on_wgpu_as_on_the_cpu() {
     let _ = device(); // fails with what to install when there is no Vulkan driver
     let dir = common::tiny_model_dir("qwen3-tiny");
     let generate = |device: &str, dtype: &str| {
-        common::hacpo_command(&[
-            "generate",
-            "--model",
-            dir.path().to_str().unwrap(),
-            "--prompt",
-            "hello",
-            "--greedy",
-            "--max-new-tokens",
-            "8",
-            "--device",
-            device,
-            "--compute-dtype",
-            dtype,
-        ])
-        .output()
-        .unwrap()
+        generate_command(&dir, &["--max-new-tokens", "8", "--device", device, "--compute-dtype", dtype])
+            .output()
+            .unwrap()
     };
     let run = |device: &str, dtype: &str| {
         let out = generate(device, dtype);
@@ -457,24 +452,12 @@ fn gpu_kernels_are_kept_in_hacpos_cache_unless_cubecl_is_configured() {
     let dir = common::tiny_model_dir("qwen3-tiny");
     let (cache, cwd) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let generate = |switch: &str| {
-        common::hacpo_command(&[
-            "generate",
-            "--model",
-            dir.path().to_str().unwrap(),
-            "--prompt",
-            "hello",
-            "--greedy",
-            "--max-new-tokens",
-            "2",
-            "--device",
-            "wgpu",
-            "-v",
-        ])
-        .current_dir(cwd.path())
-        .env("HACPO_CACHE", cache.path())
-        .env("HACPO_KERNEL_CACHE", switch)
-        .output()
-        .unwrap()
+        generate_command(&dir, &["--max-new-tokens", "2", "--device", "wgpu", "-v"])
+            .current_dir(cwd.path())
+            .env("HACPO_CACHE", cache.path())
+            .env("HACPO_KERNEL_CACHE", switch)
+            .output()
+            .unwrap()
     };
     let kept = cache.path().join(format!(
         "kernels/wgpu-burn{}-{:08x}",
@@ -502,21 +485,11 @@ fn gpu_kernels_are_kept_in_hacpos_cache_unless_cubecl_is_configured() {
 #[test]
 fn a_wgpu_run_without_a_vulkan_driver_says_what_to_install() {
     let dir = common::tiny_model_dir("qwen3-tiny");
-    let out = common::hacpo_command(&[
-        "generate",
-        "--model",
-        dir.path().to_str().unwrap(),
-        "--prompt",
-        "hello",
-        "--max-new-tokens",
-        "2",
-        "--device",
-        "wgpu",
-    ])
-    .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
-    .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
-    .output()
-    .unwrap();
+    let out = generate_command(&dir, &["--max-new-tokens", "2", "--device", "wgpu"])
+        .env("VK_ICD_FILENAMES", "/nonexistent/icd.json")
+        .env("VK_DRIVER_FILES", "/nonexistent/icd.json")
+        .output()
+        .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("no usable wgpu device") && err.contains("mesa-vulkan-drivers"), "{err}");

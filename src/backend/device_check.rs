@@ -1,4 +1,5 @@
-//! A GPU device's first kernel, run before a command loads anything onto the device.
+//! A GPU device's start, before a command loads anything onto it: where compiled kernels are
+//! kept ([`super::kernel_cache`]), then one kernel.
 //!
 //! burn's GPU backends start a device on its first operation and panic when they cannot: no
 //! Vulkan driver (wgpu), no NVIDIA driver, no visible GPU or no NVRTC (CUDA), often in a server
@@ -13,9 +14,11 @@ use burn::tensor::{Tensor, backend::Backend};
 use super::DeviceSpec;
 use crate::error::{Error, Result};
 
-/// Runs one kernel on `device` and reads its result back; a panic on the way is an error naming
+/// Sets the kernel cache (`device` is only named so far: burn starts it on its first op), then
+/// runs one kernel on `device` and reads its result back; a panic on the way is an error naming
 /// `spec` and what to check.
-pub fn check<B: Backend>(spec: DeviceSpec, device: &B::Device) -> Result<()> {
+pub fn start<B: Backend>(spec: DeviceSpec, device: &B::Device) -> Result<()> {
+    super::kernel_cache::prepare(spec)?;
     static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
     let previous = std::panic::take_hook();
     // Every thread's panic message, kept instead of printed (the device's server thread panics

@@ -51,7 +51,7 @@ pub enum KernelCache {
 }
 
 /// Turns the kernel cache on (or leaves it to the user's cubecl configuration) before the first
-/// device of `spec` is created; once per process, later calls return the first call's outcome.
+/// device of `spec` starts (from [`super::device_check::start`]); once per process, later calls return the first call's outcome.
 /// Errs on a malformed cubecl configuration file.
 pub fn prepare(spec: DeviceSpec) -> Result<()> {
     static DECISION: OnceLock<std::result::Result<KernelCache, (String, String)>> = OnceLock::new();

@@ -170,9 +170,9 @@ impl DeviceOf for Wgpu {
 }
 
 /// Runs a generic body with the backend and device that a [`DeviceSpec`] names:
-/// `with_backend!(spec, |B, device| run::<B>(&device))`. On a GPU it first sets where compiled
-/// kernels are kept ([`kernel_cache::prepare`]; `?` on a malformed cubecl configuration), then
-/// runs one kernel there ([`device_check::check`]; `?` when the device cannot).
+/// `with_backend!(spec, |B, device| run::<B>(&device))`. On a GPU it first starts the device
+/// ([`device_check::start`]: the kernel cache, then one kernel; `?` on a malformed cubecl
+/// configuration or a device that cannot run it).
 #[macro_export]
 macro_rules! with_backend {
     ($spec:expr, |$b:ident, $dev:ident| $body:expr) => {{
@@ -184,20 +184,18 @@ macro_rules! with_backend {
             }
             #[cfg(feature = "cuda")]
             $crate::backend::DeviceSpec::Cuda(i) => {
-                $crate::backend::kernel_cache::prepare($crate::backend::DeviceSpec::Cuda(i))?;
                 type $b = $crate::backend::Cuda;
                 let $dev = burn::backend::cuda::CudaDevice::new(i);
-                $crate::backend::device_check::check::<$b>($crate::backend::DeviceSpec::Cuda(i), &$dev)?;
+                $crate::backend::device_check::start::<$b>($crate::backend::DeviceSpec::Cuda(i), &$dev)?;
                 $body
             }
             #[cfg(not(feature = "cuda"))]
             $crate::backend::DeviceSpec::Cuda(_) => unreachable!("DeviceSpec::parse rejects cuda without the feature"),
             #[cfg(feature = "wgpu")]
             $crate::backend::DeviceSpec::Wgpu => {
-                $crate::backend::kernel_cache::prepare($crate::backend::DeviceSpec::Wgpu)?;
                 type $b = $crate::backend::Wgpu;
                 let $dev = burn::backend::wgpu::WgpuDevice::default();
-                $crate::backend::device_check::check::<$b>($crate::backend::DeviceSpec::Wgpu, &$dev)?;
+                $crate::backend::device_check::start::<$b>($crate::backend::DeviceSpec::Wgpu, &$dev)?;
                 $body
             }
             #[cfg(not(feature = "wgpu"))]

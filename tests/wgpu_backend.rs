@@ -495,3 +495,92 @@ fn a_wgpu_run_without_a_vulkan_driver_says_what_to_install() {
     assert!(err.contains("no usable wgpu device") && err.contains("mesa-vulkan-drivers"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+// --- hacpo's own inference kernels on the GPU backends (src/backend/cube_fused.rs) -----------
+
+/// A deterministic tensor of `dims` on wgpu, values spread over about ±`scale`, in `dtype`.
+fn spread<const D: usize>(dims: [usize; D], seed: u32, scale: f32, dtype: burn::tensor::DType) -> Tensor<Wgpu, D> {
+    let n: usize = dims.iter().product();
+    let values: Vec<f32> =
+        (0..n).map(|i| scale * ((i as f32 * 0.7311 + seed as f32 * 1.93).sin() * 1.7).sin()).collect();
+    Tensor::<Wgpu, D>::from_data(TensorData::new(values, dims), &device()).cast(dtype)
+}
+
+fn values<const D: usize>(t: Tensor<Wgpu, D>) -> Vec<f32> {
+    t.cast(burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap()
+}
+
+/// Each kernel gives burn's generic ops' result on the same device (the generic ops run with
+/// the fast paths off), in f32 and f16, at sizes below, at and above one cube's 256 units.
+#[test]
+fn rms_norm_and_swiglu_kernels_match_the_generic_ops_on_wgpu() {
+    use burn::tensor::DType::{F16, F32};
+    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
+    for (dtype, tolerance) in [(F32, 2e-6), (F16, 4e-3)] {
+        for n in [40, 64, 256, 1536] {
+            let x = spread([3, 5, n], 1, 3.0, dtype);
+            let w = spread([n], 2, 1.0, dtype);
+            let kernel = cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
+            let generic = without_fast_paths(|| fused::rms_norm(x, w, 1e-6));
+            let diff = max_abs_diff(&values(kernel), &values(generic));
+            assert!(diff < tolerance * 3.0, "rms_norm {dtype:?} n={n}: {diff}");
+        }
+        // Gates far into both tails of the sigmoid.
+        let gate = spread([4, 7, 384], 3, 30.0, dtype);
+        let up = spread([4, 7, 384], 4, 2.0, dtype);
+        let kernel = cube_fused::swiglu(gate.clone(), up.clone()).unwrap_or_else(|_| panic!("not taken"));
+        let generic = without_fast_paths(|| fused::swiglu(gate, up));
+        let diff = max_abs_diff(&values(kernel), &values(generic));
+        assert!(diff < tolerance * 60.0, "swiglu {dtype:?}: {diff}");
+    }
+}
+
+/// RoPE's kernel is `x·cos + swap(x)·sin` per head, with tables shared by the batch or one per
+/// sequence; the attention with its softmax kernel gives the generic ops' output with no bias
+/// (one query), a mask shared by every sequence and head, and one per sequence, with grouped
+/// heads and more keys than a cube has units.
+#[test]
+fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
+    use burn::tensor::DType::F32;
+    use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
+    use hacpo::dtype::ComputeDtype;
+    let [b, t, h, d] = [3, 5, 4, 32];
+    for rows in [1, b] {
+        let x = spread([b, t, h, d], 5, 2.0, F32);
+        let cos = spread([rows, t * h * d], 6, 1.0, F32);
+        let sin = spread([rows, t * h * d], 7, 1.0, F32);
+        let kernel = cube_fused::rope(x.clone(), &cos, &sin).unwrap_or_else(|_| panic!("not taken"));
+        let (xs, cs, ss) = (values(x), values(cos), values(sin));
+        let expected: Vec<f32> = (0..xs.len())
+            .map(|i| {
+                let j = i % d;
+                let partner = if j < d / 2 { i + d / 2 } else { i - d / 2 };
+                let k = i % cs.len();
+                xs[i] * cs[k] + xs[partner] * ss[k]
+            })
+            .collect();
+        assert!(max_abs_diff(&values(kernel), &expected) < 1e-5, "rope with {rows} table rows");
+    }
+    let (kvh, keys) = (2, 300);
+    for (t, bias_rows) in [(1, None), (4, Some(1)), (4, Some(b))] {
+        let q = spread([b, h, t, d], 8, 1.0, F32);
+        let k = spread([b, kvh, keys, d], 9, 1.0, F32);
+        let v = spread([b, kvh, keys, d], 10, 1.0, F32);
+        let bias = bias_rows.map(|rows| {
+            let per = if rows == 1 { t * keys } else { h * t * keys };
+            // Causal over the last `t` keys, −∞ above the diagonal.
+            let mask: Vec<f32> = (0..rows * per)
+                .map(|i| {
+                    let (query, key) = ((i % (t * keys)) / keys, i % keys);
+                    if key > keys - t + query { f32::NEG_INFINITY } else { 0.0 }
+                })
+                .collect();
+            Tensor::<Wgpu, 2>::from_data(TensorData::new(mask, [rows, per]), &device())
+        });
+        let run = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32);
+        let scores = q.clone().reshape([b, kvh, h / kvh * t, d]).matmul(k.clone().transpose());
+        assert!(cube_fused::softmax(scores, bias.as_ref()).is_ok(), "softmax kernel not taken");
+        let diff = max_abs_diff(&values(run()), &values(without_fast_paths(run)));
+        assert!(diff < 1e-5, "attention, {t} queries, bias rows {bias_rows:?}: {diff}");
+    }
+}

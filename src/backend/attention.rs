@@ -112,15 +112,33 @@ fn generic<B: Backend>(
     // GQA without repeating K/V: the `group` query heads that share a KV head become extra
     // query rows, [b, kvh, group*t, d] (HF head order is kv-major).
     let q = q.reshape([b, kvh, group * t, d]);
-    let mut scores = compute.matmul(q, k.transpose()); // [b, kvh, group*t, s]
-    if let Some(bias) = bias {
-        // Viewed so that the bias is one shared row, or exactly the scores' shape.
-        let shared = bias.dims()[1] == t * s;
-        let view = if shared { [b * h, t * s] } else { [b, h * t * s] };
-        scores = (scores.reshape(view) + bias.clone()).reshape([b, kvh, group * t, s]);
-    }
-    let probs = softmax(scores, 3);
+    let scores = compute.matmul(q, k.transpose()); // [b, kvh, group*t, s]
+    let probs = probabilities(scores, bias, [b, h, t, s]);
     compute.matmul(probs, v).reshape([b, h, t, d]).swap_dims(1, 2).reshape([b, t, h * d])
+}
+
+/// `softmax(scores + bias)` over the keys, for scores `[b, kv_heads, group·t, s]` of `h` query
+/// heads: one kernel on the plain GPU backends, burn's ops elsewhere.
+fn probabilities<B: Backend>(
+    scores: Tensor<B, 4>,
+    bias: Option<&Tensor<B, 2>>,
+    [b, h, t, s]: [usize; 4],
+) -> Tensor<B, 4> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let scores = match super::cube_fused::softmax(scores, bias) {
+        Ok(probs) => return probs,
+        Err(back) => back,
+    };
+    let shape = scores.dims();
+    let scores = match bias {
+        // Viewed so that the bias is one shared row, or exactly the scores' shape.
+        Some(bias) => {
+            let view = if bias.dims()[1] == t * s { [b * h, t * s] } else { [b, h * t * s] };
+            (scores.reshape(view) + bias.clone()).reshape(shape)
+        }
+        None => scores,
+    };
+    softmax(scores, 3)
 }
 
 // --- the kernels ---------------------------------------------------------------------------

@@ -150,7 +150,14 @@ pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) 
                 };
             tensor::<B, D, _>(out)
         }
-        None => silu(gate) * up,
+        None => {
+            #[cfg(any(feature = "cuda", feature = "wgpu"))]
+            let (gate, up) = match super::cube_fused::swiglu(gate, up) {
+                Ok(out) => return out,
+                Err(back) => back,
+            };
+            silu(gate) * up
+        }
     }
 }
 
@@ -213,6 +220,11 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
             tensor::<B, D, _>(out)
         }
         None => {
+            #[cfg(any(feature = "cuda", feature = "wgpu"))]
+            let (x, weight) = match super::cube_fused::rms_norm(x, weight, eps) {
+                Ok(out) => return out,
+                Err(back) => back,
+            };
             let var = x.clone().powi_scalar(2).mean_dim(D - 1);
             let x = x * (var + eps).sqrt().recip();
             let mut shape = [1usize; D];

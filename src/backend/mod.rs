@@ -8,6 +8,8 @@
 
 pub mod attention;
 pub mod bf16_matmul;
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+pub mod cube_fused;
 pub mod device_check;
 pub mod f32_matmul;
 pub mod flex_fast;

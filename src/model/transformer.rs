@@ -142,6 +142,11 @@ impl<B: Backend> Attention<B> {
 /// `x·cos + rotate_half(x)·sin` with `rotate_half(x) = [−x₂, x₁]` per head. The sign lives in
 /// the table (see [`RopeTables`]), so here `rotate_half` is a swap of the two halves.
 fn apply_rope<B: Backend>(x: Tensor<B, 4>, tables: &RopeTables<B>) -> Tensor<B, 4> {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let x = match crate::backend::cube_fused::rope(x, &tables.cos, &tables.sin) {
+        Ok(out) => return out,
+        Err(x) => x,
+    };
     let [b, t, h, d] = x.dims();
     let (n, half) = (b * t * h, d / 2);
     let pairs = x.clone().reshape([n, 2, half]);

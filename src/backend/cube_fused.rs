@@ -1,0 +1,421 @@
+//! RMSNorm, SwiGLU, RoPE and the attention's softmax as one kernel each on burn's GPU backends
+//! (CUDA, wgpu), for inference: sampling, scoring, held-out passes.
+//!
+//! Through burn's generic ops a decoding step launched about 68 kernels per Qwen3 layer
+//! (lavapipe's execution log): RMSNorm is seven (square, mean, add, sqrt, reciprocal, two
+//! products) and a Qwen3 layer has four of them, SiLU is six (burn's sigmoid goes through a
+//! log), RoPE five per tensor, the softmax five. Decoding a few sequences is bound by those
+//! launches rather than by arithmetic, on any GPU: each costs its launch and a round trip of the
+//! activations through memory. Here each is one launch, with f32 arithmetic inside whatever the
+//! tensors' dtype.
+//!
+//! Only the plain GPU backends take these paths: with autodiff (training) the generic ops run,
+//! as they do under burn's `fusion` feature (whose tensors are not these) and while a test has
+//! the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the tests compare
+//! the two on the same device.
+
+use std::any::TypeId;
+
+use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
+use burn_cubecl::CubeRuntime;
+use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
+use burn_cubecl::tensor::CubeTensor;
+use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
+
+use super::fused::tensor;
+
+// --- the kernels -------------------------------------------------------------------------------
+
+mod kernels {
+    use cubecl::prelude::*;
+
+    /// The sum over a cube's units of `value` (every unit gets it): a tree over shared memory, whose
+    /// `block` units (a power of two) all call this.
+    #[cube]
+    fn cube_sum(value: f32, #[comptime] block: u32) -> f32 {
+        let mut shared = SharedMemory::<f32>::new(block as usize);
+        let unit = UNIT_POS_X as usize;
+        shared[unit] = value;
+        sync_cube();
+        // From the launch's cube size (= block): a comptime value cannot be a loop variable.
+        let mut stride = (CUBE_DIM_X / 2) as usize;
+        while stride > 0 {
+            if unit < stride {
+                shared[unit] = shared[unit] + shared[unit + stride];
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        let total = shared[0];
+        sync_cube();
+        total
+    }
+
+    /// The maximum over a cube's units of `value`, as [`cube_sum`].
+    #[cube]
+    fn cube_max(value: f32, #[comptime] block: u32) -> f32 {
+        let mut shared = SharedMemory::<f32>::new(block as usize);
+        let unit = UNIT_POS_X as usize;
+        shared[unit] = value;
+        sync_cube();
+        // From the launch's cube size (= block): a comptime value cannot be a loop variable.
+        let mut stride = (CUBE_DIM_X / 2) as usize;
+        while stride > 0 {
+            if unit < stride {
+                shared[unit] = f32::max(shared[unit], shared[unit + stride]);
+            }
+            sync_cube();
+            stride /= 2;
+        }
+        let total = shared[0];
+        sync_cube();
+        total
+    }
+
+    /// The row this cube works on (rows are spread over x and y: x alone is limited to 65,535).
+    #[cube]
+    fn cube_row() -> usize {
+        (CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X) as usize
+    }
+
+    /// `x / sqrt(mean(x²) + eps) ∘ w` for each row of `n` elements: a cube per row.
+    #[cube(launch)]
+    pub(super) fn rms_norm_kernel<F: Float>(
+        x: &Tensor<F>,
+        w: &Tensor<F>,
+        out: &mut Tensor<F>,
+        rows: u32,
+        n: u32,
+        eps: f32,
+        #[comptime] block: u32,
+        #[define(F)] _dtype: StorageType,
+    ) {
+        let row = cube_row();
+        if row >= rows as usize {
+            terminate!();
+        }
+        let n = n as usize;
+        let base = row * n;
+        let mut sum = f32::new(0.0);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            let v = f32::cast_from(x[base + i]);
+            sum += v * v;
+            i += block as usize;
+        }
+        let total = cube_sum(sum, block);
+        let scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            out[base + i] = F::cast_from(f32::cast_from(x[base + i]) * scale * f32::cast_from(w[i]));
+            i += block as usize;
+        }
+    }
+
+    /// `silu(gate) ∘ up`, element by element.
+    #[cube(launch)]
+    pub(super) fn swiglu_kernel<F: Float>(
+        gate: &Tensor<F>,
+        up: &Tensor<F>,
+        out: &mut Tensor<F>,
+        #[define(F)] _dtype: StorageType,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i >= out.len() {
+            terminate!();
+        }
+        let g = f32::cast_from(gate[i]);
+        let silu = g / (f32::new(1.0) + f32::exp(-g));
+        out[i] = F::cast_from(silu * f32::cast_from(up[i]));
+    }
+
+    /// `x·cos + swap(x)·sin`, where `swap` exchanges the two halves of each head's `d` elements and
+    /// the tables hold `period` elements (one sequence's, repeated over the batch, or all of them).
+    #[cube(launch)]
+    pub(super) fn rope_kernel<F: Float, T: Float>(
+        x: &Tensor<F>,
+        cos: &Tensor<T>,
+        sin: &Tensor<T>,
+        out: &mut Tensor<F>,
+        d: u32,
+        period: u32,
+        #[define(F, T)] _dtypes: [StorageType; 2],
+    ) {
+        let i = ABSOLUTE_POS;
+        if i >= out.len() {
+            terminate!();
+        }
+        let (d, half) = (d as usize, (d / 2) as usize);
+        let partner = if i % d < half { i + half } else { i - half };
+        let t = i % period as usize;
+        let v = f32::cast_from(x[i]) * f32::cast_from(cos[t]) + f32::cast_from(x[partner]) * f32::cast_from(sin[t]);
+        out[i] = F::cast_from(v);
+    }
+
+    /// `softmax(scores + bias)` over rows of `n`: a cube per row. `bias_period` says how the bias
+    /// lines up with the scores: 0 none (`bias` is unread), else it holds that many elements of
+    /// rows, repeated (one sequence's mask shared by every batch row and head) or all of them.
+    #[cube(launch)]
+    pub(super) fn softmax_kernel<F: Float, T: Float>(
+        scores: &Tensor<F>,
+        bias: &Tensor<T>,
+        out: &mut Tensor<F>,
+        rows: u32,
+        n: u32,
+        bias_period: u32,
+        #[comptime] block: u32,
+        #[define(F, T)] _dtypes: [StorageType; 2],
+    ) {
+        let row = cube_row();
+        if row >= rows as usize {
+            terminate!();
+        }
+        let n = n as usize;
+        let base = row * n;
+        let unit = UNIT_POS_X as usize;
+        // Every unit starts from a real element (n ≥ 1): WGSL has no −∞ literal.
+        let mut top = biased(scores, bias, base + unit % n, bias_period);
+        let mut i = unit + block as usize;
+        while i < n {
+            top = f32::max(top, biased(scores, bias, base + i, bias_period));
+            i += block as usize;
+        }
+        let top = cube_max(top, block);
+        let mut sum = f32::new(0.0);
+        let mut i = unit;
+        while i < n {
+            sum += f32::exp(biased(scores, bias, base + i, bias_period) - top);
+            i += block as usize;
+        }
+        let inv = f32::new(1.0) / cube_sum(sum, block);
+        let mut i = unit;
+        while i < n {
+            out[base + i] = F::cast_from(f32::exp(biased(scores, bias, base + i, bias_period) - top) * inv);
+            i += block as usize;
+        }
+    }
+
+    /// Score `i` plus its bias, in f32.
+    #[cube]
+    fn biased<F: Float, T: Float>(scores: &Tensor<F>, bias: &Tensor<T>, i: usize, period: u32) -> f32 {
+        let mut v = f32::cast_from(scores[i]);
+        if period > 0 {
+            v += f32::cast_from(bias[i % period as usize]);
+        }
+        v
+    }
+}
+
+// --- launching them on burn's tensors ----------------------------------------------------------
+
+/// Units per cube of the row kernels: a power of two, up to 256, no more than a row needs.
+fn block_for(n: usize) -> u32 {
+    n.next_power_of_two().clamp(32, 256) as u32
+}
+
+/// A cube per row, spread over x and y when there are more rows than x holds.
+fn cube_per_row(rows: usize) -> CubeCount {
+    let x = rows.clamp(1, 65_535);
+    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
+}
+
+fn output_like<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
+    empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), t.shape(), t.dtype)
+}
+
+fn float(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -> CubeTensor<R> {
+    let (x, w) = (into_contiguous(x), into_contiguous(w));
+    let n = w.meta.num_elements();
+    let rows = x.meta.num_elements() / n;
+    let out = output_like(&x);
+    let block = block_for(n);
+    let (client, dtype) = (x.client.clone(), x.dtype);
+    kernels::rms_norm_kernel::launch::<R>(
+        &client,
+        cube_per_row(rows),
+        CubeDim::new_1d(block),
+        x.into_tensor_arg(),
+        w.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        rows as u32,
+        n as u32,
+        eps,
+        block,
+        dtype.into(),
+    );
+    out
+}
+
+fn swiglu_cube<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTensor<R> {
+    let (gate, up) = (into_contiguous(gate), into_contiguous(up));
+    let out = output_like(&gate);
+    let units = out.meta.num_elements();
+    let (client, dtype) = (gate.client.clone(), gate.dtype);
+    let cube_dim = CubeDim::new(&client, units);
+    kernels::swiglu_kernel::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, units, cube_dim),
+        cube_dim,
+        gate.into_tensor_arg(),
+        up.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        dtype.into(),
+    );
+    out
+}
+
+fn rope_cube<R: CubeRuntime>(x: CubeTensor<R>, cos: CubeTensor<R>, sin: CubeTensor<R>, d: usize) -> CubeTensor<R> {
+    let (x, cos, sin) = (into_contiguous(x), into_contiguous(cos), into_contiguous(sin));
+    let out = output_like(&x);
+    let units = out.meta.num_elements();
+    let period = cos.meta.num_elements();
+    let (client, dtypes) = (x.client.clone(), [x.dtype.into(), cos.dtype.into()]);
+    let cube_dim = CubeDim::new(&client, units);
+    kernels::rope_kernel::launch::<R>(
+        &client,
+        calculate_cube_count_elemwise(&client, units, cube_dim),
+        cube_dim,
+        x.into_tensor_arg(),
+        cos.into_tensor_arg(),
+        sin.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        d as u32,
+        period as u32,
+        dtypes,
+    );
+    out
+}
+
+fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R>>, n: usize) -> CubeTensor<R> {
+    let scores = into_contiguous(scores);
+    let rows = scores.meta.num_elements() / n;
+    // Without a bias the kernel reads none; the scores stand in for its argument.
+    let (bias, period) = match bias {
+        Some(b) => {
+            let b = into_contiguous(b);
+            let period = b.meta.num_elements();
+            (b, period)
+        }
+        None => (scores.clone(), 0),
+    };
+    let out = output_like(&scores);
+    let block = block_for(n);
+    let (client, dtypes) = (scores.client.clone(), [scores.dtype.into(), bias.dtype.into()]);
+    kernels::softmax_kernel::launch::<R>(
+        &client,
+        cube_per_row(rows),
+        CubeDim::new_1d(block),
+        scores.into_tensor_arg(),
+        bias.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        rows as u32,
+        n as u32,
+        period as u32,
+        block,
+        dtypes,
+    );
+    out
+}
+
+// --- which backend, and the entry points -------------------------------------------------------
+
+/// Whether `B`'s float tensors are `CubeTensor<R>` (the plain GPU backend on runtime `R`) and
+/// the fast paths are on.
+fn is<B: Backend, R: CubeRuntime>() -> bool {
+    super::flex_fast::enabled() && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+}
+
+/// The `CubeTensor<R>` behind `t`; only once [`is`] said so.
+fn cube<B: Backend, R: CubeRuntime, const D: usize>(t: Tensor<B, D>) -> CubeTensor<R> {
+    let boxed: Box<dyn std::any::Any> = Box::new(t.into_primitive().tensor());
+    *boxed.downcast::<CubeTensor<R>>().expect("B's float tensors are CubeTensor<R>")
+}
+
+/// Runs `$body` with `$r` the runtime of the GPU backend `$b` is, returning its tensor from the
+/// enclosing function; falls through when `$b` is none of them.
+macro_rules! on_cube {
+    ($b:ty, $r:ident => $body:expr) => {
+        #[cfg(feature = "wgpu")]
+        {
+            type $r = cubecl::wgpu::WgpuRuntime;
+            if is::<$b, $r>() {
+                return Ok($body);
+            }
+        }
+        #[cfg(feature = "cuda")]
+        {
+            type $r = cubecl::cuda::CudaRuntime;
+            if is::<$b, $r>() {
+                return Ok($body);
+            }
+        }
+    };
+}
+
+/// RMSNorm over the last dimension of `x` (`weight` as long); the operands back on other
+/// backends or dtypes.
+#[allow(clippy::type_complexity)]
+pub fn rms_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, 1>)> {
+    let fits = x.dtype() == weight.dtype() && float(x.dtype()) && x.dims()[D - 1] == weight.dims()[0];
+    if fits && x.shape().num_elements() > 0 {
+        on_cube!(B, R => tensor::<B, D, _>(rms_norm_cube::<R>(cube(x), cube(weight), eps as f32)));
+    }
+    Err((x, weight))
+}
+
+/// `silu(gate) ∘ up` (same shapes and dtype); the operands back otherwise.
+#[allow(clippy::type_complexity)]
+pub fn swiglu<B: Backend, const D: usize>(
+    gate: Tensor<B, D>,
+    up: Tensor<B, D>,
+) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, D>)> {
+    if gate.dims() == up.dims() && gate.dtype() == up.dtype() && float(gate.dtype()) {
+        on_cube!(B, R => tensor::<B, D, _>(swiglu_cube::<R>(cube(gate), cube(up))));
+    }
+    Err((gate, up))
+}
+
+/// RoPE on `x: [b, t, h, d]` with tables of `[1 or b, t·h·d]` (see `model::transformer`); `x`
+/// back otherwise.
+pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
+    let [b, t, h, d] = x.dims();
+    let [rows, per] = cos.dims();
+    let fits = float(x.dtype())
+        && float(cos.dtype())
+        && cos.dtype() == sin.dtype()
+        && sin.dims() == cos.dims()
+        && per == t * h * d
+        && (rows == 1 || rows == b)
+        && d % 2 == 0;
+    if fits && b * per > 0 {
+        on_cube!(B, R => tensor::<B, 4, _>(rope_cube::<R>(cube(x), cube(cos.clone()), cube(sin.clone()), d)));
+    }
+    Err(x)
+}
+
+/// `softmax(scores + bias)` over the last dimension, `bias` (any float dtype) holding a whole
+/// number of rows that repeat over the scores; `scores` back otherwise.
+pub fn softmax<B: Backend, const D: usize>(
+    scores: Tensor<B, D>,
+    bias: Option<&Tensor<B, 2>>,
+) -> Result<Tensor<B, D>, Tensor<B, D>> {
+    let n = scores.dims()[D - 1];
+    let total = scores.shape().num_elements();
+    let bias_fits = bias.is_none_or(|b| {
+        let period = b.shape().num_elements();
+        float(b.dtype()) && period > 0 && period % n == 0 && total % period == 0
+    });
+    if float(scores.dtype()) && bias_fits && n > 0 && total > 0 {
+        on_cube!(B, R => tensor::<B, D, _>(softmax_cube::<R>(cube(scores), bias.map(|b| cube(b.clone())), n)));
+    }
+    Err(scores)
+}

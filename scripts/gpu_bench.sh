@@ -23,7 +23,10 @@
 #   1. for bf16, then f32: hacpo bench --device $DEVICE --random-shape SHAPE of every build
 #      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
 #      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
-#      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step.
+#      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step. In f32
+#      the first build also runs prefill and decode with HACPO_GPU_KERNELS=off (column
+#      NAME-burn-ops: burn's generic ops instead of hacpo's RMSNorm/SwiGLU/RoPE/softmax
+#      kernels; --no-generic-ops skips it).
 #   2. a whole GRPO step against TRL's GRPOTrainer (scripts/rl_step_bench.py --device cuda
 #      --random-shape SHAPE --also-bf16: f32, and bf16 on both sides), when $PYTHON has trl and
 #      datasets (pip install trl datasets); skipped otherwise, with that said.
@@ -49,6 +52,7 @@ DEVICE="cuda"
 TRAINER_STEPS=2
 SMOKE=0
 KERNEL_CACHE=1
+GENERIC_OPS=1
 
 usage() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed 's/^# \{0,1\}//'; exit 2; }
 while [ $# -gt 0 ]; do
@@ -62,6 +66,7 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET="$2"; shift 2 ;;
     --device) DEVICE="$2"; shift 2 ;;
     --no-kernel-cache) KERNEL_CACHE=0; shift ;;
+    --no-generic-ops) GENERIC_OPS=0; shift ;;
     # Tiny sizes and one repetition: checks the script end to end, measures nothing useful.
     --smoke) SIZES="--prefill-batch 1 --prefill-len 16 --prompt-len 8 --new-tokens 2 --train-batch 1 --train-len 16"
              REPS=1; TRAINER_STEPS=1; SMOKE=1; shift ;;
@@ -128,12 +133,17 @@ LABELS=()
 for bin in "$HACPO" ${ALSO[@]+"${ALSO[@]}"}; do LABELS+=("$(basename "$bin")"); done
 [ "${#LABELS[@]}" -eq "$(printf '%s\n' "${LABELS[@]}" | sort -u | wc -l)" ] || fail "give the builds different file names: the summary names them by it"
 BINS=("$HACPO" ${ALSO[@]+"${ALSO[@]}"})
+[ "$GENERIC_OPS" = 1 ] && LABELS+=("${LABELS[0]}-burn-ops")
 for dtype in bf16 f32; do
   decode=64; [ "$dtype" = f32 ] && decode=1,64
   for i in "${!BINS[@]}"; do
     stage "${LABELS[$i]}_$dtype" 240 "${BINS[$i]}" bench --device "$DEVICE" --random-shape "$SHAPE" --compute-dtype "$dtype" \
       $SIZES --decode-batch "$decode" --reps "$REPS" --format json
   done
+  if [ "$dtype" = f32 ] && [ "$GENERIC_OPS" = 1 ]; then
+    stage "${LABELS[0]}-burn-ops_$dtype" 150 env HACPO_GPU_KERNELS=off "$HACPO" bench --device "$DEVICE" --random-shape "$SHAPE" \
+      --compute-dtype "$dtype" $SIZES --decode-batch "$decode" --reps "$REPS" --no-train --format json
+  fi
   torch_dtype=bfloat16; [ "$dtype" = f32 ] && torch_dtype=float32
   stage "torch_$dtype" 150 "$PYTHON" "$HERE/bench_pytorch.py" --device "$DEVICE" --shape "$SHAPE" --dtype "$torch_dtype" \
     $SIZES --decode-batch "$decode" --reps "$REPS"

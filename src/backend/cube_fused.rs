@@ -15,6 +15,7 @@
 //! the two on the same device.
 
 use std::any::TypeId;
+use std::sync::OnceLock;
 
 use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
 use burn_cubecl::CubeRuntime;
@@ -30,10 +31,10 @@ use super::fused::tensor;
 mod kernels {
     use cubecl::prelude::*;
 
-    /// The sum over a cube's units of `value` (every unit gets it): a tree over shared memory, whose
-    /// `block` units (a power of two) all call this.
+    /// The sum (or, with `take_max`, the maximum) over a cube's units of `value`, which every
+    /// unit gets: a tree over shared memory, whose `block` units (a power of two) all call this.
     #[cube]
-    fn cube_sum(value: f32, #[comptime] block: u32) -> f32 {
+    fn cube_reduce(value: f32, #[comptime] block: u32, #[comptime] take_max: bool) -> f32 {
         let mut shared = SharedMemory::<f32>::new(block as usize);
         let unit = UNIT_POS_X as usize;
         shared[unit] = value;
@@ -42,28 +43,12 @@ mod kernels {
         let mut stride = (CUBE_DIM_X / 2) as usize;
         while stride > 0 {
             if unit < stride {
-                shared[unit] = shared[unit] + shared[unit + stride];
-            }
-            sync_cube();
-            stride /= 2;
-        }
-        let total = shared[0];
-        sync_cube();
-        total
-    }
-
-    /// The maximum over a cube's units of `value`, as [`cube_sum`].
-    #[cube]
-    fn cube_max(value: f32, #[comptime] block: u32) -> f32 {
-        let mut shared = SharedMemory::<f32>::new(block as usize);
-        let unit = UNIT_POS_X as usize;
-        shared[unit] = value;
-        sync_cube();
-        // From the launch's cube size (= block): a comptime value cannot be a loop variable.
-        let mut stride = (CUBE_DIM_X / 2) as usize;
-        while stride > 0 {
-            if unit < stride {
-                shared[unit] = f32::max(shared[unit], shared[unit + stride]);
+                let (a, b) = (shared[unit], shared[unit + stride]);
+                if take_max {
+                    shared[unit] = f32::max(a, b);
+                } else {
+                    shared[unit] = a + b;
+                }
             }
             sync_cube();
             stride /= 2;
@@ -104,7 +89,7 @@ mod kernels {
             sum += v * v;
             i += block as usize;
         }
-        let total = cube_sum(sum, block);
+        let total = cube_reduce(sum, block, false);
         let scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps);
         let mut i = UNIT_POS_X as usize;
         while i < n {
@@ -181,14 +166,14 @@ mod kernels {
             top = f32::max(top, biased(scores, bias, base + i, bias_period));
             i += block as usize;
         }
-        let top = cube_max(top, block);
+        let top = cube_reduce(top, block, true);
         let mut sum = f32::new(0.0);
         let mut i = unit;
         while i < n {
             sum += f32::exp(biased(scores, bias, base + i, bias_period) - top);
             i += block as usize;
         }
-        let inv = f32::new(1.0) / cube_sum(sum, block);
+        let inv = f32::new(1.0) / cube_reduce(sum, block, false);
         let mut i = unit;
         while i < n {
             out[base + i] = F::cast_from(f32::exp(biased(scores, bias, base + i, bias_period) - top) * inv);
@@ -209,9 +194,12 @@ mod kernels {
 
 // --- launching them on burn's tensors ----------------------------------------------------------
 
-/// Units per cube of the row kernels: a power of two, up to 256, no more than a row needs.
+/// Units per cube of the row kernels: a power of two from 32 (a warp) to 256, about four
+/// elements of a row each. Fewer units mean fewer steps in the tree and cheaper barriers (on
+/// lavapipe, which runs a cube's units on one CPU thread, a prefill's softmax took 180 ms with a
+/// unit per key).
 fn block_for(n: usize) -> u32 {
-    n.next_power_of_two().clamp(32, 256) as u32
+    (n.next_power_of_two() / 4).clamp(32, 256) as u32
 }
 
 /// A cube per row, spread over x and y when there are more rows than x holds.
@@ -324,10 +312,36 @@ fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R
 
 // --- which backend, and the entry points -------------------------------------------------------
 
-/// Whether `B`'s float tensors are `CubeTensor<R>` (the plain GPU backend on runtime `R`) and
-/// the fast paths are on.
+/// Whether `B`'s float tensors are `CubeTensor<R>` (the plain GPU backend on runtime `R`), the
+/// fast paths are on and the kernels are not switched off.
 fn is<B: Backend, R: CubeRuntime>() -> bool {
-    super::flex_fast::enabled() && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+    super::flex_fast::enabled()
+        && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+        && switched_on()
+}
+
+/// `HACPO_GPU_KERNELS=off` runs burn's generic ops instead: to compare the two in one build, or
+/// to rule these kernels out on a GPU where something looks wrong.
+fn switched_on() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| {
+        let value = std::env::var("HACPO_GPU_KERNELS").ok();
+        let on = match value.as_deref().map(str::trim) {
+            None | Some("" | "on" | "1" | "true" | "yes") => true,
+            Some("off" | "0" | "false" | "no") => false,
+            Some(other) => {
+                tracing::warn!("HACPO_GPU_KERNELS={other:?} is neither on nor off; hacpo's GPU kernels stay on");
+                true
+            }
+        };
+        match on {
+            true => tracing::info!(
+                "GPU: hacpo's RMSNorm, SwiGLU, RoPE and softmax kernels (HACPO_GPU_KERNELS=off: burn's ops)"
+            ),
+            false => tracing::info!("GPU: burn's generic ops instead of hacpo's kernels (HACPO_GPU_KERNELS=off)"),
+        }
+        on
+    })
 }
 
 /// The `CubeTensor<R>` behind `t`; only once [`is`] said so.

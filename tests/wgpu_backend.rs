@@ -511,19 +511,20 @@ fn values<const D: usize>(t: Tensor<Wgpu, D>) -> Vec<f32> {
 }
 
 /// Each kernel gives burn's generic ops' result on the same device (the generic ops run with
-/// the fast paths off), in f32 and f16, at sizes below, at and above one cube's 256 units.
+/// the fast paths off), in f32 and f16, at sizes below, at and above one cube's 256 units, and
+/// with more rows than a grid's x dimension holds (65,535).
 #[test]
 fn rms_norm_and_swiglu_kernels_match_the_generic_ops_on_wgpu() {
     use burn::tensor::DType::{F16, F32};
     use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
     for (dtype, tolerance) in [(F32, 2e-6), (F16, 4e-3)] {
-        for n in [40, 64, 256, 1536] {
-            let x = spread([3, 5, n], 1, 3.0, dtype);
+        for (rows, n) in [(15, 40), (15, 64), (15, 256), (15, 1536), (70_000, 8)] {
+            let x = spread([rows / 5, 5, n], 1, 3.0, dtype);
             let w = spread([n], 2, 1.0, dtype);
             let kernel = cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
             let generic = without_fast_paths(|| fused::rms_norm(x, w, 1e-6));
             let diff = max_abs_diff(&values(kernel), &values(generic));
-            assert!(diff < tolerance * 3.0, "rms_norm {dtype:?} n={n}: {diff}");
+            assert!(diff < tolerance * 3.0, "rms_norm {dtype:?} {rows} rows of {n}: {diff}");
         }
         // Gates far into both tails of the sigmoid.
         let gate = spread([4, 7, 384], 3, 30.0, dtype);
@@ -535,13 +536,27 @@ fn rms_norm_and_swiglu_kernels_match_the_generic_ops_on_wgpu() {
     }
 }
 
+/// A causal mask over the last `t` of `keys` slots (−∞ above the diagonal), `rows` rows of
+/// `per` elements.
+fn causal_mask(t: usize, keys: usize, rows: usize, per: usize) -> Tensor<Wgpu, 2> {
+    let mask: Vec<f32> = (0..rows * per)
+        .map(|i| {
+            let (query, key) = ((i % (t * keys)) / keys, i % keys);
+            if key > keys - t + query { f32::NEG_INFINITY } else { 0.0 }
+        })
+        .collect();
+    Tensor::<Wgpu, 2>::from_data(TensorData::new(mask, [rows, per]), &device())
+}
+
 /// RoPE's kernel is `x·cos + swap(x)·sin` per head, with tables shared by the batch or one per
-/// sequence; the attention with its softmax kernel gives the generic ops' output with no bias
-/// (one query), a mask shared by every sequence and head, and one per sequence, with grouped
-/// heads and more keys than a cube has units.
+/// sequence. The softmax kernel gives burn's `softmax(scores + mask)` with no mask (one query),
+/// a mask shared by every sequence and head, one per sequence, and more rows than a grid's x
+/// holds; the attention built on it gives the generic ops' output, with grouped heads and more
+/// keys than a cube has units.
 #[test]
 fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
     use burn::tensor::DType::F32;
+    use burn::tensor::activation::softmax;
     use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
     use hacpo::dtype::ComputeDtype;
     let [b, t, h, d] = [3, 5, 4, 32];
@@ -566,21 +581,28 @@ fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
         let q = spread([b, h, t, d], 8, 1.0, F32);
         let k = spread([b, kvh, keys, d], 9, 1.0, F32);
         let v = spread([b, kvh, keys, d], 10, 1.0, F32);
-        let bias = bias_rows.map(|rows| {
-            let per = if rows == 1 { t * keys } else { h * t * keys };
-            // Causal over the last `t` keys, −∞ above the diagonal.
-            let mask: Vec<f32> = (0..rows * per)
-                .map(|i| {
-                    let (query, key) = ((i % (t * keys)) / keys, i % keys);
-                    if key > keys - t + query { f32::NEG_INFINITY } else { 0.0 }
-                })
-                .collect();
-            Tensor::<Wgpu, 2>::from_data(TensorData::new(mask, [rows, per]), &device())
-        });
-        let run = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32);
+        let bias = bias_rows.map(|rows| causal_mask(t, keys, rows, if rows == 1 { t * keys } else { h * t * keys }));
+        // The softmax as the attention calls it: scores [b, kv heads, group·t, keys].
         let scores = q.clone().reshape([b, kvh, h / kvh * t, d]).matmul(k.clone().transpose());
-        assert!(cube_fused::softmax(scores, bias.as_ref()).is_ok(), "softmax kernel not taken");
+        let kernel = cube_fused::softmax(scores.clone(), bias.as_ref()).unwrap_or_else(|_| panic!("not taken"));
+        let masked = match &bias {
+            Some(m) if m.dims()[0] == 1 => {
+                (scores.clone().reshape([b * h, t * keys]) + m.clone()).reshape(scores.dims())
+            }
+            Some(m) => (scores.clone().reshape([b, h * t * keys]) + m.clone()).reshape(scores.dims()),
+            None => scores,
+        };
+        let diff = max_abs_diff(&values(kernel), &values(softmax(masked, 3)));
+        assert!(diff < 1e-6, "softmax, {t} queries, mask rows {bias_rows:?}: {diff}");
+        let run = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32);
         let diff = max_abs_diff(&values(run()), &values(without_fast_paths(run)));
-        assert!(diff < 1e-5, "attention, {t} queries, bias rows {bias_rows:?}: {diff}");
+        assert!(diff < 1e-5, "attention, {t} queries, mask rows {bias_rows:?}: {diff}");
     }
+    // 70,000 rows: the grid's y dimension.
+    let (t, keys) = (7, 10);
+    let scores = spread([1, 10_000, t, keys], 11, 4.0, F32);
+    let mask = causal_mask(t, keys, 1, t * keys);
+    let kernel = cube_fused::softmax(scores.clone(), Some(&mask)).unwrap_or_else(|_| panic!("not taken"));
+    let masked = (scores.clone().reshape([10_000, t * keys]) + mask).reshape(scores.dims());
+    assert!(max_abs_diff(&values(kernel), &values(softmax(masked, 3))) < 1e-6, "softmax over 70,000 rows");
 }

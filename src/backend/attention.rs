@@ -114,7 +114,15 @@ fn generic<B: Backend>(
     let q = q.reshape([b, kvh, group * t, d]);
     let scores = compute.matmul(q, k.transpose()); // [b, kvh, group*t, s]
     let probs = probabilities(scores, bias, [b, h, t, s]);
-    compute.matmul(probs, v).reshape([b, h, t, d]).swap_dims(1, 2).reshape([b, t, h * d])
+    swap_middle(compute.matmul(probs, v).reshape([b, h, t, d])).reshape([b, t, h * d])
+}
+
+/// `x.swap_dims(1, 2)`, as a reshape when either dimension has one element (decoding's one
+/// slot): the same elements in the same order, where burn's GPU backends would copy the
+/// swapped view before the next reshape or product (two launches a layer per decoding step).
+pub fn swap_middle<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
+    let [a, m, n, z] = x.dims();
+    if m == 1 || n == 1 { x.reshape([a, n, m, z]) } else { x.swap_dims(1, 2) }
 }
 
 /// `softmax(scores + bias)` over the keys, for scores `[b, kv_heads, group·t, s]` of `h` query

@@ -9,17 +9,19 @@
 //! activations through memory. Here each is one launch, with f32 arithmetic inside whatever the
 //! tensors' dtype.
 //!
-//! Only the plain GPU backends take these paths: with autodiff (training) the generic ops run,
-//! as they do under burn's `fusion` feature (whose tensors are not these) and while a test has
-//! the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the tests compare
-//! the two on the same device.
+//! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
+//! ops run, as they do under burn's `fusion` feature (whose tensors are not these) and while a
+//! test has the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the
+//! tests compare the two on the same device. With gradient checkpointing, the graph-free
+//! forward pass that keeps each layer's input runs these kernels and the recomputation burn's
+//! ops (in f32 they agree to about 1e-6).
 
 use std::any::TypeId;
 use std::sync::OnceLock;
 
 use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::into_contiguous;
+use burn_cubecl::kernel::{into_contiguous, into_contiguous_aligned};
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -72,6 +74,7 @@ mod kernels {
         out: &mut Tensor<F>,
         rows: u32,
         n: u32,
+        row_stride: u32,
         eps: f32,
         #[comptime] block: u32,
         #[define(F)] _dtype: StorageType,
@@ -81,11 +84,11 @@ mod kernels {
             terminate!();
         }
         let n = n as usize;
-        let base = row * n;
+        let (from, to) = (row * row_stride as usize, row * n);
         let mut sum = f32::new(0.0);
         let mut i = UNIT_POS_X as usize;
         while i < n {
-            let v = f32::cast_from(x[base + i]);
+            let v = f32::cast_from(x[from + i]);
             sum += v * v;
             i += block as usize;
         }
@@ -93,7 +96,7 @@ mod kernels {
         let scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps);
         let mut i = UNIT_POS_X as usize;
         while i < n {
-            out[base + i] = F::cast_from(f32::cast_from(x[base + i]) * scale * f32::cast_from(w[i]));
+            out[to + i] = F::cast_from(f32::cast_from(x[from + i]) * scale * f32::cast_from(w[i]));
             i += block as usize;
         }
     }
@@ -138,9 +141,10 @@ mod kernels {
         out[i] = F::cast_from(v);
     }
 
-    /// `softmax(scores + bias)` over rows of `n`: a cube per row. `bias_period` says how the bias
-    /// lines up with the scores: 0 none (`bias` is unread), else it holds that many elements of
-    /// rows, repeated (one sequence's mask shared by every batch row and head) or all of them.
+    /// `softmax(scores + bias)` over rows of `n`, `row_stride` apart in the scores (a pitched
+    /// tensor's), written contiguous: a cube per row. The bias holds `bias_period` logical
+    /// elements (0: none, `bias` unread) in rows of `bias_per`, `bias_stride` apart, repeated
+    /// over the scores.
     #[cube(launch)]
     pub(super) fn softmax_kernel<F: Float, T: Float>(
         scores: &Tensor<F>,
@@ -148,7 +152,10 @@ mod kernels {
         out: &mut Tensor<F>,
         rows: u32,
         n: u32,
+        row_stride: u32,
         bias_period: u32,
+        bias_per: u32,
+        bias_stride: u32,
         #[comptime] block: u32,
         #[define(F, T)] _dtypes: [StorageType; 2],
     ) {
@@ -157,36 +164,55 @@ mod kernels {
             terminate!();
         }
         let n = n as usize;
-        let base = row * n;
+        let (from, to) = (row * row_stride as usize, row * n);
+        let bias_at = BiasAt { period: bias_period, per: bias_per, stride: bias_stride };
         let unit = UNIT_POS_X as usize;
         // Every unit starts from a real element (n ≥ 1): WGSL has no −∞ literal.
-        let mut top = biased(scores, bias, base + unit % n, bias_period);
+        let mut top = biased(scores, bias, bias_at, from, to, unit % n);
         let mut i = unit + block as usize;
         while i < n {
-            top = f32::max(top, biased(scores, bias, base + i, bias_period));
+            top = f32::max(top, biased(scores, bias, bias_at, from, to, i));
             i += block as usize;
         }
         let top = cube_reduce(top, block, true);
         let mut sum = f32::new(0.0);
         let mut i = unit;
         while i < n {
-            sum += f32::exp(biased(scores, bias, base + i, bias_period) - top);
+            sum += f32::exp(biased(scores, bias, bias_at, from, to, i) - top);
             i += block as usize;
         }
         let inv = f32::new(1.0) / cube_reduce(sum, block, false);
         let mut i = unit;
         while i < n {
-            out[base + i] = F::cast_from(f32::exp(biased(scores, bias, base + i, bias_period) - top) * inv);
+            out[to + i] = F::cast_from(f32::exp(biased(scores, bias, bias_at, from, to, i) - top) * inv);
             i += block as usize;
         }
     }
 
-    /// Score `i` plus its bias, in f32.
+    /// Where the bias's elements are (see [`softmax_kernel`]).
+    #[derive(CubeType, Clone, Copy)]
+    struct BiasAt {
+        period: u32,
+        per: u32,
+        stride: u32,
+    }
+
+    /// Element `i` of the row at `from` in the scores (`to` in logical order) plus its bias, in
+    /// f32.
     #[cube]
-    fn biased<F: Float, T: Float>(scores: &Tensor<F>, bias: &Tensor<T>, i: usize, period: u32) -> f32 {
-        let mut v = f32::cast_from(scores[i]);
-        if period > 0 {
-            v += f32::cast_from(bias[i % period as usize]);
+    fn biased<F: Float, T: Float>(
+        scores: &Tensor<F>,
+        bias: &Tensor<T>,
+        at: BiasAt,
+        from: usize,
+        to: usize,
+        i: usize,
+    ) -> f32 {
+        let mut v = f32::cast_from(scores[from + i]);
+        if at.period > 0 {
+            let j = (to + i) % at.period as usize;
+            let per = at.per as usize;
+            v += f32::cast_from(bias[(j / per) * at.stride as usize + j % per]);
         }
         v
     }
@@ -208,8 +234,26 @@ fn cube_per_row(rows: usize) -> CubeCount {
     CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
 }
 
+/// `t` as rows of its last dimension and the distance between them: CUDA's allocator pads rows
+/// to 512 bytes (a matmul's scores of 300 keys, an attention mask), which the row kernels read
+/// as they are instead of copying; anything else is made contiguous.
+fn in_rows<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, usize) {
+    let t = into_contiguous_aligned(t);
+    let shape = t.meta.shape();
+    let rank = shape.len();
+    let stride = if rank >= 2 { t.meta.strides()[rank - 2] } else { shape[0] };
+    (t, stride)
+}
+
+/// A contiguous output of `t`'s shape and dtype (CUDA's usual allocation would pad its rows).
 fn output_like<R: CubeRuntime>(t: &CubeTensor<R>) -> CubeTensor<R> {
     empty_device_contiguous_dtype(t.client.clone(), t.device.clone(), t.shape(), t.dtype)
+}
+
+/// Whether 32-bit indices reach every element of a tensor of `elements` in `rows` rows, each
+/// padded by up to 512 bytes (the kernels index with `u32`; larger tensors take burn's ops).
+fn addressable(elements: usize, rows: usize) -> bool {
+    elements.saturating_add(rows.saturating_mul(256)) <= u32::MAX as usize
 }
 
 fn float(dtype: DType) -> bool {
@@ -217,7 +261,7 @@ fn float(dtype: DType) -> bool {
 }
 
 fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -> CubeTensor<R> {
-    let (x, w) = (into_contiguous(x), into_contiguous(w));
+    let ((x, row_stride), w) = (in_rows(x), into_contiguous(w));
     let n = w.meta.num_elements();
     let rows = x.meta.num_elements() / n;
     let out = output_like(&x);
@@ -232,6 +276,7 @@ fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -
         out.clone().into_tensor_arg(),
         rows as u32,
         n as u32,
+        row_stride as u32,
         eps,
         block,
         dtype.into(),
@@ -280,16 +325,17 @@ fn rope_cube<R: CubeRuntime>(x: CubeTensor<R>, cos: CubeTensor<R>, sin: CubeTens
 }
 
 fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R>>, n: usize) -> CubeTensor<R> {
-    let scores = into_contiguous(scores);
+    let (scores, row_stride) = in_rows(scores);
     let rows = scores.meta.num_elements() / n;
     // Without a bias the kernel reads none; the scores stand in for its argument.
-    let (bias, period) = match bias {
+    let (bias, [period, per, stride]) = match bias {
         Some(b) => {
-            let b = into_contiguous(b);
+            let per = b.meta.shape()[b.meta.shape().len() - 1];
+            let (b, stride) = in_rows(b);
             let period = b.meta.num_elements();
-            (b, period)
+            (b, [period, per, stride])
         }
-        None => (scores.clone(), 0),
+        None => (scores.clone(), [0, 1, 1]),
     };
     let out = output_like(&scores);
     let block = block_for(n);
@@ -303,7 +349,10 @@ fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R
         out.clone().into_tensor_arg(),
         rows as u32,
         n as u32,
+        row_stride as u32,
         period as u32,
+        per as u32,
+        stride as u32,
         block,
         dtypes,
     );
@@ -326,7 +375,7 @@ fn switched_on() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| {
         let value = std::env::var("HACPO_GPU_KERNELS").ok();
-        let on = match value.as_deref().map(str::trim) {
+        let on = match value.map(|v| v.trim().to_ascii_lowercase()).as_deref() {
             None | Some("" | "on" | "1" | "true" | "yes") => true,
             Some("off" | "0" | "false" | "no") => false,
             Some(other) => {
@@ -379,8 +428,9 @@ pub fn rms_norm<B: Backend, const D: usize>(
     weight: Tensor<B, 1>,
     eps: f64,
 ) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, 1>)> {
-    let fits = x.dtype() == weight.dtype() && float(x.dtype()) && x.dims()[D - 1] == weight.dims()[0];
-    if fits && x.shape().num_elements() > 0 {
+    let (n, total) = (weight.dims()[0], x.shape().num_elements());
+    let fits = x.dtype() == weight.dtype() && float(x.dtype()) && x.dims()[D - 1] == n;
+    if fits && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => tensor::<B, D, _>(rms_norm_cube::<R>(cube(x), cube(weight), eps as f32)));
     }
     Err((x, weight))
@@ -392,7 +442,8 @@ pub fn swiglu<B: Backend, const D: usize>(
     gate: Tensor<B, D>,
     up: Tensor<B, D>,
 ) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, D>)> {
-    if gate.dims() == up.dims() && gate.dtype() == up.dtype() && float(gate.dtype()) {
+    let fits = gate.dims() == up.dims() && gate.dtype() == up.dtype() && float(gate.dtype());
+    if fits && addressable(gate.shape().num_elements(), 0) {
         on_cube!(B, R => tensor::<B, D, _>(swiglu_cube::<R>(cube(gate), cube(up))));
     }
     Err((gate, up))
@@ -410,7 +461,7 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>)
         && per == t * h * d
         && (rows == 1 || rows == b)
         && d % 2 == 0;
-    if fits && b * per > 0 {
+    if fits && b * per > 0 && addressable(b * per, 0) {
         on_cube!(B, R => tensor::<B, 4, _>(rope_cube::<R>(cube(x), cube(cos.clone()), cube(sin.clone()), d)));
     }
     Err(x)
@@ -426,9 +477,9 @@ pub fn softmax<B: Backend, const D: usize>(
     let total = scores.shape().num_elements();
     let bias_fits = bias.is_none_or(|b| {
         let period = b.shape().num_elements();
-        float(b.dtype()) && period > 0 && period % n == 0 && total % period == 0
+        float(b.dtype()) && period > 0 && period % n == 0 && total % period == 0 && addressable(period, b.dims()[0])
     });
-    if float(scores.dtype()) && bias_fits && n > 0 && total > 0 {
+    if float(scores.dtype()) && bias_fits && n > 0 && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => tensor::<B, D, _>(softmax_cube::<R>(cube(scores), bias.map(|b| cube(b.clone())), n)));
     }
     Err(scores)

@@ -32,6 +32,7 @@ use super::kv_cache::KvCache;
 use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
+use crate::backend::attention::swap_middle;
 use crate::backend::bf16_matmul;
 use crate::dtype::ComputeDtype;
 
@@ -116,14 +117,14 @@ impl<B: Backend> Attention<B> {
         let c = layout.compute;
         let mut q = q.reshape([b, t, h, hd]);
         let mut k = k.reshape([b, t, kvh, hd]);
-        let v = v.reshape([b, t, kvh, hd]).swap_dims(1, 2);
+        let v = swap_middle(v.reshape([b, t, kvh, hd]));
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(q, c);
             k = kn.forward(k, c);
         }
         // RoPE in the projections' own contiguous layout; q also takes the 1/sqrt(d) scale.
-        let q = apply_rope(q, &layout.query).swap_dims(1, 2);
-        let k = apply_rope(k, &layout.key).swap_dims(1, 2);
+        let q = swap_middle(apply_rope(q, &layout.query));
+        let k = swap_middle(apply_rope(k, &layout.key));
 
         let (k, v) = match cache {
             // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read

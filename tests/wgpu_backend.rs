@@ -598,6 +598,19 @@ fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
         let diff = max_abs_diff(&values(run()), &values(without_fast_paths(run)));
         assert!(diff < 1e-5, "attention, {t} queries, mask rows {bias_rows:?}: {diff}");
     }
+    // Rows stored apart (a view of the first columns, as CUDA's padded rows): read in place.
+    let (t, keys, pad) = (3, 20, 12);
+    let wide = spread([2, 4, t, keys + pad], 12, 4.0, F32);
+    let scores = wide.slice([0..2, 0..4, 0..t, 0..keys]);
+    let mask = causal_mask(t, keys, 2, 4 * t * keys + pad).slice([0..2, 0..4 * t * keys]);
+    let kernel = cube_fused::softmax(scores.clone(), Some(&mask)).unwrap_or_else(|_| panic!("not taken"));
+    let masked = (scores.clone().reshape([2, 4 * t * keys]) + mask).reshape([2, 4, t, keys]);
+    assert!(max_abs_diff(&values(kernel), &values(softmax(masked, 3))) < 1e-6, "softmax of padded rows");
+    let x = spread([6, 40 + pad], 13, 3.0, F32).slice([0..6, 0..40]);
+    let w = spread([40], 14, 1.0, F32);
+    let kernel = cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
+    let generic = without_fast_paths(|| hacpo::backend::fused::rms_norm(x, w, 1e-6));
+    assert!(max_abs_diff(&values(kernel), &values(generic)) < 1e-5, "rms_norm of padded rows");
     // 70,000 rows: the grid's y dimension.
     let (t, keys) = (7, 10);
     let scores = spread([1, 10_000, t, keys], 11, 4.0, F32);

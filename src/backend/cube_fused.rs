@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 
 use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
 use burn_cubecl::CubeRuntime;
-use burn_cubecl::kernel::{into_contiguous, into_contiguous_aligned};
+use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
@@ -234,15 +234,34 @@ fn cube_per_row(rows: usize) -> CubeCount {
     CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
 }
 
-/// `t` as rows of its last dimension and the distance between them: CUDA's allocator pads rows
-/// to 512 bytes (a matmul's scores of 300 keys, an attention mask), which the row kernels read
-/// as they are instead of copying; anything else is made contiguous.
+/// `t` as rows of its last dimension and the distance between them. Rows stored apart, each
+/// contiguous and at one distance (CUDA's allocator pads rows to 512 bytes: a matmul's scores of
+/// 300 keys, an attention mask; a view of the first columns), are read where they are; any
+/// other layout is copied contiguous first.
 fn in_rows<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, usize) {
-    let t = into_contiguous_aligned(t);
-    let shape = t.meta.shape();
+    let (shape, strides) = (t.meta.shape().to_vec(), t.meta.strides().to_vec());
+    match row_stride(&shape, &strides) {
+        Some(stride) => (t, stride),
+        None => {
+            let t = into_contiguous(t);
+            (t, shape.last().copied().unwrap_or(1))
+        }
+    }
+}
+
+/// The distance between the rows of a tensor whose rows (last dimension) are contiguous and
+/// evenly spaced in row-major order; `None` for any other layout.
+fn row_stride(shape: &[usize], strides: &[usize]) -> Option<usize> {
     let rank = shape.len();
-    let stride = if rank >= 2 { t.meta.strides()[rank - 2] } else { shape[0] };
-    (t, stride)
+    if rank == 0 || strides[rank - 1] != 1 && shape[rank - 1] > 1 {
+        return None;
+    }
+    if rank == 1 {
+        return Some(shape[0]);
+    }
+    let stride = strides[rank - 2];
+    let even = (0..rank - 2).all(|i| strides[i] == shape[i + 1] * strides[i + 1]);
+    (stride >= shape[rank - 1] && even).then_some(stride)
 }
 
 /// A contiguous output of `t`'s shape and dtype (CUDA's usual allocation would pad its rows).
@@ -483,4 +502,20 @@ pub fn softmax<B: Backend, const D: usize>(
         on_cube!(B, R => tensor::<B, D, _>(softmax_cube::<R>(cube(scores), bias.map(|b| cube(b.clone())), n)));
     }
     Err(scores)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::row_stride;
+
+    #[test]
+    fn rows_are_read_in_place_only_when_evenly_spaced_and_contiguous() {
+        assert_eq!(row_stride(&[2, 3, 5], &[15, 5, 1]), Some(5)); // contiguous
+        assert_eq!(row_stride(&[2, 3, 5], &[24, 8, 1]), Some(8)); // padded to 8
+        assert_eq!(row_stride(&[7], &[1]), Some(7));
+        assert_eq!(row_stride(&[2, 3, 5], &[24, 7, 1]), None); // leading dims not even
+        assert_eq!(row_stride(&[3, 5], &[1, 3]), None); // transposed
+        assert_eq!(row_stride(&[3, 5], &[4, 1]), None); // rows overlap
+        assert_eq!(row_stride(&[3, 1], &[1, 7]), Some(1)); // one column, any stride
+    }
 }

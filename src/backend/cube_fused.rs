@@ -496,7 +496,11 @@ pub fn softmax<B: Backend, const D: usize>(
     let total = scores.shape().num_elements();
     let bias_fits = bias.is_none_or(|b| {
         let period = b.shape().num_elements();
-        float(b.dtype()) && period > 0 && period % n == 0 && total % period == 0 && addressable(period, b.dims()[0])
+        float(b.dtype())
+            && period > 0
+            && period.is_multiple_of(n)
+            && total.is_multiple_of(period)
+            && addressable(period, b.dims()[0])
     });
     if float(scores.dtype()) && bias_fits && n > 0 && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => tensor::<B, D, _>(softmax_cube::<R>(cube(scores), bias.map(|b| cube(b.clone())), n)));

@@ -19,14 +19,12 @@
 use std::any::TypeId;
 use std::sync::OnceLock;
 
-use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, backend::Backend};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
-
-use super::fused::tensor;
 
 // --- the kernels -------------------------------------------------------------------------------
 
@@ -416,6 +414,13 @@ fn switched_on() -> bool {
 fn cube<B: Backend, R: CubeRuntime, const D: usize>(t: Tensor<B, D>) -> CubeTensor<R> {
     let boxed: Box<dyn std::any::Any> = Box::new(t.into_primitive().tensor());
     *boxed.downcast::<CubeTensor<R>>().expect("B's float tensors are CubeTensor<R>")
+}
+
+/// `t` as a tensor of `B`, whose float tensors [`is`] said are `CubeTensor<R>`. (Not
+/// `fused::tensor`: `fused` calls this module.)
+fn tensor<B: Backend, const D: usize, R: CubeRuntime>(t: CubeTensor<R>) -> Tensor<B, D> {
+    let boxed: Box<dyn std::any::Any> = Box::new(t);
+    Tensor::from_primitive(TensorPrimitive::Float(*boxed.downcast().expect("B's float tensors are CubeTensor<R>")))
 }
 
 /// Runs `$body` with `$r` the runtime of the GPU backend `$b` is, returning its tensor from the

@@ -181,13 +181,13 @@ for dtype in ["bf16", "f32"]:
     torch = rates(f"torch_{dtype}")
     runs = [(label, rates(f"{label}_{dtype}")) for label in labels]
     phases = sorted({k for _, r in runs for k in r} | set(torch), key=lambda k: (["prefill", "decode", "train_step"].index(k[0]), k[1]))
-    head = "".join(f"{label[:18]:>20}{'ratio':>7}" for label, _ in runs)
+    head = "".join(f"{label[:22]:>24}{'ratio':>7}" for label, _ in runs)
     print(f"\n{dtype:<16}{head}{'PyTorch':>12}")
     for k in phases:
         cells = ""
         for _, r in runs:
             v, t = r.get(k), torch.get(k)
-            cells += f"{'-' if v is None else round(v, 1)!s:>20}" + (f"{v / t:>7.2f}" if v and t else f"{'-':>7}")
+            cells += f"{'-' if v is None else round(v, 1)!s:>24}" + (f"{v / t:>7.2f}" if v and t else f"{'-':>7}")
         t = torch.get(k)
         print(f"{k[0] + ' b' + str(k[1]):<16}{cells}{'-' if t is None else round(t, 1)!s:>12}")
     print("peak MiB (nvidia-smi): " + ", ".join(f"{label} {peak(f'{label}_{dtype}')}" for label in labels)

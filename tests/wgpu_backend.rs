@@ -519,12 +519,8 @@ fn rms_norm_and_swiglu_kernels_match_the_generic_ops_on_wgpu() {
     use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
     for (dtype, tolerance) in [(F32, 2e-6), (F16, 4e-3)] {
         for (rows, n) in [(15, 40), (15, 64), (15, 256), (15, 1536), (70_000, 8)] {
-            let x = spread([rows / 5, 5, n], 1, 3.0, dtype);
-            let w = spread([n], 2, 1.0, dtype);
-            let kernel = cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
-            let generic = without_fast_paths(|| fused::rms_norm(x, w, 1e-6));
-            let diff = max_abs_diff(&values(kernel), &values(generic));
-            assert!(diff < tolerance * 3.0, "rms_norm {dtype:?} {rows} rows of {n}: {diff}");
+            let (x, w) = (spread([rows / 5, 5, n], 1, 3.0, dtype), spread([n], 2, 1.0, dtype));
+            check_rms_norm(x, w, tolerance * 3.0, &format!("{dtype:?} {rows} rows of {n}"));
         }
         // Gates far into both tails of the sigmoid.
         let gate = spread([4, 7, 384], 3, 30.0, dtype);
@@ -534,6 +530,30 @@ fn rms_norm_and_swiglu_kernels_match_the_generic_ops_on_wgpu() {
         let diff = max_abs_diff(&values(kernel), &values(generic));
         assert!(diff < tolerance * 60.0, "swiglu {dtype:?}: {diff}");
     }
+}
+
+/// The RMSNorm kernel against burn's ops (the fast paths off) on `x` and `w`, within `tolerance`.
+fn check_rms_norm<const D: usize>(x: Tensor<Wgpu, D>, w: Tensor<Wgpu, 1>, tolerance: f32, what: &str) {
+    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
+    let kernel = cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
+    let generic = without_fast_paths(|| fused::rms_norm(x, w, 1e-6));
+    let diff = max_abs_diff(&values(kernel), &values(generic));
+    assert!(diff < tolerance, "rms_norm {what}: {diff}");
+}
+
+/// The softmax kernel against burn's `softmax(scores + mask)`, the mask's rows repeating over
+/// the scores viewed as rows of the mask's length, within `tolerance`.
+fn check_softmax(scores: Tensor<Wgpu, 4>, mask: Option<&Tensor<Wgpu, 2>>, tolerance: f32, what: &str) {
+    let kernel = hacpo::backend::cube_fused::softmax(scores.clone(), mask).unwrap_or_else(|_| panic!("not taken"));
+    let masked = match mask {
+        Some(m) => {
+            let (dims, per) = (scores.dims(), m.dims()[1]);
+            (scores.reshape([dims.iter().product::<usize>() / per, per]) + m.clone()).reshape(dims)
+        }
+        None => scores,
+    };
+    let diff = max_abs_diff(&values(kernel), &values(burn::tensor::activation::softmax(masked, 3)));
+    assert!(diff < tolerance, "softmax, {what}: {diff}");
 }
 
 /// A causal mask over the last `t` of `keys` slots (−∞ above the diagonal), `rows` rows of
@@ -556,7 +576,6 @@ fn causal_mask(t: usize, keys: usize, rows: usize, per: usize) -> Tensor<Wgpu, 2
 #[test]
 fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
     use burn::tensor::DType::F32;
-    use burn::tensor::activation::softmax;
     use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
     use hacpo::dtype::ComputeDtype;
     let [b, t, h, d] = [3, 5, 4, 32];
@@ -584,16 +603,7 @@ fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
         let bias = bias_rows.map(|rows| causal_mask(t, keys, rows, if rows == 1 { t * keys } else { h * t * keys }));
         // The softmax as the attention calls it: scores [b, kv heads, group·t, keys].
         let scores = q.clone().reshape([b, kvh, h / kvh * t, d]).matmul(k.clone().transpose());
-        let kernel = cube_fused::softmax(scores.clone(), bias.as_ref()).unwrap_or_else(|_| panic!("not taken"));
-        let masked = match &bias {
-            Some(m) if m.dims()[0] == 1 => {
-                (scores.clone().reshape([b * h, t * keys]) + m.clone()).reshape(scores.dims())
-            }
-            Some(m) => (scores.clone().reshape([b, h * t * keys]) + m.clone()).reshape(scores.dims()),
-            None => scores,
-        };
-        let diff = max_abs_diff(&values(kernel), &values(softmax(masked, 3)));
-        assert!(diff < 1e-6, "softmax, {t} queries, mask rows {bias_rows:?}: {diff}");
+        check_softmax(scores, bias.as_ref(), 1e-6, &format!("{t} queries, mask rows {bias_rows:?}"));
         let run = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32);
         let diff = max_abs_diff(&values(run()), &values(without_fast_paths(run)));
         assert!(diff < 1e-5, "attention, {t} queries, mask rows {bias_rows:?}: {diff}");
@@ -603,19 +613,12 @@ fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
     let wide = spread([2, 4, t, keys + pad], 12, 4.0, F32);
     let scores = wide.slice([0..2, 0..4, 0..t, 0..keys]);
     let mask = causal_mask(t, keys, 2, 4 * t * keys + pad).slice([0..2, 0..4 * t * keys]);
-    let kernel = cube_fused::softmax(scores.clone(), Some(&mask)).unwrap_or_else(|_| panic!("not taken"));
-    let masked = (scores.clone().reshape([2, 4 * t * keys]) + mask).reshape([2, 4, t, keys]);
-    assert!(max_abs_diff(&values(kernel), &values(softmax(masked, 3))) < 1e-6, "softmax of padded rows");
+    check_softmax(scores, Some(&mask), 1e-6, "padded rows");
     let x = spread([6, 40 + pad], 13, 3.0, F32).slice([0..6, 0..40]);
-    let w = spread([40], 14, 1.0, F32);
-    let kernel = cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
-    let generic = without_fast_paths(|| hacpo::backend::fused::rms_norm(x, w, 1e-6));
-    assert!(max_abs_diff(&values(kernel), &values(generic)) < 1e-5, "rms_norm of padded rows");
+    check_rms_norm(x, spread([40], 14, 1.0, F32), 1e-5, "padded rows");
     // 70,000 rows: the grid's y dimension.
     let (t, keys) = (7, 10);
     let scores = spread([1, 10_000, t, keys], 11, 4.0, F32);
     let mask = causal_mask(t, keys, 1, t * keys);
-    let kernel = cube_fused::softmax(scores.clone(), Some(&mask)).unwrap_or_else(|_| panic!("not taken"));
-    let masked = (scores.clone().reshape([10_000, t * keys]) + mask).reshape(scores.dims());
-    assert!(max_abs_diff(&values(kernel), &values(softmax(masked, 3))) < 1e-6, "softmax over 70,000 rows");
+    check_softmax(scores, Some(&mask), 1e-6, "70,000 rows");
 }

@@ -25,8 +25,9 @@ use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::fused::{AdTensor, CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
+use super::fused::{AdTensor, CpuBackend, ad, contiguous, cpu_backend, elems, flex};
 use super::kernels;
+use super::primitive::tensor;
 use crate::dtype::ComputeDtype;
 
 /// Queries per GEMM block: the block's scores (`QUERY_BLOCK × keys` floats) stay in cache,

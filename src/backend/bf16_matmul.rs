@@ -31,7 +31,8 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
+use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
+use super::primitive::tensor;
 use super::{f32_matmul, kernels};
 use crate::dtype::ComputeDtype;
 

@@ -19,12 +19,15 @@
 use std::any::TypeId;
 use std::sync::OnceLock;
 
-use burn::tensor::{DType, Tensor, TensorMetadata, TensorPrimitive, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
 use burn_cubecl::tensor::CubeTensor;
+use cubecl::prelude::ComputeClient;
 use cubecl::{CubeCount, CubeDim, calculate_cube_count_elemwise};
+
+use super::primitive::{primitive, tensor};
 
 // --- the kernels -------------------------------------------------------------------------------
 
@@ -218,18 +221,21 @@ mod kernels {
 
 // --- launching them on burn's tensors ----------------------------------------------------------
 
-/// Units per cube of the row kernels: a power of two from 32 (a warp) to 256, about four
-/// elements of a row each. Fewer units mean fewer steps in the tree and cheaper barriers (on
-/// lavapipe, which runs a cube's units on one CPU thread, a prefill's softmax took 180 ms with a
-/// unit per key).
-fn block_for(n: usize) -> u32 {
-    (n.next_power_of_two() / 4).clamp(32, 256) as u32
+/// The launch of a row kernel over `rows` rows of `n`: a cube per row (spread over x and y when
+/// there are more rows than x holds), and its units, which the kernel's shared memory is sized
+/// for (`block`, passed to it): a power of two from 32 (a warp) to 256, about four elements of a
+/// row each. Fewer units mean fewer steps in the tree and cheaper barriers (on lavapipe, which
+/// runs a cube's units on one CPU thread, a prefill's softmax took 180 ms with a unit per key).
+fn row_launch(rows: usize, n: usize) -> (CubeCount, CubeDim, u32) {
+    let block = (n.next_power_of_two() / 4).clamp(32, 256) as u32;
+    let x = rows.clamp(1, 65_535);
+    (CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1), CubeDim::new_1d(block), block)
 }
 
-/// A cube per row, spread over x and y when there are more rows than x holds.
-fn cube_per_row(rows: usize) -> CubeCount {
-    let x = rows.clamp(1, 65_535);
-    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
+/// The launch of an element-wise kernel over `units` elements.
+fn element_launch<R: CubeRuntime>(client: &ComputeClient<R>, units: usize) -> (CubeCount, CubeDim) {
+    let cube_dim = CubeDim::new(client, units);
+    (calculate_cube_count_elemwise(client, units, cube_dim), cube_dim)
 }
 
 /// `t` as rows of its last dimension and the distance between them. Rows stored apart, each
@@ -282,12 +288,12 @@ fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -
     let n = w.meta.num_elements();
     let rows = x.meta.num_elements() / n;
     let out = output_like(&x);
-    let block = block_for(n);
+    let (cubes, cube_dim, block) = row_launch(rows, n);
     let (client, dtype) = (x.client.clone(), x.dtype);
     kernels::rms_norm_kernel::launch::<R>(
         &client,
-        cube_per_row(rows),
-        CubeDim::new_1d(block),
+        cubes,
+        cube_dim,
         x.into_tensor_arg(),
         w.into_tensor_arg(),
         out.clone().into_tensor_arg(),
@@ -306,10 +312,10 @@ fn swiglu_cube<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTe
     let out = output_like(&gate);
     let units = out.meta.num_elements();
     let (client, dtype) = (gate.client.clone(), gate.dtype);
-    let cube_dim = CubeDim::new(&client, units);
+    let (cubes, cube_dim) = element_launch(&client, units);
     kernels::swiglu_kernel::launch::<R>(
         &client,
-        calculate_cube_count_elemwise(&client, units, cube_dim),
+        cubes,
         cube_dim,
         gate.into_tensor_arg(),
         up.into_tensor_arg(),
@@ -325,10 +331,10 @@ fn rope_cube<R: CubeRuntime>(x: CubeTensor<R>, cos: CubeTensor<R>, sin: CubeTens
     let units = out.meta.num_elements();
     let period = cos.meta.num_elements();
     let (client, dtypes) = (x.client.clone(), [x.dtype.into(), cos.dtype.into()]);
-    let cube_dim = CubeDim::new(&client, units);
+    let (cubes, cube_dim) = element_launch(&client, units);
     kernels::rope_kernel::launch::<R>(
         &client,
-        calculate_cube_count_elemwise(&client, units, cube_dim),
+        cubes,
         cube_dim,
         x.into_tensor_arg(),
         cos.into_tensor_arg(),
@@ -355,12 +361,12 @@ fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R
         None => (scores.clone(), [0, 1, 1]),
     };
     let out = output_like(&scores);
-    let block = block_for(n);
+    let (cubes, cube_dim, block) = row_launch(rows, n);
     let (client, dtypes) = (scores.client.clone(), [scores.dtype.into(), bias.dtype.into()]);
     kernels::softmax_kernel::launch::<R>(
         &client,
-        cube_per_row(rows),
-        CubeDim::new_1d(block),
+        cubes,
+        cube_dim,
         scores.into_tensor_arg(),
         bias.into_tensor_arg(),
         out.clone().into_tensor_arg(),
@@ -410,19 +416,6 @@ fn switched_on() -> bool {
     })
 }
 
-/// The `CubeTensor<R>` behind `t`; only once [`is`] said so.
-fn cube<B: Backend, R: CubeRuntime, const D: usize>(t: Tensor<B, D>) -> CubeTensor<R> {
-    let boxed: Box<dyn std::any::Any> = Box::new(t.into_primitive().tensor());
-    *boxed.downcast::<CubeTensor<R>>().expect("B's float tensors are CubeTensor<R>")
-}
-
-/// `t` as a tensor of `B`, whose float tensors [`is`] said are `CubeTensor<R>`. (Not
-/// `fused::tensor`: `fused` calls this module.)
-fn tensor<B: Backend, const D: usize, R: CubeRuntime>(t: CubeTensor<R>) -> Tensor<B, D> {
-    let boxed: Box<dyn std::any::Any> = Box::new(t);
-    Tensor::from_primitive(TensorPrimitive::Float(*boxed.downcast().expect("B's float tensors are CubeTensor<R>")))
-}
-
 /// Runs `$body` with `$r` the runtime of the GPU backend `$b` is, returning its tensor from the
 /// enclosing function; falls through when `$b` is none of them.
 macro_rules! on_cube {
@@ -455,7 +448,7 @@ pub fn rms_norm<B: Backend, const D: usize>(
     let (n, total) = (weight.dims()[0], x.shape().num_elements());
     let fits = x.dtype() == weight.dtype() && float(x.dtype()) && x.dims()[D - 1] == n;
     if fits && total > 0 && addressable(total, total / n) {
-        on_cube!(B, R => tensor::<B, D, _>(rms_norm_cube::<R>(cube(x), cube(weight), eps as f32)));
+        on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(rms_norm_cube::<R>(primitive(x), primitive(weight), eps as f32)));
     }
     Err((x, weight))
 }
@@ -468,7 +461,7 @@ pub fn swiglu<B: Backend, const D: usize>(
 ) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, D>)> {
     let fits = gate.dims() == up.dims() && gate.dtype() == up.dtype() && float(gate.dtype());
     if fits && addressable(gate.shape().num_elements(), 0) {
-        on_cube!(B, R => tensor::<B, D, _>(swiglu_cube::<R>(cube(gate), cube(up))));
+        on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(swiglu_cube::<R>(primitive(gate), primitive(up))));
     }
     Err((gate, up))
 }
@@ -486,7 +479,7 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>)
         && (rows == 1 || rows == b)
         && d % 2 == 0;
     if fits && b * per > 0 && addressable(b * per, 0) {
-        on_cube!(B, R => tensor::<B, 4, _>(rope_cube::<R>(cube(x), cube(cos.clone()), cube(sin.clone()), d)));
+        on_cube!(B, R => tensor::<B, 4, CubeTensor<R>>(rope_cube::<R>(primitive(x), primitive(cos.clone()), primitive(sin.clone()), d)));
     }
     Err(x)
 }
@@ -508,7 +501,7 @@ pub fn softmax<B: Backend, const D: usize>(
             && addressable(period, b.dims()[0])
     });
     if float(scores.dtype()) && bias_fits && n > 0 && total > 0 && addressable(total, total / n) {
-        on_cube!(B, R => tensor::<B, D, _>(softmax_cube::<R>(cube(scores), bias.map(|b| cube(b.clone())), n)));
+        on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(softmax_cube::<R>(primitive(scores), bias.map(|b| primitive(b.clone())), n)));
     }
     Err(scores)
 }

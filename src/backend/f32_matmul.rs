@@ -20,8 +20,9 @@ use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex, tensor};
+use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
 use super::kernels;
+use super::primitive::tensor;
 
 /// Rows up to which inference splits a product along the shared dimension: each thread's
 /// partial sums, rows × columns, stay in cache while the weight streams through (in L1 for a

@@ -27,8 +27,9 @@ pub(crate) fn enabled() -> bool {
 use burn::tensor::{Tensor, backend::Backend};
 use burn_flex::FlexTensor;
 
-use super::fused::{CpuBackend, cpu_backend, flex, tensor};
+use super::fused::{CpuBackend, cpu_backend, flex};
 use super::kernels;
+use super::primitive::tensor;
 
 /// The flex tensor behind `t`, or `t` back if `B` is not the flex backend (or the fast
 /// paths are off).

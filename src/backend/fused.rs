@@ -6,21 +6,21 @@
 //! were a fifth of a prefill. Here each is one pass of a [`kernels`] kernel. On every other
 //! backend (CUDA, wgpu) the generic ops run, and tests compare the two.
 //!
-//! The helpers at the top move tensors between `Tensor<B, D>` and the CPU backends'
-//! primitives once `B` is known to be one of them; [`super::attention`] and
-//! [`super::flex_fast`] use them too.
+//! The helpers at the top say which CPU backend `B` is and read its primitives;
+//! [`super::attention`] and [`super::flex_fast`] use them too.
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
 use std::sync::Arc;
 
 use burn::tensor::activation::silu;
-use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
+use super::primitive::{primitive, tensor};
 use super::{Cpu, CpuAutodiff, flex_fast, kernels};
 
 // --- which CPU backend, and its primitives -------------------------------------------------
@@ -49,24 +49,14 @@ pub(crate) fn cpu_backend<B: Backend>(dtypes: &[DType]) -> Option<CpuBackend> {
     }
 }
 
-fn boxed<B: Backend, const D: usize>(t: Tensor<B, D>) -> Box<dyn Any> {
-    Box::new(t.into_primitive().tensor())
-}
-
 /// The CPU tensor behind `t`; only once [`cpu_backend`] said `Plain`.
 pub(crate) fn flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> FlexTensor {
-    *boxed(t).downcast::<FlexTensor>().expect("B is the CPU backend")
+    primitive(t)
 }
 
 /// The autodiff tensor behind `t`; only once [`cpu_backend`] said `Autodiff`.
 pub(crate) fn ad<B: Backend, const D: usize>(t: Tensor<B, D>) -> AdTensor {
-    *boxed(t).downcast::<AdTensor>().expect("B is the CPU autodiff backend")
-}
-
-/// Wraps a primitive of `B` (a [`FlexTensor`] or an [`AdTensor`]) as a tensor.
-pub(crate) fn tensor<B: Backend, const D: usize, T: 'static>(t: T) -> Tensor<B, D> {
-    let boxed: Box<dyn Any> = Box::new(t);
-    Tensor::from_primitive(TensorPrimitive::Float(*boxed.downcast().expect("B's float primitive")))
+    primitive(t)
 }
 
 /// `t` with its elements in row-major order (a copy only when `t` is a strided view); read

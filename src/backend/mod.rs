@@ -17,6 +17,7 @@ pub mod fused;
 pub mod gather;
 pub mod kernel_cache;
 pub mod kernels;
+pub(crate) mod primitive;
 pub mod reduce;
 
 use crate::error::{Error, Result};

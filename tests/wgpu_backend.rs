@@ -622,3 +622,109 @@ fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
     let mask = causal_mask(t, keys, 1, t * keys);
     check_softmax(scores, Some(&mask), 1e-6, "70,000 rows");
 }
+
+/// RMSNorm (with `w`) and RoPE of each head of `x` (`[b, t, heads, d]` in row-major order), on
+/// the host: what the heads kernel writes, in the source's order.
+fn heads_on_host(x: &[f32], w: Option<&[f32]>, cos: &[f32], sin: &[f32], d: usize) -> Vec<f32> {
+    let normed: Vec<f32> = x
+        .chunks(d)
+        .flat_map(|head| {
+            let scale = w.map_or(1.0, |_| 1.0 / (head.iter().map(|e| e * e).sum::<f32>() / d as f32 + 1e-6).sqrt());
+            head.iter().enumerate().map(move |(i, e)| e * scale * w.map_or(1.0, |w| w[i])).collect::<Vec<_>>()
+        })
+        .collect();
+    (0..normed.len())
+        .map(|i| {
+            let partner = if i % d < d / 2 { i + d / 2 } else { i - d / 2 };
+            let k = i % cos.len();
+            normed[i] * cos[k] + normed[partner] * sin[k]
+        })
+        .collect()
+}
+
+/// The residual add with the next RMSNorm gives the add and burn's norm (a padded operand
+/// read in place). The heads kernel gives the host's RMSNorm and RoPE, head-major: queries
+/// into a new buffer (with and without the norm, tables shared or per sequence, rows stored
+/// apart), keys into an f16 KV cache from its third slot with the values copied beside them,
+/// the cache's other slots untouched, and a cache buffer something else still holds copied
+/// rather than overwritten.
+#[test]
+fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
+    use burn::tensor::DType::{F16, F32};
+    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
+    for (dtype, tolerance) in [(F32, 1e-5), (F16, 2e-2)] {
+        let x = spread([6, 5, 96], 20, 3.0, dtype);
+        let delta = spread([6, 5, 96 + 32], 21, 2.0, dtype).slice([0..6, 0..5, 0..96]);
+        let w = spread([96], 22, 1.0, dtype);
+        let (sum, normed) =
+            cube_fused::add_rms_norm(x.clone(), delta.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
+        let (want_sum, want_normed) = without_fast_paths(|| fused::add_rms_norm(x, delta, w, 1e-6));
+        assert!(max_abs_diff(&values(sum), &values(want_sum)) < tolerance, "residual add, {dtype:?}");
+        assert!(max_abs_diff(&values(normed), &values(want_normed)) < tolerance, "norm after the add, {dtype:?}");
+    }
+
+    let [b, t, h, d] = [3, 4, 4, 32];
+    for (table_rows, norm, pad) in [(1, true, 0), (b, false, 0), (b, true, 24)] {
+        let x = spread([b * t, h * d + pad], 23, 2.0, F32).slice([0..b * t, 0..h * d]);
+        let w = spread([d], 24, 1.0, F32);
+        let cos = spread([table_rows, t * h * d], 25, 1.0, F32);
+        let sin = spread([table_rows, t * h * d], 26, 1.0, F32);
+        let want = heads_on_host(
+            &values(x.clone()),
+            norm.then(|| values(w.clone())).as_deref(),
+            &values(cos.clone()),
+            &values(sin.clone()),
+            d,
+        );
+        let heads = cube_fused::Heads { x, dims: [b, t, h, d], norm: norm.then(|| (w, 1e-6)), cos: &cos, sin: &sin };
+        assert!(heads.fit(None, None));
+        let (out, none) = cube_fused::heads(heads, None, None);
+        assert!(none.is_none());
+        let out = values(out.swap_dims(1, 2));
+        let diff = max_abs_diff(&out, &want);
+        assert!(diff < 1e-5, "queries, table rows {table_rows}, norm {norm}, pad {pad}: {diff}");
+    }
+
+    // Keys and values into an f16 cache of 9 slots, from slot 2.
+    let (kvh, cap, start) = (2, 9, 2);
+    let k = spread([b * t, kvh * d], 27, 2.0, F32);
+    let v = spread([b * t, kvh * d], 28, 2.0, F32);
+    let w = spread([d], 29, 1.0, F32);
+    let cos = spread([1, t * kvh * d], 30, 1.0, F32);
+    let sin = spread([1, t * kvh * d], 31, 1.0, F32);
+    let want_k =
+        heads_on_host(&values(k.clone()), Some(&values(w.clone())), &values(cos.clone()), &values(sin.clone()), d);
+    let want_v = values(v.clone());
+    for shared in [false, true] {
+        let (k_cache, v_cache) = (spread([b, kvh, cap, d], 32, 1.0, F16), spread([b, kvh, cap, d], 33, 1.0, F16));
+        let before = (values(k_cache.clone()), values(v_cache.clone()));
+        let held = shared.then(|| (k_cache.clone(), v_cache.clone()));
+        let heads = cube_fused::Heads {
+            x: k.clone(),
+            dims: [b, t, kvh, d],
+            norm: Some((w.clone(), 1e-6)),
+            cos: &cos,
+            sin: &sin,
+        };
+        assert!(heads.fit(Some(&v), Some([cap, start])));
+        assert!(!heads.fit(Some(&v), Some([start + t - 1, start])), "past the buffer's slots");
+        let (k_out, v_out) = cube_fused::heads(heads, Some(v.clone()), Some(([k_cache, v_cache], start)));
+        let (k_out, v_out) = (values(k_out), values(v_out.expect("values written")));
+        for (got, want, old, what) in [(&k_out, &want_k, &before.0, "keys"), (&v_out, &want_v, &before.1, "values")] {
+            for (i, g) in got.iter().enumerate() {
+                let (slot, row) = ((i / d) % cap, i / (d * cap));
+                let (seq, head) = (row / kvh, row % kvh);
+                let expected = if (start..start + t).contains(&slot) {
+                    want[((seq * t + slot - start) * kvh + head) * d + i % d]
+                } else {
+                    old[i]
+                };
+                assert!((g - expected).abs() < 2e-2, "{what} at {i} (slot {slot}, shared {shared}): {g} vs {expected}");
+            }
+        }
+        if let Some((k_held, v_held)) = held {
+            assert_eq!(values(k_held), before.0, "a held key buffer was overwritten");
+            assert_eq!(values(v_held), before.1, "a held value buffer was overwritten");
+        }
+    }
+}

@@ -7,7 +7,12 @@
 //! log), RoPE five per tensor, the softmax five. Decoding a few sequences is bound by those
 //! launches rather than by arithmetic, on any GPU: each costs its launch and a round trip of the
 //! activations through memory. Here each is one launch, with f32 arithmetic inside whatever the
-//! tensors' dtype.
+//! tensors' dtype, and two more kernels merge neighbours: the residual add with the RMSNorm
+//! after it ([`add_rms_norm`]), and the queries' or the keys' whole way from the projection to
+//! the attention ([`heads`]: Qwen3's per-head norm, RoPE, the head-major layout, and for the
+//! keys the KV cache's writes of keys and values, in the cache's dtype). A decoding step then
+//! launches 15 kernels per layer: nine products (q, k, v, the scores, their values, o, gate,
+//! up, down), two residual adds with their norms, the two heads, SwiGLU and the softmax.
 //!
 //! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
 //! ops run, as they do under burn's `fusion` feature (whose tensors are not these) and while a
@@ -140,6 +145,133 @@ mod kernels {
         let t = i % period as usize;
         let v = f32::cast_from(x[i]) * f32::cast_from(cos[t]) + f32::cast_from(x[partner]) * f32::cast_from(sin[t]);
         out[i] = F::cast_from(v);
+    }
+
+    /// `x + delta` (rows of `n`, `x_stride` and `delta_stride` apart), written contiguous to
+    /// `sum`, and its RMSNorm (`w`, `eps`) to `out`: the residual add and the next norm in one
+    /// pass. A cube per row.
+    #[cube(launch)]
+    pub(super) fn add_rms_norm_kernel<F: Float, W: Float>(
+        x: &Tensor<F>,
+        delta: &Tensor<F>,
+        w: &Tensor<W>,
+        sum: &mut Tensor<F>,
+        out: &mut Tensor<F>,
+        rows: u32,
+        n: u32,
+        x_stride: u32,
+        delta_stride: u32,
+        eps: f32,
+        #[comptime] block: u32,
+        #[define(F, W)] _dtypes: [StorageType; 2],
+    ) {
+        let row = cube_row();
+        if row >= rows as usize {
+            terminate!();
+        }
+        let n = n as usize;
+        let (a, b, to) = (row * x_stride as usize, row * delta_stride as usize, row * n);
+        let mut squares = f32::new(0.0);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            // Rounded to F first, as the separate add would store it.
+            let v = F::cast_from(f32::cast_from(x[a + i]) + f32::cast_from(delta[b + i]));
+            sum[to + i] = v;
+            let v = f32::cast_from(v);
+            squares += v * v;
+            i += block as usize;
+        }
+        let total = cube_reduce(squares, block, false);
+        let scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            out[to + i] = F::cast_from(f32::cast_from(sum[to + i]) * scale * f32::cast_from(w[i]));
+            i += block as usize;
+        }
+    }
+
+    /// Where [`heads_kernel`] reads and writes.
+    #[derive(CubeLaunch, CubeType)]
+    pub(super) struct HeadsAt {
+        /// Tokens per sequence, heads per token, elements per head.
+        pub(super) t: u32,
+        pub(super) heads: u32,
+        pub(super) d: u32,
+        /// Distance between tokens in `x` and in `v`.
+        pub(super) x_stride: u32,
+        pub(super) v_stride: u32,
+        /// The destinations' slots per row and head, and the first slot written.
+        pub(super) cap: u32,
+        pub(super) start: u32,
+        /// Elements of the RoPE tables (one sequence's, or the batch's).
+        pub(super) period: u32,
+    }
+
+    /// The heads of `x` (tokens of `heads · d`, sequence-major: `[b, t, heads, d]`), each
+    /// normalised (with `norm`: RMSNorm by `w`, `eps`) and rotated (RoPE, the tables as in
+    /// [`rope_kernel`]), written head-major into `out` (`[b, heads, cap, d]`) from slot
+    /// `start`; with `with_v`, the heads of `v` copied alike into `v_out`. A cube per head of a
+    /// token: the queries' or the keys' whole path from the projection to the attention (and
+    /// the KV cache) in one launch instead of up to six.
+    #[cube(launch)]
+    pub(super) fn heads_kernel<F: Float, W: Float, T: Float, C: Float>(
+        x: &Tensor<F>,
+        v: &Tensor<F>,
+        w: &Tensor<W>,
+        cos: &Tensor<T>,
+        sin: &Tensor<T>,
+        out: &mut Tensor<C>,
+        v_out: &mut Tensor<C>,
+        rows: u32,
+        at: HeadsAt,
+        eps: f32,
+        #[comptime] block: u32,
+        #[comptime] norm: bool,
+        #[comptime] with_v: bool,
+        #[define(F, W, T, C)] _dtypes: [StorageType; 4],
+    ) {
+        let row = cube_row();
+        if row >= rows as usize {
+            terminate!();
+        }
+        let (d, heads, t) = (at.d as usize, at.heads as usize, at.t as usize);
+        let half = d / 2;
+        let (head, token) = (row % heads, row / heads);
+        let (seq, slot) = (token / t, token % t);
+        let from = token * at.x_stride as usize + head * d;
+        let to = ((seq * heads + head) * at.cap as usize + at.start as usize + slot) * d;
+        // The tables run over the tokens' elements in `[b, t, heads, d]` order.
+        let table = row * d;
+        let mut scale = f32::new(1.0);
+        if norm {
+            let mut squares = f32::new(0.0);
+            let mut i = UNIT_POS_X as usize;
+            while i < d {
+                let e = f32::cast_from(x[from + i]);
+                squares += e * e;
+                i += block as usize;
+            }
+            let total = cube_reduce(squares, block, false);
+            scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(d) + eps);
+        }
+        let mut i = UNIT_POS_X as usize;
+        while i < d {
+            let partner = if i < half { i + half } else { i - half };
+            let mut e = f32::cast_from(x[from + i]) * scale;
+            let mut p = f32::cast_from(x[from + partner]) * scale;
+            if norm {
+                // Rounded to F, as the separate norm would store it.
+                e = f32::cast_from(F::cast_from(e * f32::cast_from(w[i])));
+                p = f32::cast_from(F::cast_from(p * f32::cast_from(w[partner])));
+            }
+            let k = (table + i) % at.period as usize;
+            out[to + i] = C::cast_from(e * f32::cast_from(cos[k]) + p * f32::cast_from(sin[k]));
+            if with_v {
+                let from_v = token * at.v_stride as usize + head * d;
+                v_out[to + i] = C::cast_from(v[from_v + i]);
+            }
+            i += block as usize;
+        }
     }
 
     /// `softmax(scores + bias)` over rows of `n`, `row_stride` apart in the scores (a pitched
@@ -347,6 +479,121 @@ fn rope_cube<R: CubeRuntime>(x: CubeTensor<R>, cos: CubeTensor<R>, sin: CubeTens
     out
 }
 
+fn add_rms_norm_cube<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    delta: CubeTensor<R>,
+    w: CubeTensor<R>,
+    eps: f32,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let ((x, x_stride), (delta, delta_stride), w) = (in_rows(x), in_rows(delta), into_contiguous(w));
+    let n = w.meta.num_elements();
+    let rows = x.meta.num_elements() / n;
+    let (sum, out) = (output_like(&x), output_like(&x));
+    let (cubes, cube_dim, block) = row_launch(rows, n);
+    let (client, dtypes) = (x.client.clone(), [x.dtype.into(), w.dtype.into()]);
+    kernels::add_rms_norm_kernel::launch::<R>(
+        &client,
+        cubes,
+        cube_dim,
+        x.into_tensor_arg(),
+        delta.into_tensor_arg(),
+        w.into_tensor_arg(),
+        sum.clone().into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        rows as u32,
+        n as u32,
+        x_stride as u32,
+        delta_stride as u32,
+        eps,
+        block,
+        dtypes,
+    );
+    (sum, out)
+}
+
+/// `t` where a kernel may write into it: itself when nothing else holds its buffer and it is
+/// contiguous, else a copy.
+fn writable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
+    match (t.is_contiguous(), t.can_mut()) {
+        (false, _) => into_contiguous(t),
+        (true, false) => t.copy(),
+        (true, true) => t,
+    }
+}
+
+/// [`heads_cube`]'s operands.
+struct HeadsJob<R: CubeRuntime> {
+    /// `[b·t, heads·d]` rows, perhaps apart.
+    x: CubeTensor<R>,
+    /// Values to copy beside `x`, and their destination.
+    v: Option<(CubeTensor<R>, CubeTensor<R>)>,
+    norm: Option<(CubeTensor<R>, f32)>,
+    cos: CubeTensor<R>,
+    sin: CubeTensor<R>,
+    /// `[b, heads, cap, d]`
+    dest: CubeTensor<R>,
+    start: usize,
+    t: usize,
+}
+
+fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
+    let [_, heads, cap, d] = job.dest.meta.shape().to_vec()[..] else { unreachable!("a 4-D destination") };
+    let (x, x_stride) = in_rows(job.x);
+    let rows = x.meta.num_elements() / d;
+    let dest = writable(job.dest);
+    let (cos, sin) = (into_contiguous(job.cos), into_contiguous(job.sin));
+    let period = cos.meta.num_elements();
+    let ((v, v_stride), v_dest) = match job.v {
+        Some((v, v_dest)) => (in_rows(v), Some(writable(v_dest))),
+        // Unread: `x` and `dest` stand in.
+        None => ((x.clone(), x_stride), None),
+    };
+    let with_norm = job.norm.is_some();
+    let (w, eps) = match job.norm {
+        Some((w, eps)) => (into_contiguous(w), eps),
+        None => (x.clone(), 0.0),
+    };
+    let (cubes, cube_dim, block) = row_launch(rows, d);
+    let client = x.client.clone();
+    let dtypes = [x.dtype.into(), w.dtype.into(), cos.dtype.into(), dest.dtype.into()];
+    let at = kernels::HeadsAtLaunch::new(
+        job.t as u32,
+        heads as u32,
+        d as u32,
+        x_stride as u32,
+        v_stride as u32,
+        cap as u32,
+        job.start as u32,
+        period as u32,
+    );
+    let with_v = v_dest.is_some();
+    // Unwritten without values, but a buffer of its own: wgpu refuses a buffer bound twice
+    // for writing.
+    let v_out = v_dest
+        .clone()
+        .unwrap_or_else(|| empty_device_contiguous_dtype(client.clone(), dest.device.clone(), [1].into(), dest.dtype));
+    kernels::heads_kernel::launch::<R>(
+        &client,
+        cubes,
+        cube_dim,
+        x.into_tensor_arg(),
+        v.into_tensor_arg(),
+        w.into_tensor_arg(),
+        cos.into_tensor_arg(),
+        sin.into_tensor_arg(),
+        dest.clone().into_tensor_arg(),
+        v_out.into_tensor_arg(),
+        rows as u32,
+        at,
+        eps,
+        block,
+        with_norm,
+        with_v,
+        dtypes,
+    );
+    (dest, v_dest)
+}
+
 fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R>>, n: usize) -> CubeTensor<R> {
     let (scores, row_stride) = in_rows(scores);
     let rows = scores.meta.num_elements() / n;
@@ -408,7 +655,7 @@ fn switched_on() -> bool {
         };
         match on {
             true => tracing::info!(
-                "GPU: hacpo's RMSNorm, SwiGLU, RoPE and softmax kernels (HACPO_GPU_KERNELS=off: burn's ops)"
+                "GPU: hacpo's RMSNorm, SwiGLU, RoPE, KV-cache and softmax kernels (HACPO_GPU_KERNELS=off: burn's ops)"
             ),
             false => tracing::info!("GPU: burn's generic ops instead of hacpo's kernels (HACPO_GPU_KERNELS=off)"),
         }
@@ -504,6 +751,122 @@ pub fn softmax<B: Backend, const D: usize>(
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(softmax_cube::<R>(primitive(scores), bias.map(|b| primitive(b.clone())), n)));
     }
     Err(scores)
+}
+
+/// Whether `B` is one of the plain GPU backends these kernels run on (and they are on).
+fn on_gpu<B: Backend>() -> bool {
+    #[cfg(feature = "wgpu")]
+    if is::<B, cubecl::wgpu::WgpuRuntime>() {
+        return true;
+    }
+    #[cfg(feature = "cuda")]
+    if is::<B, cubecl::cuda::CudaRuntime>() {
+        return true;
+    }
+    false
+}
+
+/// `x + delta` and its RMSNorm by `weight` over the last dimension (as [`rms_norm`], in one
+/// pass); the operands back on other backends or dtypes.
+#[allow(clippy::type_complexity)]
+pub fn add_rms_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    delta: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> Result<(Tensor<B, D>, Tensor<B, D>), (Tensor<B, D>, Tensor<B, D>, Tensor<B, 1>)> {
+    let (n, total) = (weight.dims()[0], x.shape().num_elements());
+    let fits = x.dims() == delta.dims()
+        && x.dtype() == delta.dtype()
+        && float(x.dtype())
+        && float(weight.dtype())
+        && x.dims()[D - 1] == n;
+    if fits && total > 0 && addressable(total, total / n) {
+        on_cube!(B, R => {
+            let (sum, out) = add_rms_norm_cube::<R>(primitive(x), primitive(delta), primitive(weight), eps as f32);
+            (tensor::<B, D, CubeTensor<R>>(sum), tensor::<B, D, CubeTensor<R>>(out))
+        });
+    }
+    Err((x, delta, weight))
+}
+
+/// The heads of a projection, for [`heads`]: `[b·t, heads·d]` rows (`x`), `[b, t, heads, d]`
+/// (`dims`), RMSNorm'd by `norm` if given, then rotated by RoPE tables `[1 or b, t·heads·d]`
+/// (`cos`, and `sin` with the sign folded in; see `model::layout`).
+pub struct Heads<'a, B: Backend> {
+    pub x: Tensor<B, 2>,
+    pub dims: [usize; 4],
+    pub norm: Option<(Tensor<B, 1>, f64)>,
+    pub cos: &'a Tensor<B, 2>,
+    pub sin: &'a Tensor<B, 2>,
+}
+
+impl<B: Backend> Heads<'_, B> {
+    /// Whether [`heads`] runs them here, with `values` beside them (same shape) and into
+    /// buffers of `cap` slots from slot `start` (`into`; otherwise new ones).
+    pub fn fit(&self, values: Option<&Tensor<B, 2>>, into: Option<[usize; 2]>) -> bool {
+        let [b, t, heads, d] = self.dims;
+        let [rows, per] = self.cos.dims();
+        let tables = float(self.cos.dtype())
+            && self.cos.dtype() == self.sin.dtype()
+            && self.sin.dims() == self.cos.dims()
+            && per == t * heads * d
+            && (rows == 1 || rows == b);
+        let source = float(self.x.dtype())
+            && self.x.dims() == [b * t, heads * d]
+            && values.is_none_or(|v| v.dims() == self.x.dims() && v.dtype() == self.x.dtype())
+            && self.norm.as_ref().is_none_or(|(w, _)| float(w.dtype()) && w.dims() == [d]);
+        let dest = into.is_none_or(|[cap, start]| start + t <= cap && addressable(b * heads * cap * d, 0));
+        let total = b * t * heads * d;
+        on_gpu::<B>() && tables && source && dest && d % 2 == 0 && total > 0 && addressable(total, b * t)
+    }
+}
+
+/// The heads of `heads` normalised and rotated in one launch, written head-major (`[b, heads,
+/// t, d]` new, or into the buffers of `into` from its slot), with `values`' heads copied
+/// beside them (into the second buffer): the path from the projections to the attention, and
+/// the KV cache's write. Returns the written buffers. Only where [`Heads::fit`] said so.
+pub fn heads<B: Backend>(
+    heads: Heads<'_, B>,
+    values: Option<Tensor<B, 2>>,
+    into: Option<([Tensor<B, 4>; 2], usize)>,
+) -> (Tensor<B, 4>, Option<Tensor<B, 4>>) {
+    let run = || -> Result<_, ()> {
+        on_cube!(B, R => {
+            let [b, t, h, d] = heads.dims;
+            let x = primitive::<B, 2, CubeTensor<R>>(heads.x);
+            let fresh = |like: &CubeTensor<R>| {
+                empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), [b, h, t, d].into(), like.dtype)
+            };
+            let (dest, v, start) = match into {
+                Some(([k, v_dest], start)) => {
+                    (primitive(k), values.map(|v| (primitive(v), primitive(v_dest))), start)
+                }
+                None => {
+                    let v = values.map(|v| {
+                        let v = primitive::<B, 2, CubeTensor<R>>(v);
+                        let dest = fresh(&v);
+                        (v, dest)
+                    });
+                    (fresh(&x), v, 0)
+                }
+            };
+            let job = HeadsJob {
+                x,
+                v,
+                norm: heads.norm.map(|(w, eps)| (primitive(w), eps as f32)),
+                cos: primitive(heads.cos.clone()),
+                sin: primitive(heads.sin.clone()),
+                dest,
+                start,
+                t,
+            };
+            let (k, v) = heads_cube::<R>(job);
+            (tensor::<B, 4, CubeTensor<R>>(k), v.map(tensor::<B, 4, CubeTensor<R>>))
+        });
+        Err(())
+    };
+    run().expect("heads on a GPU backend that Heads::fit accepted")
 }
 
 #[cfg(test)]

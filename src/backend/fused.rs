@@ -224,6 +224,23 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
     }
 }
 
+/// `x + delta` and the RMSNorm of that sum (the residual stream and the next layer's input):
+/// one kernel on the plain GPU backends, the add and [`rms_norm`] elsewhere.
+pub fn add_rms_norm<B: Backend, const D: usize>(
+    x: Tensor<B, D>,
+    delta: Tensor<B, D>,
+    weight: Tensor<B, 1>,
+    eps: f64,
+) -> (Tensor<B, D>, Tensor<B, D>) {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    let (x, delta, weight) = match super::cube_fused::add_rms_norm(x, delta, weight, eps) {
+        Ok(out) => return out,
+        Err(back) => back,
+    };
+    let sum = x + delta;
+    (sum.clone(), rms_norm(sum, weight, eps))
+}
+
 /// Rows per rayon task for a row length of `n`.
 fn rows_per_task(n: usize) -> usize {
     (TASK / n.max(1)).max(1)

@@ -84,31 +84,59 @@ impl<B: Backend> KvCache<B> {
         k_new: Tensor<B, 4>,
         v_new: Tensor<B, 4>,
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let [b, h, t, d] = k_new.dims();
+        let (dims, dtype, device) = (k_new.dims(), k_new.dtype(), k_new.device());
+        self.write(layer, start, dims, (&device, dtype), |k, v| {
+            (write_slots(k, start, k_new), write_slots(v, start, v_new))
+        })
+    }
+
+    /// The slots `layer`'s buffers hold once `end` are written: their capacity, grown as
+    /// [`Self::write`] grows it.
+    pub(crate) fn capacity_for(&self, layer: usize, end: usize) -> usize {
+        match &self.layers[layer] {
+            None => end.max(self.reserve),
+            Some(kv) => {
+                let cap = kv.k.dims()[2];
+                // Doubling, except that a buffer past a quarter of the limit grows to the limit
+                // at once: the buffer it grows from is then the reserve or at most half the
+                // limit, which the memory plan counts beside it.
+                let doubled = if cap.saturating_mul(4) <= self.limit { cap * 2 } else { self.limit };
+                if end > cap { doubled.max(end) } else { cap }
+            }
+        }
+    }
+
+    /// Hands `fill` the key and value buffers of `layer` (`[batch, kv_heads, capacity,
+    /// head_dim]`, created in `dtype` or grown to hold the `t` slots of `[b, h, t, d]` from
+    /// `start`), which writes the new slots into them and gives them back; returns views of all
+    /// keys and values `[batch, kv_heads, start + t, head_dim]`.
+    pub(crate) fn write(
+        &mut self,
+        layer: usize,
+        start: usize,
+        [b, h, t, d]: [usize; 4],
+        (device, dtype): (&B::Device, burn::tensor::DType),
+        fill: impl FnOnce(Tensor<B, 4>, Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>),
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let end = start + t;
-        let entry = self.layers[layer].take();
-        let options = || TensorCreationOptions::new(k_new.device()).with_dtype(k_new.dtype());
-        let mut kv = match entry {
+        let cap = self.capacity_for(layer, end);
+        let options = || TensorCreationOptions::new(device.clone()).with_dtype(dtype);
+        let kv = match self.layers[layer].take() {
             None => {
-                let cap = end.max(self.reserve);
                 LayerKv { k: Tensor::zeros([b, h, cap, d], options()), v: Tensor::zeros([b, h, cap, d], options()) }
+            }
+            Some(kv) if kv.k.dims()[2] < cap => {
+                let grow = cap - kv.k.dims()[2];
+                LayerKv {
+                    k: Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], options())], 2),
+                    v: Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], options())], 2),
+                }
             }
             Some(kv) => kv,
         };
-        let cap = kv.k.dims()[2];
-        if end > cap {
-            // Doubling, except that a buffer past a quarter of the limit grows to the limit at
-            // once: the buffer it grows from is then the reserve or at most half the limit,
-            // which the memory plan counts beside it.
-            let doubled = if cap.saturating_mul(4) <= self.limit { cap * 2 } else { self.limit };
-            let grow = doubled.max(end) - cap;
-            kv.k = Tensor::cat(vec![kv.k, Tensor::zeros([b, h, grow, d], options())], 2);
-            kv.v = Tensor::cat(vec![kv.v, Tensor::zeros([b, h, grow, d], options())], 2);
-        }
-        kv.k = write_slots(kv.k, start, k_new);
-        kv.v = write_slots(kv.v, start, v_new);
-        let out = (kv.k.clone().slice([0..b, 0..h, 0..end, 0..d]), kv.v.clone().slice([0..b, 0..h, 0..end, 0..d]));
-        self.layers[layer] = Some(kv);
+        let (k, v) = fill(kv.k, kv.v);
+        let out = (k.clone().slice([0..b, 0..h, 0..end, 0..d]), v.clone().slice([0..b, 0..h, 0..end, 0..d]));
+        self.layers[layer] = Some(LayerKv { k, v });
         out
     }
 

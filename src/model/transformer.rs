@@ -77,6 +77,16 @@ impl<B: Backend> RmsNorm<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
         crate::backend::fused::rms_norm(x, compute.weight(self.weight.val()), self.eps)
     }
+
+    /// `x + delta` (a residual add) and this norm of it.
+    pub fn after_add<const D: usize>(
+        &self,
+        x: Tensor<B, D>,
+        delta: Tensor<B, D>,
+        compute: ComputeDtype,
+    ) -> (Tensor<B, D>, Tensor<B, D>) {
+        crate::backend::fused::add_rms_norm(x, delta, compute.weight(self.weight.val()), self.eps)
+    }
 }
 
 /// Multi-head attention with grouped key/value heads.
@@ -113,6 +123,11 @@ impl<B: Backend> Attention<B> {
         layout: &LayoutTensors<B>,
         cache: Option<(&mut KvCache<B>, usize, usize)>,
     ) -> Tensor<B, 3> {
+        #[cfg(any(feature = "cuda", feature = "wgpu"))]
+        let ([q, k, v], cache) = match self.attend_on_gpu([q, k, v], [b, t], layout, cache) {
+            Ok(out) => return out,
+            Err(back) => back,
+        };
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let c = layout.compute;
         let mut q = q.reshape([b, t, h, hd]);
@@ -136,6 +151,54 @@ impl<B: Backend> Attention<B> {
             None => (k, v),
         };
         crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c)
+    }
+}
+
+impl<B: Backend> Attention<B> {
+    /// [`Self::attend`] with the queries' and the keys' norms and RoPE, and the KV cache's
+    /// writes, in one GPU kernel for each side (up to ten launches instead of two); the
+    /// operands back where that kernel does not run.
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    #[allow(clippy::type_complexity)]
+    fn attend_on_gpu<'c>(
+        &self,
+        [q, k, v]: [Tensor<B, 2>; 3],
+        [b, t]: [usize; 2],
+        layout: &LayoutTensors<B>,
+        cache: Option<(&'c mut KvCache<B>, usize, usize)>,
+    ) -> Result<Tensor<B, 3>, ([Tensor<B, 2>; 3], Option<(&'c mut KvCache<B>, usize, usize)>)> {
+        use crate::backend::cube_fused::{Heads, heads};
+        let (h, kvh, hd, c) = (self.num_heads, self.num_kv_heads, self.head_dim, layout.compute);
+        // The norms' stored weights for the check; rounded as the forward reads them after it.
+        let norms = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => [Some((qn.weight.val(), qn.eps)), Some((kn.weight.val(), kn.eps))],
+            _ => [None, None],
+        };
+        let [q_norm, k_norm] = norms;
+        let queries = Heads { x: q, dims: [b, t, h, hd], norm: q_norm, cos: &layout.query.cos, sin: &layout.query.sin };
+        let keys = Heads { x: k, dims: [b, t, kvh, hd], norm: k_norm, cos: &layout.key.cos, sin: &layout.key.sin };
+        let into = cache.as_ref().map(|(cache, layer, start)| [cache.capacity_for(*layer, start + t), *start]);
+        if !(queries.fit(None, None) && keys.fit(Some(&v), into)) {
+            return Err(([queries.x, keys.x, v], cache));
+        }
+        fn rounded<B: Backend>(heads: Heads<'_, B>, c: ComputeDtype) -> Heads<'_, B> {
+            Heads { norm: heads.norm.map(|(w, eps)| (c.weight(w), eps)), ..heads }
+        }
+        let (q, _) = heads(rounded(queries, c), None, None);
+        let (k, v) = match cache {
+            Some((cache, layer, start)) => {
+                let dtype = crate::backend::attention::cache_dtype::<B>(c).burn().into();
+                cache.write(layer, start, [b, kvh, t, hd], (&v.device(), dtype), |k_buffer, v_buffer| {
+                    let (k, v) = heads(rounded(keys, c), Some(v), Some(([k_buffer, v_buffer], start)));
+                    (k, v.expect("values written"))
+                })
+            }
+            None => {
+                let (k, v) = heads(rounded(keys, c), Some(v), None);
+                (k, v.expect("values written"))
+            }
+        };
+        Ok(crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c))
     }
 }
 
@@ -183,19 +246,24 @@ pub struct DecoderLayer<B: Backend> {
 }
 
 impl<B: Backend> DecoderLayer<B> {
+    /// The layer over `x` (`[b, t, hidden]`) plus `pending` (the previous layer's MLP output,
+    /// not yet added); returns the residual and this layer's MLP output, for the next layer
+    /// to add likewise.
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
+        pending: Option<Tensor<B, 3>>,
         layout: &LayoutTensors<B>,
         cache: Option<(&mut KvCache<B>, usize, usize)>,
-    ) -> Tensor<B, 3> {
+    ) -> [Tensor<B, 3>; 2] {
         let [b, t, d] = x.dims();
-        let y = self.forward_packed(x.reshape([b * t, d]), layout.compute, |attention, projected| {
+        let flat = |x: Tensor<B, 3>| x.reshape([b * t, d]);
+        let out = self.forward_packed_parts(flat(x), pending.map(flat), layout.compute, |attention, projected| {
             let out = attention.attend(projected, [b, t], layout, cache);
             let width = out.dims()[2];
             out.reshape([b * t, width])
         });
-        y.reshape([b, t, d])
+        out.map(|y| y.reshape([b, t, d]))
     }
 
     /// The layer over tokens in rows (`[n, hidden]`, several passes' tokens packed): all but
@@ -209,9 +277,27 @@ impl<B: Backend> DecoderLayer<B> {
         compute: ComputeDtype,
         attend: impl FnOnce(&Attention<B>, [Tensor<B, 2>; 3]) -> Tensor<B, 2>,
     ) -> Tensor<B, 2> {
-        let projected = self.self_attn.project(self.input_layernorm.forward(x.clone(), compute), compute);
-        let h = x + self.self_attn.o_proj.forward(attend(&self.self_attn, projected), compute);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h, compute), compute)
+        let [h, mlp] = self.forward_packed_parts(x, None, compute, attend);
+        h + mlp
+    }
+
+    /// [`Self::forward_packed`] on `x + pending` (the residual add and this layer's first norm
+    /// in one GPU kernel), returning the residual and the MLP's output apart.
+    fn forward_packed_parts(
+        &self,
+        x: Tensor<B, 2>,
+        pending: Option<Tensor<B, 2>>,
+        compute: ComputeDtype,
+        attend: impl FnOnce(&Attention<B>, [Tensor<B, 2>; 3]) -> Tensor<B, 2>,
+    ) -> [Tensor<B, 2>; 2] {
+        let (x, normed) = match pending {
+            Some(pending) => self.input_layernorm.after_add(x, pending, compute),
+            None => (x.clone(), self.input_layernorm.forward(x, compute)),
+        };
+        let projected = self.self_attn.project(normed, compute);
+        let attended = self.self_attn.o_proj.forward(attend(&self.self_attn, projected), compute);
+        let (h, normed) = self.post_attention_layernorm.after_add(x, attended, compute);
+        [h, self.mlp.forward(normed, compute)]
     }
 }
 
@@ -244,14 +330,21 @@ impl<B: Backend> CausalLm<B> {
         let t = ids.dims()[1];
         let start = cache.as_ref().map_or(0, |c| c.len());
         let mut x = self.embed(ids);
+        // Each layer's MLP output is added by the next layer's first norm (and the last one's
+        // by the final norm): one kernel for the add and the norm on a GPU.
+        let mut pending = None;
         for (i, layer) in self.layers.iter().enumerate() {
             let c = cache.as_deref_mut().map(|c| (c, i, start));
-            x = layer.forward(x, layout, c);
+            let [h, mlp] = layer.forward(x, pending, layout, c);
+            (x, pending) = (h, Some(mlp));
         }
         if let Some(c) = cache {
             c.advance(t);
         }
-        self.norm.forward(x, self.compute)
+        match pending {
+            Some(pending) => self.norm.after_add(x, pending, self.compute).1,
+            None => self.norm.forward(x, self.compute),
+        }
     }
 
     /// The embeddings `[batch, t, hidden]` of token ids `[batch, t]`, in f32. The rows are

@@ -643,7 +643,8 @@ fn heads_on_host(x: &[f32], w: Option<&[f32]>, cos: &[f32], sin: &[f32], d: usiz
 }
 
 /// The residual add with the next RMSNorm gives the add and burn's norm (a padded operand
-/// read in place). The heads kernel gives the host's RMSNorm and RoPE, head-major: queries
+/// read in place; a half-precision operand and weight added to an f32 residual, the norm
+/// written in half precision). The heads kernel gives the host's RMSNorm and RoPE, head-major: queries
 /// into a new buffer (with and without the norm, tables shared or per sequence, rows stored
 /// apart), keys into an f16 KV cache from its third slot with the values copied beside them,
 /// the cache's other slots untouched, and a cache buffer something else still holds copied
@@ -656,12 +657,23 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
         let x = spread([6, 5, 96], 20, 3.0, dtype);
         let delta = spread([6, 5, 96 + 32], 21, 2.0, dtype).slice([0..6, 0..5, 0..96]);
         let w = spread([96], 22, 1.0, dtype);
-        let (sum, normed) =
-            cube_fused::add_rms_norm(x.clone(), delta.clone(), w.clone(), 1e-6).unwrap_or_else(|_| panic!("not taken"));
-        let (want_sum, want_normed) = without_fast_paths(|| fused::add_rms_norm(x, delta, w, 1e-6));
+        let (sum, normed) = cube_fused::add_rms_norm(x.clone(), delta.clone(), w.clone(), 1e-6, None)
+            .unwrap_or_else(|_| panic!("not taken"));
+        let (want_sum, want_normed) = without_fast_paths(|| fused::add_rms_norm(x, delta, w, 1e-6, None));
         assert!(max_abs_diff(&values(sum), &values(want_sum)) < tolerance, "residual add, {dtype:?}");
         assert!(max_abs_diff(&values(normed), &values(want_normed)) < tolerance, "norm after the add, {dtype:?}");
     }
+    // A half-precision product's output and weight added to the f32 residual, the norm written
+    // in half precision for the next products: the f32 sum, the f32 norm rounded once.
+    let x = spread([6, 5, 96], 20, 3.0, F32);
+    let (delta, w) = (spread([6, 5, 96], 21, 2.0, F16), spread([96], 22, 1.0, F16));
+    let (sum, normed) = cube_fused::add_rms_norm(x.clone(), delta.clone(), w.clone(), 1e-6, Some(F16))
+        .unwrap_or_else(|_| panic!("not taken"));
+    assert_eq!((sum.dtype(), normed.dtype()), (F32, F16));
+    let (want_sum, want_normed) = without_fast_paths(|| fused::add_rms_norm(x, delta, w, 1e-6, Some(F16)));
+    assert_eq!(want_normed.dtype(), F16);
+    assert!(max_abs_diff(&values(sum), &values(want_sum)) < 1e-5, "residual add of a half-precision output");
+    assert!(max_abs_diff(&values(normed), &values(want_normed)) < 4e-3, "norm written in half precision");
 
     let [b, t, h, d] = [3, 4, 4, 32];
     for (table_rows, norm, pad) in [(1, true, 0), (b, false, 0), (b, true, 24)] {
@@ -678,7 +690,7 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
         );
         let heads = cube_fused::Heads { x, dims: [b, t, h, d], norm: norm.then(|| (w, 1e-6)), cos: &cos, sin: &sin };
         assert!(heads.fit(None, None));
-        let (out, none) = cube_fused::heads(heads, None, None);
+        let (out, none) = cube_fused::heads(heads, None, cube_fused::Dest::New(F32));
         assert!(none.is_none());
         let out = values(out.swap_dims(1, 2));
         let diff = max_abs_diff(&out, &want);
@@ -708,7 +720,8 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
         };
         assert!(heads.fit(Some(&v), Some([cap, start])));
         assert!(!heads.fit(Some(&v), Some([start + t - 1, start])), "past the buffer's slots");
-        let (k_out, v_out) = cube_fused::heads(heads, Some(v.clone()), Some(([k_cache, v_cache], start)));
+        let (k_out, v_out) =
+            cube_fused::heads(heads, Some(v.clone()), cube_fused::Dest::Cache([k_cache, v_cache], start));
         let (k_out, v_out) = (values(k_out), values(v_out.expect("values written")));
         for (got, want, old, what) in [(&k_out, &want_k, &before.0, "keys"), (&v_out, &want_v, &before.1, "values")] {
             for (i, g) in got.iter().enumerate() {

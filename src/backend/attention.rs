@@ -110,12 +110,20 @@ fn generic<B: Backend>(
     let [b, h, t, d] = q.dims();
     let (kvh, s) = (k.dims()[1], k.dims()[2]);
     let group = h / kvh;
+    // Where hacpo's GPU kernels read half precision as stored (the softmax, and the output
+    // projection's product), a half-precision product's result stays in its dtype: the same
+    // values, without a launch to widen it and one to round it back.
+    let keep = compute != ComputeDtype::F32 && super::gpu_kernels::<B>();
+    let product = |a: Tensor<B, 4>, b: Tensor<B, 4>| match keep {
+        true => compute.cast(a).matmul(compute.cast(b)),
+        false => compute.matmul(a, b),
+    };
     // GQA without repeating K/V: the `group` query heads that share a KV head become extra
     // query rows, [b, kvh, group*t, d] (HF head order is kv-major).
     let q = q.reshape([b, kvh, group * t, d]);
-    let scores = compute.matmul(q, k.transpose()); // [b, kvh, group*t, s]
+    let scores = product(q, k.transpose()); // [b, kvh, group*t, s]
     let probs = probabilities(scores, bias, [b, h, t, s]);
-    swap_middle(compute.matmul(probs, v).reshape([b, h, t, d])).reshape([b, t, h * d])
+    swap_middle(product(probs, v).reshape([b, h, t, d])).reshape([b, t, h * d])
 }
 
 /// `x.swap_dims(1, 2)`, as a reshape when either dimension has one element (decoding's one
@@ -127,7 +135,8 @@ pub fn swap_middle<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
 }
 
 /// `softmax(scores + bias)` over the keys, for scores `[b, kv_heads, group·t, s]` of `h` query
-/// heads: one kernel on the plain GPU backends, burn's ops elsewhere.
+/// heads: one kernel on the plain GPU backends (probabilities in the scores' dtype), burn's
+/// ops in f32 elsewhere.
 fn probabilities<B: Backend>(
     scores: Tensor<B, 4>,
     bias: Option<&Tensor<B, 2>>,
@@ -138,6 +147,7 @@ fn probabilities<B: Backend>(
         Ok(probs) => return probs,
         Err(back) => back,
     };
+    let scores = crate::dtype::f32_weight(scores);
     let shape = scores.dims();
     let scores = match bias {
         // Viewed so that the bias is one shared row, or exactly the scores' shape.

@@ -74,16 +74,16 @@ mod kernels {
 
     /// `x / sqrt(mean(x²) + eps) ∘ w` for each row of `n` elements: a cube per row.
     #[cube(launch)]
-    pub(super) fn rms_norm_kernel<F: Float>(
+    pub(super) fn rms_norm_kernel<F: Float, W: Float>(
         x: &Tensor<F>,
-        w: &Tensor<F>,
+        w: &Tensor<W>,
         out: &mut Tensor<F>,
         rows: u32,
         n: u32,
         row_stride: u32,
         eps: f32,
         #[comptime] block: u32,
-        #[define(F)] _dtype: StorageType,
+        #[define(F, W)] _dtypes: [StorageType; 2],
     ) {
         let row = cube_row();
         if row >= rows as usize {
@@ -148,22 +148,22 @@ mod kernels {
     }
 
     /// `x + delta` (rows of `n`, `x_stride` and `delta_stride` apart), written contiguous to
-    /// `sum`, and its RMSNorm (`w`, `eps`) to `out`: the residual add and the next norm in one
-    /// pass. A cube per row.
+    /// `sum`, and its RMSNorm (`w`, `eps`) to `out` (in the dtype of the products that read
+    /// it): the residual add and the next norm in one pass. A cube per row.
     #[cube(launch)]
-    pub(super) fn add_rms_norm_kernel<F: Float, W: Float>(
+    pub(super) fn add_rms_norm_kernel<F: Float, D: Float, W: Float, O: Float>(
         x: &Tensor<F>,
-        delta: &Tensor<F>,
+        delta: &Tensor<D>,
         w: &Tensor<W>,
         sum: &mut Tensor<F>,
-        out: &mut Tensor<F>,
+        out: &mut Tensor<O>,
         rows: u32,
         n: u32,
         x_stride: u32,
         delta_stride: u32,
         eps: f32,
         #[comptime] block: u32,
-        #[define(F, W)] _dtypes: [StorageType; 2],
+        #[define(F, D, W, O)] _dtypes: [StorageType; 4],
     ) {
         let row = cube_row();
         if row >= rows as usize {
@@ -185,7 +185,7 @@ mod kernels {
         let scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps);
         let mut i = UNIT_POS_X as usize;
         while i < n {
-            out[to + i] = F::cast_from(f32::cast_from(sum[to + i]) * scale * f32::cast_from(w[i]));
+            out[to + i] = O::cast_from(f32::cast_from(sum[to + i]) * scale * f32::cast_from(w[i]));
             i += block as usize;
         }
     }
@@ -214,9 +214,9 @@ mod kernels {
     /// token: the queries' or the keys' whole path from the projection to the attention (and
     /// the KV cache) in one launch instead of up to six.
     #[cube(launch)]
-    pub(super) fn heads_kernel<F: Float, W: Float, T: Float, C: Float>(
+    pub(super) fn heads_kernel<F: Float, V: Float, W: Float, T: Float, C: Float>(
         x: &Tensor<F>,
-        v: &Tensor<F>,
+        v: &Tensor<V>,
         w: &Tensor<W>,
         cos: &Tensor<T>,
         sin: &Tensor<T>,
@@ -228,7 +228,7 @@ mod kernels {
         #[comptime] block: u32,
         #[comptime] norm: bool,
         #[comptime] with_v: bool,
-        #[define(F, W, T, C)] _dtypes: [StorageType; 4],
+        #[define(F, V, W, T, C)] _dtypes: [StorageType; 5],
     ) {
         let row = cube_row();
         if row >= rows as usize {
@@ -257,12 +257,13 @@ mod kernels {
         let mut i = UNIT_POS_X as usize;
         while i < d {
             let partner = if i < half { i + half } else { i - half };
+            // In f32 throughout, as the model's f32 path (which widens a half-precision
+            // product first) computes them.
             let mut e = f32::cast_from(x[from + i]) * scale;
             let mut p = f32::cast_from(x[from + partner]) * scale;
             if norm {
-                // Rounded to F, as the separate norm would store it.
-                e = f32::cast_from(F::cast_from(e * f32::cast_from(w[i])));
-                p = f32::cast_from(F::cast_from(p * f32::cast_from(w[partner])));
+                e *= f32::cast_from(w[i]);
+                p *= f32::cast_from(w[partner]);
             }
             let k = (table + i) % at.period as usize;
             out[to + i] = C::cast_from(e * f32::cast_from(cos[k]) + p * f32::cast_from(sin[k]));
@@ -421,7 +422,7 @@ fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -
     let rows = x.meta.num_elements() / n;
     let out = output_like(&x);
     let (cubes, cube_dim, block) = row_launch(rows, n);
-    let (client, dtype) = (x.client.clone(), x.dtype);
+    let (client, dtypes) = (x.client.clone(), [x.dtype.into(), w.dtype.into()]);
     kernels::rms_norm_kernel::launch::<R>(
         &client,
         cubes,
@@ -434,7 +435,7 @@ fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -
         row_stride as u32,
         eps,
         block,
-        dtype.into(),
+        dtypes,
     );
     out
 }
@@ -484,13 +485,16 @@ fn add_rms_norm_cube<R: CubeRuntime>(
     delta: CubeTensor<R>,
     w: CubeTensor<R>,
     eps: f32,
+    out_dtype: DType,
 ) -> (CubeTensor<R>, CubeTensor<R>) {
     let ((x, x_stride), (delta, delta_stride), w) = (in_rows(x), in_rows(delta), into_contiguous(w));
     let n = w.meta.num_elements();
     let rows = x.meta.num_elements() / n;
-    let (sum, out) = (output_like(&x), output_like(&x));
+    let sum = output_like(&x);
+    let out = empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), x.shape(), out_dtype);
     let (cubes, cube_dim, block) = row_launch(rows, n);
-    let (client, dtypes) = (x.client.clone(), [x.dtype.into(), w.dtype.into()]);
+    let dtypes = [x.dtype.into(), delta.dtype.into(), w.dtype.into(), out_dtype.into()];
+    let client = x.client.clone();
     kernels::add_rms_norm_kernel::launch::<R>(
         &client,
         cubes,
@@ -555,7 +559,7 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
     };
     let (cubes, cube_dim, block) = row_launch(rows, d);
     let client = x.client.clone();
-    let dtypes = [x.dtype.into(), w.dtype.into(), cos.dtype.into(), dest.dtype.into()];
+    let dtypes = [x.dtype.into(), v.dtype.into(), w.dtype.into(), cos.dtype.into(), dest.dtype.into()];
     let at = kernels::HeadsAtLaunch::new(
         job.t as u32,
         heads as u32,
@@ -693,7 +697,7 @@ pub fn rms_norm<B: Backend, const D: usize>(
     eps: f64,
 ) -> Result<Tensor<B, D>, (Tensor<B, D>, Tensor<B, 1>)> {
     let (n, total) = (weight.dims()[0], x.shape().num_elements());
-    let fits = x.dtype() == weight.dtype() && float(x.dtype()) && x.dims()[D - 1] == n;
+    let fits = float(x.dtype()) && float(weight.dtype()) && x.dims()[D - 1] == n;
     if fits && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(rms_norm_cube::<R>(primitive(x), primitive(weight), eps as f32)));
     }
@@ -754,7 +758,7 @@ pub fn softmax<B: Backend, const D: usize>(
 }
 
 /// Whether `B` is one of the plain GPU backends these kernels run on (and they are on).
-fn on_gpu<B: Backend>() -> bool {
+pub fn on_gpu<B: Backend>() -> bool {
     #[cfg(feature = "wgpu")]
     if is::<B, cubecl::wgpu::WgpuRuntime>() {
         return true;
@@ -767,23 +771,28 @@ fn on_gpu<B: Backend>() -> bool {
 }
 
 /// `x + delta` and its RMSNorm by `weight` over the last dimension (as [`rms_norm`], in one
-/// pass); the operands back on other backends or dtypes.
+/// pass; the norm in `out_dtype`, `x`'s if `None`); the operands back on other backends or
+/// dtypes.
 #[allow(clippy::type_complexity)]
 pub fn add_rms_norm<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     delta: Tensor<B, D>,
     weight: Tensor<B, 1>,
     eps: f64,
+    out_dtype: Option<DType>,
 ) -> Result<(Tensor<B, D>, Tensor<B, D>), (Tensor<B, D>, Tensor<B, D>, Tensor<B, 1>)> {
+    let out_dtype = out_dtype.unwrap_or(x.dtype());
     let (n, total) = (weight.dims()[0], x.shape().num_elements());
     let fits = x.dims() == delta.dims()
-        && x.dtype() == delta.dtype()
         && float(x.dtype())
+        && float(delta.dtype())
         && float(weight.dtype())
+        && float(out_dtype)
         && x.dims()[D - 1] == n;
     if fits && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => {
-            let (sum, out) = add_rms_norm_cube::<R>(primitive(x), primitive(delta), primitive(weight), eps as f32);
+            let (x, delta, w) = (primitive(x), primitive(delta), primitive(weight));
+            let (sum, out) = add_rms_norm_cube::<R>(x, delta, w, eps as f32, out_dtype);
             (tensor::<B, D, CubeTensor<R>>(sum), tensor::<B, D, CubeTensor<R>>(out))
         });
     }
@@ -814,7 +823,7 @@ impl<B: Backend> Heads<'_, B> {
             && (rows == 1 || rows == b);
         let source = float(self.x.dtype())
             && self.x.dims() == [b * t, heads * d]
-            && values.is_none_or(|v| v.dims() == self.x.dims() && v.dtype() == self.x.dtype())
+            && values.is_none_or(|v| v.dims() == self.x.dims() && float(v.dtype()))
             && self.norm.as_ref().is_none_or(|(w, _)| float(w.dtype()) && w.dims() == [d]);
         let dest = into.is_none_or(|[cap, start]| start + t <= cap && addressable(b * heads * cap * d, 0));
         let total = b * t * heads * d;
@@ -822,33 +831,35 @@ impl<B: Backend> Heads<'_, B> {
     }
 }
 
-/// The heads of `heads` normalised and rotated in one launch, written head-major (`[b, heads,
-/// t, d]` new, or into the buffers of `into` from its slot), with `values`' heads copied
-/// beside them (into the second buffer): the path from the projections to the attention, and
-/// the KV cache's write. Returns the written buffers. Only where [`Heads::fit`] said so.
+/// Where [`heads`] writes: new buffers `[b, heads, t, d]` of a dtype, or the two buffers
+/// `[b, heads, cap, d]` of a KV cache from a slot.
+pub enum Dest<B: Backend> {
+    New(DType),
+    Cache([Tensor<B, 4>; 2], usize),
+}
+
+/// The heads of `heads` normalised and rotated in one launch, written head-major (see
+/// [`Dest`]), with `values`' heads copied beside them (into the second buffer): the path from
+/// the projections to the attention, and the KV cache's write. Returns the written buffers.
+/// Only where [`Heads::fit`] said so.
 pub fn heads<B: Backend>(
     heads: Heads<'_, B>,
     values: Option<Tensor<B, 2>>,
-    into: Option<([Tensor<B, 4>; 2], usize)>,
+    into: Dest<B>,
 ) -> (Tensor<B, 4>, Option<Tensor<B, 4>>) {
     let run = || -> Result<_, ()> {
         on_cube!(B, R => {
             let [b, t, h, d] = heads.dims;
             let x = primitive::<B, 2, CubeTensor<R>>(heads.x);
-            let fresh = |like: &CubeTensor<R>| {
-                empty_device_contiguous_dtype(like.client.clone(), like.device.clone(), [b, h, t, d].into(), like.dtype)
-            };
             let (dest, v, start) = match into {
-                Some(([k, v_dest], start)) => {
+                Dest::Cache([k, v_dest], start) => {
                     (primitive(k), values.map(|v| (primitive(v), primitive(v_dest))), start)
                 }
-                None => {
-                    let v = values.map(|v| {
-                        let v = primitive::<B, 2, CubeTensor<R>>(v);
-                        let dest = fresh(&v);
-                        (v, dest)
-                    });
-                    (fresh(&x), v, 0)
+                Dest::New(dtype) => {
+                    let fresh = || {
+                        empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), [b, h, t, d].into(), dtype)
+                    };
+                    (fresh(), values.map(|v| (primitive(v), fresh())), 0)
                 }
             };
             let job = HeadsJob {

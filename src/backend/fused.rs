@@ -22,6 +22,7 @@ use rayon::prelude::*;
 
 use super::primitive::{primitive, tensor};
 use super::{Cpu, CpuAutodiff, flex_fast, kernels};
+use crate::dtype::f32_weight;
 
 // --- which CPU backend, and its primitives -------------------------------------------------
 
@@ -146,7 +147,8 @@ pub fn swiglu<B: Backend, const D: usize>(gate: Tensor<B, D>, up: Tensor<B, D>) 
                 Ok(out) => return out,
                 Err(back) => back,
             };
-            silu(gate) * up
+            // The GPU's products may be in half precision (see `backend::gpu_kernels`).
+            silu(f32_weight(gate)) * f32_weight(up)
         }
     }
 }
@@ -215,6 +217,8 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
                 Ok(out) => return out,
                 Err(back) => back,
             };
+            // A weight read as stored by the GPU kernels (see `model::transformer::RmsNorm`).
+            let weight = same_dtype(weight, x.dtype());
             let var = x.clone().powi_scalar(2).mean_dim(D - 1);
             let x = x * (var + eps).sqrt().recip();
             let mut shape = [1usize; D];
@@ -225,20 +229,33 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
 }
 
 /// `x + delta` and the RMSNorm of that sum (the residual stream and the next layer's input):
-/// one kernel on the plain GPU backends, the add and [`rms_norm`] elsewhere.
+/// one kernel on the plain GPU backends, the add and [`rms_norm`] elsewhere. `delta` (a
+/// product's output) and `weight` may be in half precision where the GPU kernels run. The norm
+/// comes in `out_dtype` (`x`'s if `None`).
 pub fn add_rms_norm<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     delta: Tensor<B, D>,
     weight: Tensor<B, 1>,
     eps: f64,
+    out_dtype: Option<DType>,
 ) -> (Tensor<B, D>, Tensor<B, D>) {
     #[cfg(any(feature = "cuda", feature = "wgpu"))]
-    let (x, delta, weight) = match super::cube_fused::add_rms_norm(x, delta, weight, eps) {
+    let (x, delta, weight) = match super::cube_fused::add_rms_norm(x, delta, weight, eps, out_dtype) {
         Ok(out) => return out,
         Err(back) => back,
     };
-    let sum = x + delta;
-    (sum.clone(), rms_norm(sum, weight, eps))
+    let dtype = x.dtype();
+    let sum = x + same_dtype(delta, dtype);
+    let normed = rms_norm(sum.clone(), same_dtype(weight, dtype), eps);
+    match out_dtype {
+        Some(dtype) if dtype != normed.dtype() => (sum, normed.cast(dtype)),
+        _ => (sum, normed),
+    }
+}
+
+/// `t` in `dtype` (unchanged, no op, when it already is): the generic ops take one dtype.
+fn same_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
+    if t.dtype() == dtype { t } else { t.cast(dtype) }
 }
 
 /// Rows per rayon task for a row length of `n`.

@@ -22,6 +22,20 @@ pub mod reduce;
 
 use crate::error::{Error, Result};
 
+/// Whether hacpo's GPU kernels run `B`'s inference ops (a plain CUDA or wgpu backend, the
+/// kernels on): they read any float dtype, so the products around them may stay in half
+/// precision instead of being widened to f32 and rounded back (a launch each way).
+pub fn gpu_kernels<B: burn::tensor::backend::Backend>() -> bool {
+    #[cfg(any(feature = "cuda", feature = "wgpu"))]
+    {
+        cube_fused::on_gpu::<B>()
+    }
+    #[cfg(not(any(feature = "cuda", feature = "wgpu")))]
+    {
+        false
+    }
+}
+
 /// Runs `work` on device stream `lane` of the GPU backends (a no-op on the CPU).
 ///
 /// burn's GPU backends (cubecl) give every thread its own stream, and every stream its own

@@ -21,11 +21,13 @@
 //! Invariant: the residual stream, norms and softmaxes run in f32 on whatever backend `B` is;
 //! weights stored in bf16/f16 are cast where they are used, and the matmuls run in the
 //! model's compute dtype (f32 unless `algo.compute_dtype` says otherwise; see
-//! [`super::precision`]) with f32 results. The forward pass never materialises
-//! `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
+//! [`super::precision`]) with f32 results, except on the GPU backends where hacpo's kernels
+//! read half precision as stored ([`crate::backend::gpu_kernels`]): there a product's result
+//! stays in its dtype (the same values, one launch less each way). The forward pass never
+//! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
 
 use burn::module::{Module, Param};
-use burn::tensor::{Int, Tensor, backend::Backend};
+use burn::tensor::{DType, Int, Tensor, backend::Backend};
 
 use super::config::ModelConfig;
 use super::kv_cache::KvCache;
@@ -33,8 +35,8 @@ use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
 use crate::backend::attention::swap_middle;
-use crate::backend::bf16_matmul;
-use crate::dtype::ComputeDtype;
+use crate::backend::{bf16_matmul, gpu_kernels};
+use crate::dtype::{ComputeDtype, f32_weight};
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
 /// LoRA update when an adapter is attached (see [`super::lora`]).
@@ -46,24 +48,43 @@ pub struct Linear<B: Backend> {
 }
 
 impl<B: Backend> Linear<B> {
-    /// The product runs in `compute`; the adapter and the bias are added in f32.
+    /// The product runs in `compute`; the adapter and the bias are added in f32. The result is
+    /// in f32, except where hacpo's GPU kernels read what the product gives as it is
+    /// ([`gpu_kernels`]): a half-precision product without adapter or bias stays in it (the
+    /// same values, without two launches to widen and round it back).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
         let dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
         // GEMM per batch row and sum them.
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
+        let mut out = dims;
+        out[D - 1] = self.weight.dims()[1];
+        if self.lora.is_none() && self.bias.is_none() && half_on_gpu::<B>(compute) {
+            return compute.cast(x2).matmul(compute.cast(self.weight.val())).reshape(out);
+        }
         let mut y = bf16_matmul::product(compute, x2.clone(), self.weight.val());
         if let Some(adapter) = &self.lora {
-            y = y + adapter.forward(x2);
+            // In f32 whatever the input: a half-precision one comes from a GPU kernel.
+            y = y + adapter.forward(f32_weight(x2));
         }
         if let Some(b) = &self.bias {
             y = y + compute.weight(b.val()).unsqueeze_dim(0);
         }
-        let mut out = dims;
-        out[D - 1] = self.weight.dims()[1];
         y.reshape(out)
     }
+}
+
+/// Whether products in `compute` run on a GPU whose kernels read half precision as stored.
+fn half_on_gpu<B: Backend>(compute: ComputeDtype) -> bool {
+    compute != ComputeDtype::F32 && gpu_kernels::<B>()
+}
+
+/// The dtype a norm before `linears` writes: `compute`'s, which each product would round its
+/// input to, where they all would (adapters read it in f32); `None` keeps f32.
+fn input_dtype<B: Backend>(linears: &[&Linear<B>], compute: ComputeDtype) -> Option<DType> {
+    let all_plain = linears.iter().all(|l| l.lora.is_none());
+    (half_on_gpu::<B>(compute) && all_plain).then(|| compute.burn().into())
 }
 
 /// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
@@ -75,17 +96,25 @@ pub struct RmsNorm<B: Backend> {
 
 impl<B: Backend> RmsNorm<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
-        crate::backend::fused::rms_norm(x, compute.weight(self.weight.val()), self.eps)
+        crate::backend::fused::rms_norm(x, self.weight(compute), self.eps)
     }
 
-    /// `x + delta` (a residual add) and this norm of it.
+    /// The weight rounded to `compute`, in f32 except where hacpo's GPU kernels read it as
+    /// stored.
+    fn weight(&self, compute: ComputeDtype) -> Tensor<B, 1> {
+        let w = compute.cast(self.weight.val());
+        if gpu_kernels::<B>() { w } else { f32_weight(w) }
+    }
+
+    /// `x + delta` (a residual add) and this norm of it, in `out` (f32 if `None`).
     pub fn after_add<const D: usize>(
         &self,
         x: Tensor<B, D>,
         delta: Tensor<B, D>,
         compute: ComputeDtype,
+        out: Option<DType>,
     ) -> (Tensor<B, D>, Tensor<B, D>) {
-        crate::backend::fused::add_rms_norm(x, delta, compute.weight(self.weight.val()), self.eps)
+        crate::backend::fused::add_rms_norm(x, delta, self.weight(compute), self.eps, out)
     }
 }
 
@@ -128,6 +157,8 @@ impl<B: Backend> Attention<B> {
             Ok(out) => return out,
             Err(back) => back,
         };
+        // The GPU's products may be in half precision (see `Linear::forward`).
+        let [q, k, v] = [q, k, v].map(f32_weight);
         let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let c = layout.compute;
         let mut q = q.reshape([b, t, h, hd]);
@@ -167,7 +198,7 @@ impl<B: Backend> Attention<B> {
         layout: &LayoutTensors<B>,
         cache: Option<(&'c mut KvCache<B>, usize, usize)>,
     ) -> Result<Tensor<B, 3>, ([Tensor<B, 2>; 3], Option<(&'c mut KvCache<B>, usize, usize)>)> {
-        use crate::backend::cube_fused::{Heads, heads};
+        use crate::backend::cube_fused::{Dest, Heads, heads};
         let (h, kvh, hd, c) = (self.num_heads, self.num_kv_heads, self.head_dim, layout.compute);
         // The norms' stored weights for the check; rounded as the forward reads them after it.
         let norms = match (&self.q_norm, &self.k_norm) {
@@ -181,20 +212,23 @@ impl<B: Backend> Attention<B> {
         if !(queries.fit(None, None) && keys.fit(Some(&v), into)) {
             return Err(([queries.x, keys.x, v], cache));
         }
+        // Rounded to the compute dtype and read as stored: the kernel widens them.
         fn rounded<B: Backend>(heads: Heads<'_, B>, c: ComputeDtype) -> Heads<'_, B> {
-            Heads { norm: heads.norm.map(|(w, eps)| (c.weight(w), eps)), ..heads }
+            Heads { norm: heads.norm.map(|(w, eps)| (c.cast(w), eps)), ..heads }
         }
-        let (q, _) = heads(rounded(queries, c), None, None);
+        // In the attention's dtype, which its products would round them to.
+        let attention_dtype = c.attention().burn().into();
+        let (q, _) = heads(rounded(queries, c), None, Dest::New(attention_dtype));
         let (k, v) = match cache {
             Some((cache, layer, start)) => {
                 let dtype = crate::backend::attention::cache_dtype::<B>(c).burn().into();
                 cache.write(layer, start, [b, kvh, t, hd], (&v.device(), dtype), |k_buffer, v_buffer| {
-                    let (k, v) = heads(rounded(keys, c), Some(v), Some(([k_buffer, v_buffer], start)));
+                    let (k, v) = heads(rounded(keys, c), Some(v), Dest::Cache([k_buffer, v_buffer], start));
                     (k, v.expect("values written"))
                 })
             }
             None => {
-                let (k, v) = heads(rounded(keys, c), Some(v), None);
+                let (k, v) = heads(rounded(keys, c), Some(v), Dest::New(attention_dtype));
                 (k, v.expect("values written"))
             }
         };
@@ -278,7 +312,7 @@ impl<B: Backend> DecoderLayer<B> {
         attend: impl FnOnce(&Attention<B>, [Tensor<B, 2>; 3]) -> Tensor<B, 2>,
     ) -> Tensor<B, 2> {
         let [h, mlp] = self.forward_packed_parts(x, None, compute, attend);
-        h + mlp
+        h + f32_weight(mlp)
     }
 
     /// [`Self::forward_packed`] on `x + pending` (the residual add and this layer's first norm
@@ -290,13 +324,23 @@ impl<B: Backend> DecoderLayer<B> {
         compute: ComputeDtype,
         attend: impl FnOnce(&Attention<B>, [Tensor<B, 2>; 3]) -> Tensor<B, 2>,
     ) -> [Tensor<B, 2>; 2] {
+        let a = &self.self_attn;
+        let to_attention = input_dtype(&[&a.q_proj, &a.k_proj, &a.v_proj], compute);
         let (x, normed) = match pending {
-            Some(pending) => self.input_layernorm.after_add(x, pending, compute),
-            None => (x.clone(), self.input_layernorm.forward(x, compute)),
+            Some(pending) => self.input_layernorm.after_add(x, pending, compute, to_attention),
+            None => {
+                let normed = self.input_layernorm.forward(x.clone(), compute);
+                let normed = match to_attention {
+                    Some(dtype) => normed.cast(dtype),
+                    None => normed,
+                };
+                (x, normed)
+            }
         };
-        let projected = self.self_attn.project(normed, compute);
-        let attended = self.self_attn.o_proj.forward(attend(&self.self_attn, projected), compute);
-        let (h, normed) = self.post_attention_layernorm.after_add(x, attended, compute);
+        let projected = a.project(normed, compute);
+        let attended = a.o_proj.forward(attend(a, projected), compute);
+        let to_mlp = input_dtype(&[&self.mlp.gate_proj, &self.mlp.up_proj], compute);
+        let (h, normed) = self.post_attention_layernorm.after_add(x, attended, compute, to_mlp);
         [h, self.mlp.forward(normed, compute)]
     }
 }
@@ -342,7 +386,7 @@ impl<B: Backend> CausalLm<B> {
             c.advance(t);
         }
         match pending {
-            Some(pending) => self.norm.after_add(x, pending, self.compute).1,
+            Some(pending) => self.norm.after_add(x, pending, self.compute, None).1,
             None => self.norm.forward(x, self.compute),
         }
     }

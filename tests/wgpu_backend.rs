@@ -688,7 +688,7 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
             &values(sin.clone()),
             d,
         );
-        let heads = cube_fused::Heads { x, dims: [b, t, h, d], norm: norm.then(|| (w, 1e-6)), cos: &cos, sin: &sin };
+        let heads = cube_fused::Heads { x, dims: [b, t, h, d], norm: norm.then_some((w, 1e-6)), cos: &cos, sin: &sin };
         assert!(heads.fit(None, None));
         let (out, none) = cube_fused::heads(heads, None, cube_fused::Dest::New(F32));
         assert!(none.is_none());
@@ -697,47 +697,54 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
         assert!(diff < 1e-5, "queries, table rows {table_rows}, norm {norm}, pad {pad}: {diff}");
     }
 
-    // Keys and values into an f16 cache of 9 slots, from slot 2.
-    let (kvh, cap, start) = (2, 9, 2);
-    let k = spread([b * t, kvh * d], 27, 2.0, F32);
-    let v = spread([b * t, kvh * d], 28, 2.0, F32);
-    let w = spread([d], 29, 1.0, F32);
-    let cos = spread([1, t * kvh * d], 30, 1.0, F32);
-    let sin = spread([1, t * kvh * d], 31, 1.0, F32);
-    let want_k =
-        heads_on_host(&values(k.clone()), Some(&values(w.clone())), &values(cos.clone()), &values(sin.clone()), d);
-    let want_v = values(v.clone());
-    for shared in [false, true] {
-        let (k_cache, v_cache) = (spread([b, kvh, cap, d], 32, 1.0, F16), spread([b, kvh, cap, d], 33, 1.0, F16));
-        let before = (values(k_cache.clone()), values(v_cache.clone()));
-        let held = shared.then(|| (k_cache.clone(), v_cache.clone()));
-        let heads = cube_fused::Heads {
-            x: k.clone(),
-            dims: [b, t, kvh, d],
-            norm: Some((w.clone(), 1e-6)),
-            cos: &cos,
-            sin: &sin,
-        };
-        assert!(heads.fit(Some(&v), Some([cap, start])));
-        assert!(!heads.fit(Some(&v), Some([start + t - 1, start])), "past the buffer's slots");
-        let (k_out, v_out) =
-            cube_fused::heads(heads, Some(v.clone()), cube_fused::Dest::Cache([k_cache, v_cache], start));
-        let (k_out, v_out) = (values(k_out), values(v_out.expect("values written")));
-        for (got, want, old, what) in [(&k_out, &want_k, &before.0, "keys"), (&v_out, &want_v, &before.1, "values")] {
-            for (i, g) in got.iter().enumerate() {
-                let (slot, row) = ((i / d) % cap, i / (d * cap));
-                let (seq, head) = (row / kvh, row % kvh);
-                let expected = if (start..start + t).contains(&slot) {
-                    want[((seq * t + slot - start) * kvh + head) * d + i % d]
-                } else {
-                    old[i]
-                };
-                assert!((g - expected).abs() < 2e-2, "{what} at {i} (slot {slot}, shared {shared}): {g} vs {expected}");
+    // Keys and values into an f16 cache of 9 slots, from slot 2; heads of 48 halves too (96
+    // bytes: rows CUDA's allocator would pad).
+    for d in [32, 48] {
+        let (kvh, cap, start) = (2, 9, 2);
+        let k = spread([b * t, kvh * d], 27, 2.0, F32);
+        let v = spread([b * t, kvh * d], 28, 2.0, F32);
+        let w = spread([d], 29, 1.0, F32);
+        let cos = spread([1, t * kvh * d], 30, 1.0, F32);
+        let sin = spread([1, t * kvh * d], 31, 1.0, F32);
+        let want_k =
+            heads_on_host(&values(k.clone()), Some(&values(w.clone())), &values(cos.clone()), &values(sin.clone()), d);
+        let want_v = values(v.clone());
+        for shared in [false, true] {
+            let (k_cache, v_cache) = (spread([b, kvh, cap, d], 32, 1.0, F16), spread([b, kvh, cap, d], 33, 1.0, F16));
+            let before = (values(k_cache.clone()), values(v_cache.clone()));
+            let held = shared.then(|| (k_cache.clone(), v_cache.clone()));
+            let heads = cube_fused::Heads {
+                x: k.clone(),
+                dims: [b, t, kvh, d],
+                norm: Some((w.clone(), 1e-6)),
+                cos: &cos,
+                sin: &sin,
+            };
+            assert!(heads.fit(Some(&v), Some([cap, start])));
+            assert!(!heads.fit(Some(&v), Some([start + t - 1, start])), "past the buffer's slots");
+            let (k_out, v_out) =
+                cube_fused::heads(heads, Some(v.clone()), cube_fused::Dest::Cache([k_cache, v_cache], start));
+            let (k_out, v_out) = (values(k_out), values(v_out.expect("values written")));
+            for (got, want, old, what) in [(&k_out, &want_k, &before.0, "keys"), (&v_out, &want_v, &before.1, "values")]
+            {
+                for (i, g) in got.iter().enumerate() {
+                    let (slot, row) = ((i / d) % cap, i / (d * cap));
+                    let (seq, head) = (row / kvh, row % kvh);
+                    let expected = if (start..start + t).contains(&slot) {
+                        want[((seq * t + slot - start) * kvh + head) * d + i % d]
+                    } else {
+                        old[i]
+                    };
+                    assert!(
+                        (g - expected).abs() < 2e-2,
+                        "{what} at {i} (slot {slot}, shared {shared}): {g} vs {expected}"
+                    );
+                }
             }
-        }
-        if let Some((k_held, v_held)) = held {
-            assert_eq!(values(k_held), before.0, "a held key buffer was overwritten");
-            assert_eq!(values(v_held), before.1, "a held value buffer was overwritten");
+            if let Some((k_held, v_held)) = held {
+                assert_eq!(values(k_held), before.0, "a held key buffer was overwritten");
+                assert_eq!(values(v_held), before.1, "a held value buffer was overwritten");
+            }
         }
     }
 }

@@ -377,12 +377,14 @@ fn element_launch<R: CubeRuntime>(client: &ComputeClient<R>, units: usize) -> (C
 /// other layout is copied contiguous first.
 fn in_rows<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, usize) {
     let (shape, strides) = (t.meta.shape().to_vec(), t.meta.strides().to_vec());
+    let n = shape.last().copied().unwrap_or(1);
+    let rows = t.meta.num_elements() / n.max(1);
     match row_stride(&shape, &strides) {
-        Some(stride) => (t, stride),
-        None => {
-            let t = into_contiguous(t);
-            (t, shape.last().copied().unwrap_or(1))
-        }
+        // Rows far apart (a view of a few columns of a wide tensor) must stay within the
+        // kernels' 32-bit indices; CUDA's padding (under 512 bytes a row) is what
+        // `addressable` allows for.
+        Some(stride) if rows.saturating_mul(stride).saturating_add(n) <= u32::MAX as usize => (t, stride),
+        _ => (into_contiguous(t), n),
     }
 }
 
@@ -516,13 +518,14 @@ fn add_rms_norm_cube<R: CubeRuntime>(
 }
 
 /// `t` where a kernel may write into it: itself when nothing else holds its buffer and it is
-/// contiguous, else a copy.
+/// contiguous, else a contiguous copy (burn's `copy` would keep CUDA's padded rows).
 fn writable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
-    match (t.is_contiguous(), t.can_mut()) {
-        (false, _) => into_contiguous(t),
-        (true, false) => t.copy(),
-        (true, true) => t,
+    if t.is_contiguous() && t.can_mut() {
+        return t;
     }
+    let (client, device, dtype) = (t.client.clone(), t.device.clone(), t.dtype);
+    let copy = cubecl::std::tensor::into_contiguous(&client, t.binding(), dtype.into());
+    CubeTensor::new(client, copy.handle, *copy.metadata, device, dtype)
 }
 
 /// [`heads_cube`]'s operands.

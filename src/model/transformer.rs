@@ -264,8 +264,14 @@ pub struct Mlp<B: Backend> {
 
 impl<B: Backend> Mlp<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
-        let gated =
-            crate::backend::fused::swiglu(self.gate_proj.forward(x.clone(), compute), self.up_proj.forward(x, compute));
+        let [gate, up] = [self.gate_proj.forward(x.clone(), compute), self.up_proj.forward(x, compute)];
+        // An adapter on `down` reads its input in f32: the SwiGLU of half-precision products
+        // would come rounded.
+        let [gate, up] = match self.down_proj.lora.is_some() {
+            true => [gate, up].map(f32_weight),
+            false => [gate, up],
+        };
+        let gated = crate::backend::fused::swiglu(gate, up);
         self.down_proj.forward(gated, compute)
     }
 }

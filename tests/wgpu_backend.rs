@@ -111,6 +111,48 @@ fn f16_compute_on_wgpu_stays_close_to_the_cpu_and_to_transformers() {
     }
 }
 
+/// LoRA adapters on some projections (queries, values, the MLP's down) with the rest plain, in
+/// f16 compute: on the GPU the plain products' results stay in f16 while the adapters read
+/// their inputs in f32, as on the CPU, so the two agree as closely as without adapters.
+#[test]
+fn f16_compute_with_some_adapters_on_wgpu_stays_close_to_the_cpu() {
+    use burn::module::Param;
+    use hacpo::dtype::ComputeDtype;
+    use hacpo::model::lora::{LoraConfig, attach};
+    use hacpo::model::precision::{rollout_copy, set_compute};
+    fn adapted<B: burn::tensor::backend::Backend>(m: CausalLm<B>) -> CausalLm<B> {
+        let targets = ["q_proj", "v_proj", "down_proj"].map(String::from).to_vec();
+        let config = LoraConfig { rank: 4, alpha: 8.0, dropout: 0.0, target_modules: targets };
+        let mut m = attach(m, &config, 7);
+        for (i, layer) in m.layers.iter_mut().enumerate() {
+            let (a, mlp) = (&mut layer.self_attn, &mut layer.mlp);
+            for (j, linear) in [&mut a.q_proj, &mut a.v_proj, &mut mlp.down_proj].into_iter().enumerate() {
+                let adapter = linear.lora.as_mut().expect("targeted");
+                // B is zero when attached: give it values, or the adapters add nothing.
+                let [r, out] = adapter.b.dims();
+                let values: Vec<f32> = (0..r * out).map(|e| 0.05 * ((e * 7 + i * 3 + j) as f32 * 0.37).sin()).collect();
+                let device = adapter.b.val().device();
+                adapter.b = Param::from_tensor(Tensor::from_data(TensorData::new(values, [r, out]), &device));
+            }
+        }
+        rollout_copy(set_compute(m, ComputeDtype::F16))
+    }
+    for name in FIXTURES {
+        let r = reference(name);
+        let gpu = adapted(load(name));
+        let cpu = adapted(
+            load_model_dir::<hacpo::backend::Cpu>(&fixture(&format!("models/{name}")), &Default::default()).unwrap(),
+        );
+        let ours = full_logits_on(&gpu, &r.prompt_a, &device()).concat();
+        let theirs = full_logits_on(&cpu, &r.prompt_a, &Default::default()).concat();
+        let diff = max_abs_diff(&ours, &theirs);
+        let moved = max_abs_diff(&theirs, &r.logits_a);
+        eprintln!("{name}: f16 compute with adapters, wgpu vs CPU {diff}, adapters moved logits by {moved}");
+        assert!(diff < 5e-3, "{name}: with adapters, f16-compute logits differ from the CPU's by {diff}");
+        assert!(moved > 0.05, "{name}: the adapters barely moved the logits ({moved})");
+    }
+}
+
 #[test]
 fn batched_greedy_generation_matches_transformers_on_wgpu() {
     for name in FIXTURES {

@@ -23,10 +23,10 @@
 #   1. for bf16, then f32: hacpo bench --device $DEVICE --random-shape SHAPE of every build
 #      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
 #      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
-#      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step. In f32
-#      the first build also runs prefill and decode with HACPO_GPU_KERNELS=off (column
-#      NAME-burn-ops: burn's generic ops instead of hacpo's RMSNorm/SwiGLU/RoPE/softmax
-#      kernels; --no-generic-ops skips it).
+#      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step. The
+#      first build also runs prefill and decode with HACPO_GPU_KERNELS=off (column
+#      NAME-burn-ops: burn's generic ops instead of hacpo's kernels, and in bf16 each product
+#      widened to f32 and rounded back; --no-generic-ops skips it).
 #   2. a whole GRPO step against TRL's GRPOTrainer (scripts/rl_step_bench.py --device cuda
 #      --random-shape SHAPE --also-bf16: f32, and bf16 on both sides), when $PYTHON has trl and
 #      datasets (pip install trl datasets); skipped otherwise, with that said.
@@ -140,7 +140,7 @@ for dtype in bf16 f32; do
     stage "${LABELS[$i]}_$dtype" 240 "${BINS[$i]}" bench --device "$DEVICE" --random-shape "$SHAPE" --compute-dtype "$dtype" \
       $SIZES --decode-batch "$decode" --reps "$REPS" --format json
   done
-  if [ "$dtype" = f32 ] && [ "$GENERIC_OPS" = 1 ]; then
+  if [ "$GENERIC_OPS" = 1 ]; then
     stage "${LABELS[0]}-burn-ops_$dtype" 150 env HACPO_GPU_KERNELS=off "$HACPO" bench --device "$DEVICE" --random-shape "$SHAPE" \
       --compute-dtype "$dtype" $SIZES --decode-batch "$decode" --reps "$REPS" --no-train --format json
   fi

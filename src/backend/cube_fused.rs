@@ -66,6 +66,21 @@ mod kernels {
         total
     }
 
+    /// `1 / sqrt(mean(x²) + eps)` over the `n` elements of `x` from `from`, which every unit of
+    /// the cube (all calling this) gets.
+    #[cube]
+    fn rms_scale<F: Float>(x: &Tensor<F>, from: usize, n: usize, eps: f32, #[comptime] block: u32) -> f32 {
+        let mut squares = f32::new(0.0);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            let v = f32::cast_from(x[from + i]);
+            squares += v * v;
+            i += block as usize;
+        }
+        let total = cube_reduce(squares, block, false);
+        f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps)
+    }
+
     /// The row this cube works on (rows are spread over x and y: x alone is limited to 65,535).
     #[cube]
     fn cube_row() -> usize {
@@ -91,15 +106,7 @@ mod kernels {
         }
         let n = n as usize;
         let (from, to) = (row * row_stride as usize, row * n);
-        let mut sum = f32::new(0.0);
-        let mut i = UNIT_POS_X as usize;
-        while i < n {
-            let v = f32::cast_from(x[from + i]);
-            sum += v * v;
-            i += block as usize;
-        }
-        let total = cube_reduce(sum, block, false);
-        let scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps);
+        let scale = rms_scale(x, from, n, eps, block);
         let mut i = UNIT_POS_X as usize;
         while i < n {
             out[to + i] = F::cast_from(f32::cast_from(x[from + i]) * scale * f32::cast_from(w[i]));
@@ -244,15 +251,7 @@ mod kernels {
         let table = row * d;
         let mut scale = f32::new(1.0);
         if norm {
-            let mut squares = f32::new(0.0);
-            let mut i = UNIT_POS_X as usize;
-            while i < d {
-                let e = f32::cast_from(x[from + i]);
-                squares += e * e;
-                i += block as usize;
-            }
-            let total = cube_reduce(squares, block, false);
-            scale = f32::new(1.0) / f32::sqrt(total / f32::cast_from(d) + eps);
+            scale = rms_scale(x, from, d, eps, block);
         }
         let mut i = UNIT_POS_X as usize;
         while i < d {

@@ -127,7 +127,13 @@ impl Dtype {
 
     /// `a · b` multiplied in this dtype, returned in f32.
     pub fn matmul<B: Backend, const D: usize>(self, a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
-        f32_weight(self.cast(a).matmul(self.cast(b)))
+        f32_weight(self.product(a, b))
+    }
+
+    /// `a · b` multiplied in this dtype and returned in it (for readers that take it as
+    /// stored: widening it would change no value).
+    pub fn product<B: Backend, const D: usize>(self, a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
+        self.cast(a).matmul(self.cast(b))
     }
 }
 

@@ -113,9 +113,9 @@ fn generic<B: Backend>(
     // Where hacpo's GPU kernels read half precision as stored (the softmax, and the output
     // projection's product), a half-precision product's result stays in its dtype: the same
     // values, without a launch to widen it and one to round it back.
-    let keep = compute != ComputeDtype::F32 && super::gpu_kernels::<B>();
+    let keep = super::keeps_half::<B>(compute);
     let product = |a: Tensor<B, 4>, b: Tensor<B, 4>| match keep {
-        true => compute.cast(a).matmul(compute.cast(b)),
+        true => compute.product(a, b),
         false => compute.matmul(a, b),
     };
     // GQA without repeating K/V: the `group` query heads that share a KV head become extra

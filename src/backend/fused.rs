@@ -22,7 +22,7 @@ use rayon::prelude::*;
 
 use super::primitive::{primitive, tensor};
 use super::{Cpu, CpuAutodiff, flex_fast, kernels};
-use crate::dtype::f32_weight;
+use crate::dtype::{cast_to, f32_weight};
 
 // --- which CPU backend, and its primitives -------------------------------------------------
 
@@ -218,7 +218,7 @@ pub fn rms_norm<B: Backend, const D: usize>(x: Tensor<B, D>, weight: Tensor<B, 1
                 Err(back) => back,
             };
             // A weight read as stored by the GPU kernels (see `model::transformer::RmsNorm`).
-            let weight = same_dtype(weight, x.dtype());
+            let weight = cast_to(weight, x.dtype().into());
             let var = x.clone().powi_scalar(2).mean_dim(D - 1);
             let x = x * (var + eps).sqrt().recip();
             let mut shape = [1usize; D];
@@ -244,18 +244,10 @@ pub fn add_rms_norm<B: Backend, const D: usize>(
         Ok(out) => return out,
         Err(back) => back,
     };
-    let dtype = x.dtype();
-    let sum = x + same_dtype(delta, dtype);
-    let normed = rms_norm(sum.clone(), same_dtype(weight, dtype), eps);
-    match out_dtype {
-        Some(dtype) if dtype != normed.dtype() => (sum, normed.cast(dtype)),
-        _ => (sum, normed),
-    }
-}
-
-/// `t` in `dtype` (unchanged, no op, when it already is): the generic ops take one dtype.
-fn same_dtype<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: DType) -> Tensor<B, D> {
-    if t.dtype() == dtype { t } else { t.cast(dtype) }
+    let dtype = x.dtype().into();
+    let sum = x + cast_to(delta, dtype);
+    let normed = rms_norm(sum.clone(), cast_to(weight, dtype), eps);
+    (sum, cast_to(normed, out_dtype.map_or(dtype, Into::into)))
 }
 
 /// Rows per rayon task for a row length of `n`.

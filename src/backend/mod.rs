@@ -36,6 +36,12 @@ pub fn gpu_kernels<B: burn::tensor::backend::Backend>() -> bool {
     }
 }
 
+/// Whether products in `compute` may return half precision as it is (no widening to f32):
+/// a half-precision compute dtype on a backend where [`gpu_kernels`] read it.
+pub fn keeps_half<B: burn::tensor::backend::Backend>(compute: crate::dtype::ComputeDtype) -> bool {
+    compute != crate::dtype::ComputeDtype::F32 && gpu_kernels::<B>()
+}
+
 /// Runs `work` on device stream `lane` of the GPU backends (a no-op on the CPU).
 ///
 /// burn's GPU backends (cubecl) give every thread its own stream, and every stream its own

@@ -35,7 +35,7 @@ use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
 use crate::backend::attention::swap_middle;
-use crate::backend::{bf16_matmul, gpu_kernels};
+use crate::backend::{bf16_matmul, gpu_kernels, keeps_half};
 use crate::dtype::{ComputeDtype, f32_weight};
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
@@ -60,8 +60,8 @@ impl<B: Backend> Linear<B> {
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
         let mut out = dims;
         out[D - 1] = self.weight.dims()[1];
-        if self.lora.is_none() && self.bias.is_none() && half_on_gpu::<B>(compute) {
-            return compute.cast(x2).matmul(compute.cast(self.weight.val())).reshape(out);
+        if self.lora.is_none() && self.bias.is_none() && keeps_half::<B>(compute) {
+            return compute.product(x2, self.weight.val()).reshape(out);
         }
         let mut y = bf16_matmul::product(compute, x2.clone(), self.weight.val());
         if let Some(adapter) = &self.lora {
@@ -75,16 +75,11 @@ impl<B: Backend> Linear<B> {
     }
 }
 
-/// Whether products in `compute` run on a GPU whose kernels read half precision as stored.
-fn half_on_gpu<B: Backend>(compute: ComputeDtype) -> bool {
-    compute != ComputeDtype::F32 && gpu_kernels::<B>()
-}
-
 /// The dtype a norm before `linears` writes: `compute`'s, which each product would round its
 /// input to, where they all would (adapters read it in f32); `None` keeps f32.
 fn input_dtype<B: Backend>(linears: &[&Linear<B>], compute: ComputeDtype) -> Option<DType> {
     let all_plain = linears.iter().all(|l| l.lora.is_none());
-    (half_on_gpu::<B>(compute) && all_plain).then(|| compute.burn().into())
+    (keeps_half::<B>(compute) && all_plain).then(|| compute.burn().into())
 }
 
 /// `x / sqrt(mean(x²) + eps) * w` over the last dimension.
@@ -183,9 +178,7 @@ impl<B: Backend> Attention<B> {
         };
         crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c)
     }
-}
 
-impl<B: Backend> Attention<B> {
     /// [`Self::attend`] with the queries' and the keys' norms and RoPE, and the KV cache's
     /// writes, in one GPU kernel for each side (up to ten launches instead of two); the
     /// operands back where that kernel does not run.
@@ -201,11 +194,10 @@ impl<B: Backend> Attention<B> {
         use crate::backend::cube_fused::{Dest, Heads, heads};
         let (h, kvh, hd, c) = (self.num_heads, self.num_kv_heads, self.head_dim, layout.compute);
         // The norms' stored weights for the check; rounded as the forward reads them after it.
-        let norms = match (&self.q_norm, &self.k_norm) {
+        let [q_norm, k_norm] = match (&self.q_norm, &self.k_norm) {
             (Some(qn), Some(kn)) => [Some((qn.weight.val(), qn.eps)), Some((kn.weight.val(), kn.eps))],
             _ => [None, None],
         };
-        let [q_norm, k_norm] = norms;
         let queries = Heads { x: q, dims: [b, t, h, hd], norm: q_norm, cos: &layout.query.cos, sin: &layout.query.sin };
         let keys = Heads { x: k, dims: [b, t, kvh, hd], norm: k_norm, cos: &layout.key.cos, sin: &layout.key.sin };
         let into = cache.as_ref().map(|(cache, layer, start)| [cache.capacity_for(*layer, start + t), *start]);

@@ -790,3 +790,73 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
         }
     }
 }
+
+/// A mask for `t` queries over `keys` slots, per sequence and head (`[b, heads·t·keys]`):
+/// sequence `i` has its first `pads[i]` slots masked (left padding) and, among the last `t`,
+/// the causal order.
+fn padded_mask(pads: &[usize], heads: usize, t: usize, keys: usize) -> Tensor<Wgpu, 2> {
+    let per = heads * t * keys;
+    let mask: Vec<f32> = (0..pads.len() * per)
+        .map(|i| {
+            let (pad, query, key) = (pads[i / per], (i % (t * keys)) / keys, i % keys);
+            if key < pad || key > keys - t + query { f32::NEG_INFINITY } else { 0.0 }
+        })
+        .collect();
+    Tensor::<Wgpu, 2>::from_data(TensorData::new(mask, [pads.len(), per]), &device())
+}
+
+/// The attention kernel (decoding's few queries: scores, softmax and values in one launch)
+/// gives the generic ops' output: grouped heads, more keys than a tile, no mask, a shared
+/// causal mask, left padding longer than a tile (a tile of masked keys), heads of 48 (fewer
+/// elements than units) and 64, keys and values read in place from a cache's first slots, f16
+/// operands, and f16 compute (whose attention, and so the output, stays f32).
+#[test]
+fn attention_kernel_matches_the_generic_ops_on_wgpu() {
+    use burn::tensor::DType::{F16, F32};
+    use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
+    use hacpo::dtype::ComputeDtype;
+    let cases: [(usize, usize, usize, usize, &[usize], bool); 5] = [
+        // (queries, heads, kv heads, head dim, left pads, causal mask shared by all)
+        (1, 4, 2, 32, &[], false),
+        (1, 4, 2, 32, &[0, 70, 299], false),
+        (4, 4, 2, 32, &[], true),
+        (1, 6, 2, 48, &[5, 0], false),
+        (2, 3, 3, 64, &[130, 1], false),
+    ];
+    for (dtype, tolerance) in [(F32, 1e-5), (F16, 2e-5)] {
+        for (t, h, kvh, d, pads, shared) in cases {
+            let (b, keys, cap) = (pads.len().max(3), 300, 320);
+            // Keys and values as a KV cache hands them: the first slots of larger buffers.
+            let k = spread([b, kvh, cap, d], 30, 1.0, dtype).slice([0..b, 0..kvh, 0..keys, 0..d]);
+            let v = spread([b, kvh, cap, d], 31, 1.0, dtype).slice([0..b, 0..kvh, 0..keys, 0..d]);
+            let q = spread([b, h, t, d], 32, 0.5, dtype);
+            let bias = match (pads.is_empty(), shared) {
+                (false, _) => Some(padded_mask(pads, h, t, keys)),
+                (true, true) => Some(causal_mask(t, keys, 1, t * keys)),
+                (true, false) => None,
+            };
+            let b = if pads.is_empty() { b } else { pads.len() };
+            let [q, k, v] = [q, k, v].map(|x| {
+                let dims = x.dims();
+                x.slice([0..b, 0..dims[1], 0..dims[2], 0..dims[3]])
+            });
+            let what = format!("{dtype:?}, {t} queries, {h}/{kvh} heads of {d}, pads {pads:?}");
+            let kernel = cube_fused::attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), F32)
+                .unwrap_or_else(|_| panic!("not taken: {what}"));
+            let generic =
+                without_fast_paths(|| attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32));
+            assert_eq!(kernel.dims(), generic.dims(), "{what}");
+            let diff = max_abs_diff(&values(kernel), &values(generic));
+            assert!(diff < tolerance, "attention kernel, {what}: {diff}");
+            // Through the attention's entry point, in f16 compute: the kernel's output in f32.
+            let run = |fast: bool| {
+                let call = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F16);
+                if fast { call() } else { without_fast_paths(call) }
+            };
+            let (fast, slow) = (run(true), run(false));
+            assert_eq!(fast.dtype(), F32, "{what}");
+            let diff = max_abs_diff(&values(fast), &values(slow));
+            assert!(diff < tolerance, "attention, f16 compute, {what}: {diff}");
+        }
+    }
+}

@@ -95,8 +95,24 @@ pub fn attention<B: Backend>(
             let bias = bias.map(|x| ad(x.clone()).primitive);
             tensor::<B, 3, _>(autodiff_forward(ad(q), ad(k), ad(v), bias))
         }
-        None => generic(q, k, v, bias, compute.attention()),
+        None => {
+            // A few queries (decoding) on the GPU: scores, softmax and values in one kernel.
+            #[cfg(any(feature = "cuda", feature = "wgpu"))]
+            let [q, k, v] = match super::cube_fused::attention(q, k, v, bias, output_dtype::<B>(compute)) {
+                Ok(out) => return out,
+                Err(back) => back,
+            };
+            generic(q, k, v, bias, compute.attention())
+        }
     }
+}
+
+/// The dtype of [`generic`]'s output: the attention's where its products keep half precision,
+/// else f32.
+#[cfg(any(feature = "cuda", feature = "wgpu"))]
+fn output_dtype<B: Backend>(compute: ComputeDtype) -> burn::tensor::DType {
+    let attention = compute.attention();
+    if super::keeps_half::<B>(attention) { attention.burn().into() } else { burn::tensor::DType::F32 }
 }
 
 /// The same maths in burn ops, for every other backend (and the tests' reference).

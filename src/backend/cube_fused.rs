@@ -1,5 +1,5 @@
-//! RMSNorm, SwiGLU, RoPE and the attention's softmax as one kernel each on burn's GPU backends
-//! (CUDA, wgpu), for inference: sampling, scoring, held-out passes.
+//! RMSNorm, SwiGLU, RoPE, the attention's softmax and decoding's whole attention as one kernel
+//! each on burn's GPU backends (CUDA, wgpu), for inference: sampling, scoring, held-out passes.
 //!
 //! Through burn's generic ops a decoding step launched about 68 kernels per Qwen3 layer
 //! (lavapipe's execution log): RMSNorm is seven (square, mean, add, sqrt, reciprocal, two
@@ -10,9 +10,11 @@
 //! tensors' dtype, and two more kernels merge neighbours: the residual add with the RMSNorm
 //! after it ([`add_rms_norm`]), and the queries' or the keys' whole way from the projection to
 //! the attention ([`heads`]: Qwen3's per-head norm, RoPE, the head-major layout, and for the
-//! keys the KV cache's writes of keys and values, in the cache's dtype). A decoding step then
-//! launches 15 kernels per layer: nine products (q, k, v, the scores, their values, o, gate,
-//! up, down), two residual adds with their norms, the two heads, SwiGLU and the softmax.
+//! keys the KV cache's writes of keys and values, in the cache's dtype). With a few queries a
+//! sequence (decoding), the scores, their softmax and the values' product are one kernel too
+//! ([`attention`]). A decoding step then launches 13 kernels per layer: seven products (q, k,
+//! v, o, gate, up, down), two residual adds with their norms, the two heads, the attention and
+//! SwiGLU.
 //!
 //! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
 //! ops run, as they do under burn's `fusion` feature (whose tensors are not these) and while a
@@ -341,13 +343,131 @@ mod kernels {
         to: usize,
         i: usize,
     ) -> f32 {
-        let mut v = f32::cast_from(scores[from + i]);
+        f32::cast_from(scores[from + i]) + bias_of(bias, at, to + i)
+    }
+
+    /// The bias of the scores' element `i` (in logical order), in f32; zero without a bias.
+    #[cube]
+    fn bias_of<T: Float>(bias: &Tensor<T>, at: BiasAt, i: usize) -> f32 {
+        let mut b = f32::new(0.0);
         if at.period > 0 {
-            let j = (to + i) % at.period as usize;
+            let j = i % at.period as usize;
             let per = at.per as usize;
-            v += f32::cast_from(bias[(j / per) * at.stride as usize + j % per]);
+            b = f32::cast_from(bias[(j / per) * at.stride as usize + j % per]);
         }
-        v
+        b
+    }
+
+    /// Where [`attend_kernel`] reads and writes.
+    #[derive(CubeLaunch, CubeType)]
+    pub(super) struct AttendAt {
+        /// Query heads, query heads per KV head, queries per sequence, keys, elements per head.
+        pub(super) heads: u32,
+        pub(super) group: u32,
+        pub(super) t: u32,
+        pub(super) keys: u32,
+        pub(super) d: u32,
+        /// Distance between query rows.
+        pub(super) q_stride: u32,
+        /// Distances between sequences, KV heads and slots in the keys and in the values.
+        pub(super) k_batch: u32,
+        pub(super) k_head: u32,
+        pub(super) k_slot: u32,
+        pub(super) v_batch: u32,
+        pub(super) v_head: u32,
+        pub(super) v_slot: u32,
+        /// The bias, as [`softmax_kernel`] reads it (period 0: none).
+        pub(super) bias_period: u32,
+        pub(super) bias_per: u32,
+        pub(super) bias_stride: u32,
+    }
+
+    /// `softmax(q kᵀ + bias) v` for each query row of `q` (`[b, heads, t, d]`, rows `q_stride`
+    /// apart), query head `i` reading KV head `i / group`, written token-major (`[b, t, heads ·
+    /// d]`): a cube per query row, the keys in tiles of `block` (one a unit: its score; then one
+    /// element of the output a unit, over the tile's probabilities), with the running maximum
+    /// and sum of an online softmax. The scores, the softmax and the values' product of a
+    /// decoding step in one launch instead of three. Needs `d ≤ block`.
+    #[cube(launch)]
+    pub(super) fn attend_kernel<Q: Float, K: Float, V: Float, B: Float, O: Float>(
+        q: &Tensor<Q>,
+        k: &Tensor<K>,
+        v: &Tensor<V>,
+        bias: &Tensor<B>,
+        out: &mut Tensor<O>,
+        rows: u32,
+        at: AttendAt,
+        #[comptime] block: u32,
+        #[define(Q, K, V, B, O)] _dtypes: [StorageType; 5],
+    ) {
+        let row = cube_row();
+        if row >= rows as usize {
+            terminate!();
+        }
+        let (heads, t, keys, d) = (at.heads as usize, at.t as usize, at.keys as usize, at.d as usize);
+        let (seq, head, query) = (row / (heads * t), (row / t) % heads, row % t);
+        let kv = head / at.group as usize;
+        let k_from = seq * at.k_batch as usize + kv * at.k_head as usize;
+        let v_from = seq * at.v_batch as usize + kv * at.v_head as usize;
+        let (k_slot, v_slot) = (at.k_slot as usize, at.v_slot as usize);
+        let bias_at = BiasAt { period: at.bias_period, per: at.bias_per, stride: at.bias_stride };
+        let unit = UNIT_POS_X as usize;
+        let mut q_row = SharedMemory::<f32>::new(block as usize);
+        if unit < d {
+            q_row[unit] = f32::cast_from(q[row * at.q_stride as usize + unit]);
+        }
+        let mut probs = SharedMemory::<f32>::new(block as usize);
+        sync_cube();
+        // "Nothing yet": finite, as WGSL has no −∞ literal; a masked key's −∞ stays below it,
+        // so a tile of masked keys adds zeros rather than NaN.
+        let nothing = f32::new(-3.0e38);
+        let (mut top, mut sum, mut acc) = (nothing, f32::new(0.0), f32::new(0.0));
+        let mut first = 0usize;
+        while first < keys {
+            let key = first + unit;
+            let mut score = nothing;
+            if key < keys {
+                let mut dot = f32::new(0.0);
+                let mut e = 0usize;
+                while e < d {
+                    dot += q_row[e] * f32::cast_from(k[k_from + key * k_slot + e]);
+                    e += 1;
+                }
+                // The scores' logical order, `[b, heads, t, keys]`, is the bias's.
+                score = dot + bias_of(bias, bias_at, row * keys + key);
+            }
+            let new_top = f32::max(top, cube_reduce(score, block, true));
+            let mut p = f32::new(0.0);
+            if key < keys {
+                p = f32::exp(score - new_top);
+            }
+            let rescale = f32::exp(top - new_top);
+            probs[unit] = p;
+            sync_cube();
+            sum = sum * rescale + p;
+            if unit < d {
+                let mut n = keys - first;
+                if n > block as usize {
+                    n = block as usize;
+                }
+                let mut total = acc * rescale;
+                let mut j = 0usize;
+                while j < n {
+                    total += probs[j] * f32::cast_from(v[v_from + (first + j) * v_slot + unit]);
+                    j += 1;
+                }
+                acc = total;
+            }
+            // Every unit has read the tile's probabilities before the next tile writes them.
+            sync_cube();
+            top = new_top;
+            first += block as usize;
+        }
+        let sum = cube_reduce(sum, block, false);
+        if unit < d {
+            let (seq_query, hd) = (seq * t + query, heads * d);
+            out[seq_query * hd + head * d + unit] = O::cast_from(acc / sum);
+        }
     }
 }
 
@@ -360,8 +480,13 @@ mod kernels {
 /// runs a cube's units on one CPU thread, a prefill's softmax took 180 ms with a unit per key).
 fn row_launch(rows: usize, n: usize) -> (CubeCount, CubeDim, u32) {
     let block = (n.next_power_of_two() / 4).clamp(32, 256) as u32;
+    (row_grid(rows), CubeDim::new_1d(block), block)
+}
+
+/// A cube per row, spread over x and y when there are more rows than x holds.
+fn row_grid(rows: usize) -> CubeCount {
     let x = rows.clamp(1, 65_535);
-    (CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1), CubeDim::new_1d(block), block)
+    CubeCount::Static(x as u32, rows.div_ceil(x) as u32, 1)
 }
 
 /// The launch of an element-wise kernel over `units` elements.
@@ -600,19 +725,24 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
     (dest, v_dest)
 }
 
-fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R>>, n: usize) -> CubeTensor<R> {
-    let (scores, row_stride) = in_rows(scores);
-    let rows = scores.meta.num_elements() / n;
-    // Without a bias the kernel reads none; the scores stand in for its argument.
-    let (bias, [period, per, stride]) = match bias {
+/// The bias as the softmax and attention kernels read it, with its period, row length and row
+/// stride (`[0, 1, 1]` without one, when `stand_in` is passed unread in its place).
+fn bias_rows<R: CubeRuntime>(bias: Option<CubeTensor<R>>, stand_in: &CubeTensor<R>) -> (CubeTensor<R>, [usize; 3]) {
+    match bias {
         Some(b) => {
             let per = b.meta.shape()[b.meta.shape().len() - 1];
             let (b, stride) = in_rows(b);
             let period = b.meta.num_elements();
             (b, [period, per, stride])
         }
-        None => (scores.clone(), [0, 1, 1]),
-    };
+        None => (stand_in.clone(), [0, 1, 1]),
+    }
+}
+
+fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R>>, n: usize) -> CubeTensor<R> {
+    let (scores, row_stride) = in_rows(scores);
+    let rows = scores.meta.num_elements() / n;
+    let (bias, [period, per, stride]) = bias_rows(bias, &scores);
     let out = output_like(&scores);
     let (cubes, cube_dim, block) = row_launch(rows, n);
     let (client, dtypes) = (scores.client.clone(), [scores.dtype.into(), bias.dtype.into()]);
@@ -630,6 +760,73 @@ fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R
         per as u32,
         stride as u32,
         block,
+        dtypes,
+    );
+    out
+}
+
+/// A `[b, heads, slots, d]` tensor with its last dimension contiguous (copied contiguous
+/// otherwise: a cache's views are), and its distances between sequences, heads and slots.
+fn in_slots<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, [usize; 3]) {
+    let t = if t.meta.strides()[3] == 1 || t.meta.shape()[3] == 1 { t } else { into_contiguous(t) };
+    let s = t.meta.strides().to_vec();
+    (t, [s[0], s[1], s[2]])
+}
+
+/// The largest element index of a `[b, heads, slots, d]` view with these strides, plus one.
+fn span([b, h, s, d]: [usize; 4], [sb, sh, ss]: [usize; 3]) -> usize {
+    (b - 1) * sb + (h - 1) * sh + (s - 1) * ss + d
+}
+
+/// Units of the attention kernel's cubes: one an element of a head (`d`, at most 256), and
+/// keys in tiles as many.
+fn attend_block(d: usize) -> usize {
+    d.next_power_of_two().max(32)
+}
+
+fn attend_cube<R: CubeRuntime>(
+    [q, k, v]: [CubeTensor<R>; 3],
+    bias: Option<CubeTensor<R>>,
+    out_dtype: DType,
+) -> CubeTensor<R> {
+    let [b, h, t, d] = q.meta.shape().to_vec()[..] else { unreachable!("4-D queries") };
+    let [_, kvh, keys, _] = k.meta.shape().to_vec()[..] else { unreachable!("4-D keys") };
+    let ((q, q_stride), (k, [kb, kh, ks]), (v, [vb, vh, vs])) = (in_rows(q), in_slots(k), in_slots(v));
+    let (bias, [period, per, stride]) = bias_rows(bias, &q);
+    let out = empty_device_contiguous_dtype(q.client.clone(), q.device.clone(), [b, t, h * d].into(), out_dtype);
+    let rows = b * h * t;
+    let block = attend_block(d);
+    let at = kernels::AttendAtLaunch::new(
+        h as u32,
+        (h / kvh) as u32,
+        t as u32,
+        keys as u32,
+        d as u32,
+        q_stride as u32,
+        kb as u32,
+        kh as u32,
+        ks as u32,
+        vb as u32,
+        vh as u32,
+        vs as u32,
+        period as u32,
+        per as u32,
+        stride as u32,
+    );
+    let client = q.client.clone();
+    let dtypes = [q.dtype.into(), k.dtype.into(), v.dtype.into(), bias.dtype.into(), out_dtype.into()];
+    kernels::attend_kernel::launch::<R>(
+        &client,
+        row_grid(rows),
+        CubeDim::new_1d(block as u32),
+        q.into_tensor_arg(),
+        k.into_tensor_arg(),
+        v.into_tensor_arg(),
+        bias.into_tensor_arg(),
+        out.clone().into_tensor_arg(),
+        rows as u32,
+        at,
+        block as u32,
         dtypes,
     );
     out
@@ -661,7 +858,7 @@ fn switched_on() -> bool {
         };
         match on {
             true => tracing::info!(
-                "GPU: hacpo's RMSNorm, SwiGLU, RoPE, KV-cache and softmax kernels (HACPO_GPU_KERNELS=off: burn's ops)"
+                "GPU: hacpo's RMSNorm, SwiGLU, RoPE, KV-cache, softmax and attention kernels (HACPO_GPU_KERNELS=off: burn's ops)"
             ),
             false => tracing::info!("GPU: burn's generic ops instead of hacpo's kernels (HACPO_GPU_KERNELS=off)"),
         }
@@ -757,6 +954,49 @@ pub fn softmax<B: Backend, const D: usize>(
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(softmax_cube::<R>(primitive(scores), bias.map(|b| primitive(b.clone())), n)));
     }
     Err(scores)
+}
+
+/// Queries per sequence up to which [`attention`] runs as one kernel: decoding's one, or a
+/// few. Each query's cube reads all of its head's keys and values, which a prefill's products
+/// read once for a tile of queries.
+pub const FEW_QUERIES: usize = 8;
+
+/// `softmax(q kᵀ + bias) v` as [`crate::backend::attention::attention`] takes its operands
+/// (`q: [b, heads, t, d]` scaled, `k, v: [b, kv_heads, keys, d]`, the bias `[1, t·keys]` or
+/// `[b, heads·t·keys]`), in one launch for up to [`FEW_QUERIES`] queries a sequence: `[b, t,
+/// heads·d]` in `out_dtype`, computed in f32. The operands back otherwise.
+#[allow(clippy::type_complexity)]
+pub fn attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Option<&Tensor<B, 2>>,
+    out_dtype: DType,
+) -> Result<Tensor<B, 3>, [Tensor<B, 4>; 3]> {
+    let [b, h, t, d] = q.dims();
+    let [_, kvh, keys, _] = k.dims();
+    let scores = b * h * t * keys;
+    let bias_fits = bias.is_none_or(|x| {
+        let period = x.shape().num_elements();
+        float(x.dtype()) && period > 0 && period.is_multiple_of(keys) && scores.is_multiple_of(period)
+    });
+    let dtypes = [q.dtype(), k.dtype(), v.dtype(), out_dtype].into_iter().all(float);
+    let fits = (1..=FEW_QUERIES).contains(&t) && (1..=256).contains(&d) && keys > 0 && b > 0 && h % kvh == 0;
+    let sizes = [scores, b * t * h * d, b * kvh * keys * d];
+    if fits && dtypes && bias_fits && sizes.iter().all(|&n| addressable(n, b * h * t)) {
+        on_cube!(B, R => {
+            // The keys and values (a cache's first slots) are read where they are, unless the
+            // buffer they are views of reaches past 32-bit indices.
+            let near = |x: CubeTensor<R>| {
+                let s = x.meta.strides().to_vec();
+                if span([b, kvh, keys, d], [s[0], s[1], s[2]]) <= u32::MAX as usize { x } else { into_contiguous(x) }
+            };
+            let [q, k, v] = [q, k, v].map(primitive::<B, 4, CubeTensor<R>>);
+            let out = attend_cube::<R>([q, near(k), near(v)], bias.map(|x| primitive(x.clone())), out_dtype);
+            tensor::<B, 3, CubeTensor<R>>(out)
+        });
+    }
+    Err([q, k, v])
 }
 
 /// Whether `B` is one of the plain GPU backends these kernels run on (and they are on).

@@ -11,8 +11,9 @@ use hacpo::backend::Wgpu;
 use hacpo::generate::{GenerateRequest, SamplingParams, generate};
 use hacpo::model::{CausalLm, load_model_dir};
 
-/// A Qwen3 and a Llama-3.1 tiny random checkpoint with transformers' reference numbers.
-const FIXTURES: [&str; 2] = ["qwen3-tiny", "llama31-tiny"];
+/// A Qwen3, a Llama-3.1 and a Qwen2 (biased q/k/v projections) tiny random checkpoint with
+/// transformers' reference numbers.
+const FIXTURES: [&str; 3] = ["qwen3-tiny", "llama31-tiny", "qwen2-tiny"];
 const TOLERANCE: f32 = 1e-4;
 
 /// The wgpu device, or a failure that says what to install (never a silent skip).
@@ -665,6 +666,12 @@ fn rope_and_attention_kernels_match_the_generic_ops_on_wgpu() {
     check_softmax(scores, Some(&mask), 1e-6, "70,000 rows");
 }
 
+/// `x` (rows of the bias's length) plus the bias, if any, on the host.
+fn plus_bias(x: Vec<f32>, bias: Option<Tensor<Wgpu, 1>>) -> Vec<f32> {
+    let Some(bias) = bias.map(values) else { return x };
+    x.iter().enumerate().map(|(i, e)| e + bias[i % bias.len()]).collect()
+}
+
 /// RMSNorm (with `w`) and RoPE of each head of `x` (`[b, t, heads, d]` in row-major order), on
 /// the host: what the heads kernel writes, in the source's order.
 fn heads_on_host(x: &[f32], w: Option<&[f32]>, cos: &[f32], sin: &[f32], d: usize) -> Vec<f32> {
@@ -686,11 +693,12 @@ fn heads_on_host(x: &[f32], w: Option<&[f32]>, cos: &[f32], sin: &[f32], d: usiz
 
 /// The residual add with the next RMSNorm gives the add and burn's norm (a padded operand
 /// read in place; a half-precision operand and weight added to an f32 residual, the norm
-/// written in half precision). The heads kernel gives the host's RMSNorm and RoPE, head-major: queries
-/// into a new buffer (with and without the norm, tables shared or per sequence, rows stored
-/// apart), keys into an f16 KV cache from its third slot with the values copied beside them,
-/// the cache's other slots untouched, and a cache buffer something else still holds copied
-/// rather than overwritten.
+/// written in half precision). The heads kernel gives the host's bias, RMSNorm and RoPE,
+/// head-major: queries into a new buffer (with and without the norm and the projection's bias,
+/// tables shared or per sequence, rows stored apart), keys into an f16 KV cache from its third
+/// slot with the values copied beside them (with and without f16 biases on both), the cache's
+/// other slots untouched, and a cache buffer something else still holds copied rather than
+/// overwritten.
 #[test]
 fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
     use burn::tensor::DType::{F16, F32};
@@ -718,39 +726,42 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
     assert!(max_abs_diff(&values(normed), &values(want_normed)) < 4e-3, "norm written in half precision");
 
     let [b, t, h, d] = [3, 4, 4, 32];
-    for (table_rows, norm, pad) in [(1, true, 0), (b, false, 0), (b, true, 24)] {
+    for (table_rows, norm, pad, biased) in [(1, true, 0, false), (b, false, 0, true), (b, true, 24, true)] {
         let x = spread([b * t, h * d + pad], 23, 2.0, F32).slice([0..b * t, 0..h * d]);
+        let bias = biased.then(|| spread([h * d], 34, 1.0, F32));
         let w = spread([d], 24, 1.0, F32);
         let cos = spread([table_rows, t * h * d], 25, 1.0, F32);
         let sin = spread([table_rows, t * h * d], 26, 1.0, F32);
         let want = heads_on_host(
-            &values(x.clone()),
+            &plus_bias(values(x.clone()), bias.clone()),
             norm.then(|| values(w.clone())).as_deref(),
             &values(cos.clone()),
             &values(sin.clone()),
             d,
         );
-        let heads = cube_fused::Heads { x, dims: [b, t, h, d], norm: norm.then_some((w, 1e-6)), cos: &cos, sin: &sin };
+        let norm_weight = norm.then_some((w, 1e-6));
+        let heads = cube_fused::Heads { x, dims: [b, t, h, d], bias, norm: norm_weight, cos: &cos, sin: &sin };
         assert!(heads.fit(None, None));
         let (out, none) = cube_fused::heads(heads, None, cube_fused::Dest::New(F32));
         assert!(none.is_none());
         let out = values(out.swap_dims(1, 2));
         let diff = max_abs_diff(&out, &want);
-        assert!(diff < 1e-5, "queries, table rows {table_rows}, norm {norm}, pad {pad}: {diff}");
+        assert!(diff < 1e-5, "queries, table rows {table_rows}, norm {norm}, pad {pad}, bias {biased}: {diff}");
     }
 
-    // Keys and values into an f16 cache of 9 slots, from slot 2; heads of 48 halves too (96
-    // bytes: rows CUDA's allocator would pad).
-    for d in [32, 48] {
+    // Keys and values into an f16 cache of 9 slots, from slot 2, with f16 biases (Qwen2's
+    // projections); heads of 48 halves too (96 bytes: rows CUDA's allocator would pad).
+    for (d, biased) in [(32, false), (48, true)] {
         let (kvh, cap, start) = (2, 9, 2);
         let k = spread([b * t, kvh * d], 27, 2.0, F32);
         let v = spread([b * t, kvh * d], 28, 2.0, F32);
+        let [k_bias, v_bias] = [35, 36].map(|seed| biased.then(|| spread([kvh * d], seed, 1.0, F16)));
         let w = spread([d], 29, 1.0, F32);
         let cos = spread([1, t * kvh * d], 30, 1.0, F32);
         let sin = spread([1, t * kvh * d], 31, 1.0, F32);
-        let want_k =
-            heads_on_host(&values(k.clone()), Some(&values(w.clone())), &values(cos.clone()), &values(sin.clone()), d);
-        let want_v = values(v.clone());
+        let (cos_v, sin_v, w_v) = (values(cos.clone()), values(sin.clone()), values(w.clone()));
+        let want_k = heads_on_host(&plus_bias(values(k.clone()), k_bias.clone()), Some(&w_v), &cos_v, &sin_v, d);
+        let want_v = plus_bias(values(v.clone()), v_bias.clone());
         for shared in [false, true] {
             let (k_cache, v_cache) = (spread([b, kvh, cap, d], 32, 1.0, F16), spread([b, kvh, cap, d], 33, 1.0, F16));
             let before = (values(k_cache.clone()), values(v_cache.clone()));
@@ -758,14 +769,16 @@ fn residual_norm_and_heads_kernels_match_the_generic_ops_on_wgpu() {
             let heads = cube_fused::Heads {
                 x: k.clone(),
                 dims: [b, t, kvh, d],
+                bias: k_bias.clone(),
                 norm: Some((w.clone(), 1e-6)),
                 cos: &cos,
                 sin: &sin,
             };
-            assert!(heads.fit(Some(&v), Some([cap, start])));
-            assert!(!heads.fit(Some(&v), Some([start + t - 1, start])), "past the buffer's slots");
+            assert!(heads.fit(Some((&v, v_bias.as_ref())), Some([cap, start])));
+            assert!(!heads.fit(Some((&v, v_bias.as_ref())), Some([start + t - 1, start])), "past the buffer's slots");
+            let values_in = Some((v.clone(), v_bias.clone()));
             let (k_out, v_out) =
-                cube_fused::heads(heads, Some(v.clone()), cube_fused::Dest::Cache([k_cache, v_cache], start));
+                cube_fused::heads(heads, values_in, cube_fused::Dest::Cache([k_cache, v_cache], start));
             let (k_out, v_out) = (values(k_out), values(v_out.expect("values written")));
             for (got, want, old, what) in [(&k_out, &want_k, &before.0, "keys"), (&v_out, &want_v, &before.1, "values")]
             {

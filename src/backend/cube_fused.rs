@@ -9,12 +9,12 @@
 //! activations through memory. Here each is one launch, with f32 arithmetic inside whatever the
 //! tensors' dtype, and two more kernels merge neighbours: the residual add with the RMSNorm
 //! after it ([`add_rms_norm`]), and the queries' or the keys' whole way from the projection to
-//! the attention ([`heads`]: Qwen3's per-head norm, RoPE, the head-major layout, and for the
-//! keys the KV cache's writes of keys and values, in the cache's dtype). With a few queries a
-//! sequence (decoding), the scores, their softmax and the values' product are one kernel too
-//! ([`attention`]). A decoding step then launches 13 kernels per layer: seven products (q, k,
-//! v, o, gate, up, down), two residual adds with their norms, the two heads, the attention and
-//! SwiGLU.
+//! the attention ([`heads`]: Qwen2's projection biases, Qwen3's per-head norm, RoPE, the
+//! head-major layout, and for the keys the KV cache's writes of keys and values, in the cache's
+//! dtype). With a few queries a sequence (decoding), the scores, their softmax and the values'
+//! product are one kernel too ([`attention`]). A decoding step then launches 13 kernels per
+//! layer: seven products (q, k, v, o, gate, up, down), two residual adds with their norms, the
+//! two heads, the attention and SwiGLU.
 //!
 //! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
 //! ops run, as they do under burn's `fusion` feature (whose tensors are not these) and while a
@@ -68,19 +68,45 @@ mod kernels {
         total
     }
 
-    /// `1 / sqrt(mean(x²) + eps)` over the `n` elements of `x` from `from`, which every unit of
-    /// the cube (all calling this) gets.
+    /// `1 / sqrt(mean(x²) + eps)` over the `n` elements of `x` from `from` (each plus its
+    /// element of `bias` from `bias_from`, when `biased`), which every unit of the cube (all
+    /// calling this) gets.
     #[cube]
-    fn rms_scale<F: Float>(x: &Tensor<F>, from: usize, n: usize, eps: f32, #[comptime] block: u32) -> f32 {
+    fn rms_scale<F: Float, B: Float>(
+        x: &Tensor<F>,
+        from: usize,
+        n: usize,
+        eps: f32,
+        bias: &Tensor<B>,
+        bias_from: usize,
+        #[comptime] biased: bool,
+        #[comptime] block: u32,
+    ) -> f32 {
         let mut squares = f32::new(0.0);
         let mut i = UNIT_POS_X as usize;
         while i < n {
-            let v = f32::cast_from(x[from + i]);
+            let v = plus_bias(x, from + i, bias, bias_from + i, biased);
             squares += v * v;
             i += block as usize;
         }
         let total = cube_reduce(squares, block, false);
         f32::new(1.0) / f32::sqrt(total / f32::cast_from(n) + eps)
+    }
+
+    /// `x[i]` plus `bias[j]` when `biased`, in f32.
+    #[cube]
+    fn plus_bias<F: Float, B: Float>(
+        x: &Tensor<F>,
+        i: usize,
+        bias: &Tensor<B>,
+        j: usize,
+        #[comptime] biased: bool,
+    ) -> f32 {
+        let mut v = f32::cast_from(x[i]);
+        if biased {
+            v += f32::cast_from(bias[j]);
+        }
+        v
     }
 
     /// The row this cube works on (rows are spread over x and y: x alone is limited to 65,535).
@@ -108,7 +134,7 @@ mod kernels {
         }
         let n = n as usize;
         let (from, to) = (row * row_stride as usize, row * n);
-        let scale = rms_scale(x, from, n, eps, block);
+        let scale = rms_scale(x, from, n, eps, x, 0, false, block);
         let mut i = UNIT_POS_X as usize;
         while i < n {
             out[to + i] = F::cast_from(f32::cast_from(x[from + i]) * scale * f32::cast_from(w[i]));
@@ -217,15 +243,18 @@ mod kernels {
     }
 
     /// The heads of `x` (tokens of `heads · d`, sequence-major: `[b, t, heads, d]`), each
-    /// normalised (with `norm`: RMSNorm by `w`, `eps`) and rotated (RoPE, the tables as in
-    /// [`rope_kernel`]), written head-major into `out` (`[b, heads, cap, d]`) from slot
-    /// `start`; with `with_v`, the heads of `v` copied alike into `v_out`. A cube per head of a
-    /// token: the queries' or the keys' whole path from the projection to the attention (and
-    /// the KV cache) in one launch instead of up to six.
+    /// plus its projection's bias (`x_bias`, with `x_biased`), normalised (with `norm`: RMSNorm
+    /// by `w`, `eps`) and rotated (RoPE, the tables as in [`rope_kernel`]), written head-major
+    /// into `out` (`[b, heads, cap, d]`) from slot `start`; with `with_v`, the heads of `v`
+    /// (plus `v_bias`, with `v_biased`) copied alike into `v_out`. A cube per head of a token:
+    /// the queries' or the keys' whole path from the projection to the attention (and the KV
+    /// cache) in one launch instead of up to six (nine with biases in half precision).
     #[cube(launch)]
-    pub(super) fn heads_kernel<F: Float, V: Float, W: Float, T: Float, C: Float>(
+    pub(super) fn heads_kernel<F: Float, V: Float, B: Float, W: Float, T: Float, C: Float>(
         x: &Tensor<F>,
         v: &Tensor<V>,
+        x_bias: &Tensor<B>,
+        v_bias: &Tensor<B>,
         w: &Tensor<W>,
         cos: &Tensor<T>,
         sin: &Tensor<T>,
@@ -237,7 +266,9 @@ mod kernels {
         #[comptime] block: u32,
         #[comptime] norm: bool,
         #[comptime] with_v: bool,
-        #[define(F, V, W, T, C)] _dtypes: [StorageType; 5],
+        #[comptime] x_biased: bool,
+        #[comptime] v_biased: bool,
+        #[define(F, V, B, W, T, C)] _dtypes: [StorageType; 6],
     ) {
         let row = cube_row();
         if row >= rows as usize {
@@ -251,17 +282,19 @@ mod kernels {
         let to = ((seq * heads + head) * at.cap as usize + at.start as usize + slot) * d;
         // The tables run over the tokens' elements in `[b, t, heads, d]` order.
         let table = row * d;
+        // The biases' elements of this head.
+        let bias_from = head * d;
         let mut scale = f32::new(1.0);
         if norm {
-            scale = rms_scale(x, from, d, eps, block);
+            scale = rms_scale(x, from, d, eps, x_bias, bias_from, x_biased, block);
         }
         let mut i = UNIT_POS_X as usize;
         while i < d {
             let partner = if i < half { i + half } else { i - half };
             // In f32 throughout, as the model's f32 path (which widens a half-precision
             // product first) computes them.
-            let mut e = f32::cast_from(x[from + i]) * scale;
-            let mut p = f32::cast_from(x[from + partner]) * scale;
+            let mut e = plus_bias(x, from + i, x_bias, bias_from + i, x_biased) * scale;
+            let mut p = plus_bias(x, from + partner, x_bias, bias_from + partner, x_biased) * scale;
             if norm {
                 e *= f32::cast_from(w[i]);
                 p *= f32::cast_from(w[partner]);
@@ -270,7 +303,7 @@ mod kernels {
             out[to + i] = C::cast_from(e * f32::cast_from(cos[k]) + p * f32::cast_from(sin[k]));
             if with_v {
                 let from_v = token * at.v_stride as usize + head * d;
-                v_out[to + i] = C::cast_from(v[from_v + i]);
+                v_out[to + i] = C::cast_from(plus_bias(v, from_v + i, v_bias, bias_from + i, v_biased));
             }
             i += block as usize;
         }
@@ -654,10 +687,11 @@ fn writable<R: CubeRuntime>(t: CubeTensor<R>) -> CubeTensor<R> {
 
 /// [`heads_cube`]'s operands.
 struct HeadsJob<R: CubeRuntime> {
-    /// `[b·t, heads·d]` rows, perhaps apart.
+    /// `[b·t, heads·d]` rows, perhaps apart, and the bias (`[heads·d]`) to add.
     x: CubeTensor<R>,
-    /// Values to copy beside `x`, and their destination.
-    v: Option<(CubeTensor<R>, CubeTensor<R>)>,
+    x_bias: Option<CubeTensor<R>>,
+    /// Values to copy beside `x`, their bias (of `x_bias`'s dtype), and their destination.
+    v: Option<(CubeTensor<R>, Option<CubeTensor<R>>, CubeTensor<R>)>,
     norm: Option<(CubeTensor<R>, f32)>,
     cos: CubeTensor<R>,
     sin: CubeTensor<R>,
@@ -674,11 +708,16 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
     let dest = writable(job.dest);
     let (cos, sin) = (into_contiguous(job.cos), into_contiguous(job.sin));
     let period = cos.meta.num_elements();
-    let ((v, v_stride), v_dest) = match job.v {
-        Some((v, v_dest)) => (in_rows(v), Some(writable(v_dest))),
+    let ((v, v_stride), v_bias, v_dest) = match job.v {
+        Some((v, v_bias, v_dest)) => (in_rows(v), v_bias.map(into_contiguous), Some(writable(v_dest))),
         // Unread: `x` and `dest` stand in.
-        None => ((x.clone(), x_stride), None),
+        None => ((x.clone(), x_stride), None, None),
     };
+    let x_bias = job.x_bias.map(into_contiguous);
+    let biased = [x_bias.is_some(), v_bias.is_some()];
+    // An unread bias's stand-in: the other bias, else `x` (the two share a dtype).
+    let stand_in = x_bias.clone().or_else(|| v_bias.clone()).unwrap_or_else(|| x.clone());
+    let (x_bias, v_bias) = (x_bias.unwrap_or_else(|| stand_in.clone()), v_bias.unwrap_or(stand_in));
     let with_norm = job.norm.is_some();
     let (w, eps) = match job.norm {
         Some((w, eps)) => (into_contiguous(w), eps),
@@ -686,7 +725,7 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
     };
     let (cubes, cube_dim, block) = row_launch(rows, d);
     let client = x.client.clone();
-    let dtypes = [x.dtype.into(), v.dtype.into(), w.dtype.into(), cos.dtype.into(), dest.dtype.into()];
+    let dtypes = [x.dtype, v.dtype, x_bias.dtype, w.dtype, cos.dtype, dest.dtype].map(Into::into);
     let at = kernels::HeadsAtLaunch::new(
         job.t as u32,
         heads as u32,
@@ -709,6 +748,8 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
         cube_dim,
         x.into_tensor_arg(),
         v.into_tensor_arg(),
+        x_bias.into_tensor_arg(),
+        v_bias.into_tensor_arg(),
         w.into_tensor_arg(),
         cos.into_tensor_arg(),
         sin.into_tensor_arg(),
@@ -720,6 +761,8 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
         block,
         with_norm,
         with_v,
+        biased[0],
+        biased[1],
         dtypes,
     );
     (dest, v_dest)
@@ -1042,20 +1085,23 @@ pub fn add_rms_norm<B: Backend, const D: usize>(
 }
 
 /// The heads of a projection, for [`heads`]: `[b·t, heads·d]` rows (`x`), `[b, t, heads, d]`
-/// (`dims`), RMSNorm'd by `norm` if given, then rotated by RoPE tables `[1 or b, t·heads·d]`
-/// (`cos`, and `sin` with the sign folded in; see `model::layout`).
+/// (`dims`), plus the projection's `bias` (`[heads·d]`) if given, RMSNorm'd by `norm` if given,
+/// then rotated by RoPE tables `[1 or b, t·heads·d]` (`cos`, and `sin` with the sign folded
+/// in; see `model::layout`).
 pub struct Heads<'a, B: Backend> {
     pub x: Tensor<B, 2>,
     pub dims: [usize; 4],
+    pub bias: Option<Tensor<B, 1>>,
     pub norm: Option<(Tensor<B, 1>, f64)>,
     pub cos: &'a Tensor<B, 2>,
     pub sin: &'a Tensor<B, 2>,
 }
 
 impl<B: Backend> Heads<'_, B> {
-    /// Whether [`heads`] runs them here, with `values` beside them (same shape) and into
-    /// buffers of `cap` slots from slot `start` (`into`; otherwise new ones).
-    pub fn fit(&self, values: Option<&Tensor<B, 2>>, into: Option<[usize; 2]>) -> bool {
+    /// Whether [`heads`] runs them here, with `values` beside them (same shape, with their
+    /// bias if given) and into buffers of `cap` slots from slot `start` (`into`; otherwise new
+    /// ones).
+    pub fn fit(&self, values: Option<(&Tensor<B, 2>, Option<&Tensor<B, 1>>)>, into: Option<[usize; 2]>) -> bool {
         let [b, t, heads, d] = self.dims;
         let [rows, per] = self.cos.dims();
         let tables = float(self.cos.dtype())
@@ -1063,9 +1109,11 @@ impl<B: Backend> Heads<'_, B> {
             && self.sin.dims() == self.cos.dims()
             && per == t * heads * d
             && (rows == 1 || rows == b);
+        let bias_fits = |bias: Option<&Tensor<B, 1>>| bias.is_none_or(|x| float(x.dtype()) && x.dims() == [heads * d]);
         let source = float(self.x.dtype())
             && self.x.dims() == [b * t, heads * d]
-            && values.is_none_or(|v| v.dims() == self.x.dims() && float(v.dtype()))
+            && bias_fits(self.bias.as_ref())
+            && values.is_none_or(|(v, bias)| v.dims() == self.x.dims() && float(v.dtype()) && bias_fits(bias))
             && self.norm.as_ref().is_none_or(|(w, _)| float(w.dtype()) && w.dims() == [d]);
         let dest = into.is_none_or(|[cap, start]| start + t <= cap && addressable(b * heads * cap * d, 0));
         let total = b * t * heads * d;
@@ -1080,32 +1128,39 @@ pub enum Dest<B: Backend> {
     Cache([Tensor<B, 4>; 2], usize),
 }
 
-/// The heads of `heads` normalised and rotated in one launch, written head-major (see
-/// [`Dest`]), with `values`' heads copied beside them (into the second buffer): the path from
-/// the projections to the attention, and the KV cache's write. Returns the written buffers.
-/// Only where [`Heads::fit`] said so.
+/// The heads of `heads` biased, normalised and rotated in one launch, written head-major (see
+/// [`Dest`]), with `values`' heads (plus their bias) copied beside them (into the second
+/// buffer): the path from the projections to the attention, and the KV cache's write. Returns
+/// the written buffers. Only where [`Heads::fit`] said so.
+#[allow(clippy::type_complexity)]
 pub fn heads<B: Backend>(
     heads: Heads<'_, B>,
-    values: Option<Tensor<B, 2>>,
+    values: Option<(Tensor<B, 2>, Option<Tensor<B, 1>>)>,
     into: Dest<B>,
 ) -> (Tensor<B, 4>, Option<Tensor<B, 4>>) {
+    // The kernel reads both biases in one dtype (they are rounded alike: this is a safeguard).
+    let values = values.map(|(v, bias)| match (&heads.bias, bias) {
+        (Some(x), Some(bias)) if bias.dtype() != x.dtype() => (v, Some(bias.cast(x.dtype()))),
+        (_, bias) => (v, bias),
+    });
     let run = || -> Result<_, ()> {
         on_cube!(B, R => {
             let [b, t, h, d] = heads.dims;
             let x = primitive::<B, 2, CubeTensor<R>>(heads.x);
             let (dest, v, start) = match into {
                 Dest::Cache([k, v_dest], start) => {
-                    (primitive(k), values.map(|v| (primitive(v), primitive(v_dest))), start)
+                    (primitive(k), values.map(|(v, bias)| (primitive(v), bias.map(primitive), primitive(v_dest))), start)
                 }
                 Dest::New(dtype) => {
                     let fresh = || {
                         empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), [b, h, t, d].into(), dtype)
                     };
-                    (fresh(), values.map(|v| (primitive(v), fresh())), 0)
+                    (fresh(), values.map(|(v, bias)| (primitive(v), bias.map(primitive), fresh())), 0)
                 }
             };
             let job = HeadsJob {
                 x,
+                x_bias: heads.bias.map(primitive),
                 v,
                 norm: heads.norm.map(|(w, eps)| (primitive(w), eps as f32)),
                 cos: primitive(heads.cos.clone()),

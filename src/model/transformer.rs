@@ -53,6 +53,13 @@ impl<B: Backend> Linear<B> {
     /// ([`gpu_kernels`]): a half-precision product without adapter or bias stays in it (the
     /// same values, without two launches to widen and round it back).
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
+        let y = self.unbiased(x, compute);
+        self.add_bias(y, compute)
+    }
+
+    /// [`Self::forward`] without the bias (for a kernel that adds it on its way: see
+    /// [`Attention::project`]); kept in half precision as `forward` keeps it, adapter aside.
+    pub fn unbiased<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
         let dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
         // One 2-D GEMM for the whole batch: burn's batched linear backward would run one
@@ -60,7 +67,7 @@ impl<B: Backend> Linear<B> {
         let x2: Tensor<B, 2> = x.reshape([rows, dims[D - 1]]);
         let mut out = dims;
         out[D - 1] = self.weight.dims()[1];
-        if self.lora.is_none() && self.bias.is_none() && keeps_half::<B>(compute) {
+        if self.lora.is_none() && keeps_half::<B>(compute) {
             return compute.product(x2, self.weight.val()).reshape(out);
         }
         let mut y = bf16_matmul::product(compute, x2.clone(), self.weight.val());
@@ -68,10 +75,25 @@ impl<B: Backend> Linear<B> {
             // In f32 whatever the input: a half-precision one comes from a GPU kernel.
             y = y + adapter.forward(f32_weight(x2));
         }
-        if let Some(b) = &self.bias {
-            y = y + compute.weight(b.val()).unsqueeze_dim(0);
-        }
         y.reshape(out)
+    }
+
+    /// `y` (an [`Self::unbiased`] output) plus the bias, in f32; `y` as it is without one.
+    pub fn add_bias<const D: usize>(&self, y: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
+        match &self.bias {
+            Some(b) => {
+                let mut shape = [1; D];
+                shape[D - 1] = b.dims()[0];
+                f32_weight(y) + compute.weight(b.val()).reshape(shape)
+            }
+            None => y,
+        }
+    }
+
+    /// The bias as the forward reads it (rounded to `compute`), stored as rounded: for a kernel
+    /// that widens it.
+    pub fn rounded_bias(&self, compute: ComputeDtype) -> Option<Tensor<B, 1>> {
+        self.bias.as_ref().map(|b| compute.cast(b.val()))
     }
 }
 
@@ -129,12 +151,14 @@ pub struct Attention<B: Backend> {
 
 impl<B: Backend> Attention<B> {
     /// The query, key and value projections of tokens in rows (`[n, hidden]`): `[n, heads ·
-    /// head_dim]`, `[n, kv_heads · head_dim]` twice.
+    /// head_dim]`, `[n, kv_heads · head_dim]` twice, without their biases, which
+    /// [`Self::attend`] adds (on a GPU, in the kernel that takes them to the attention: three
+    /// launches a layer fewer in f32, nine in half precision, for Qwen2's biased projections).
     pub fn project(&self, x: Tensor<B, 2>, compute: ComputeDtype) -> [Tensor<B, 2>; 3] {
         [
-            self.q_proj.forward(x.clone(), compute),
-            self.k_proj.forward(x.clone(), compute),
-            self.v_proj.forward(x, compute),
+            self.q_proj.unbiased(x.clone(), compute),
+            self.k_proj.unbiased(x.clone(), compute),
+            self.v_proj.unbiased(x, compute),
         ]
     }
 
@@ -152,10 +176,11 @@ impl<B: Backend> Attention<B> {
             Ok(out) => return out,
             Err(back) => back,
         };
-        // The GPU's products may be in half precision (see `Linear::forward`).
-        let [q, k, v] = [q, k, v].map(f32_weight);
-        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let c = layout.compute;
+        // The GPU's products may be in half precision (see `Linear::forward`).
+        let [q, k, v] =
+            [(&self.q_proj, q), (&self.k_proj, k), (&self.v_proj, v)].map(|(l, y)| f32_weight(l.add_bias(y, c)));
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
         let mut q = q.reshape([b, t, h, hd]);
         let mut k = k.reshape([b, t, kvh, hd]);
         let v = swap_middle(v.reshape([b, t, kvh, hd]));
@@ -198,10 +223,14 @@ impl<B: Backend> Attention<B> {
             (Some(qn), Some(kn)) => [Some((qn.weight.val(), qn.eps)), Some((kn.weight.val(), kn.eps))],
             _ => [None, None],
         };
-        let queries = Heads { x: q, dims: [b, t, h, hd], norm: q_norm, cos: &layout.query.cos, sin: &layout.query.sin };
-        let keys = Heads { x: k, dims: [b, t, kvh, hd], norm: k_norm, cos: &layout.key.cos, sin: &layout.key.sin };
+        let [q_bias, k_bias, v_bias] = [&self.q_proj, &self.k_proj, &self.v_proj].map(|l| l.rounded_bias(c));
+        let (q_rope, k_rope) = (&layout.query, &layout.key);
+        let queries =
+            Heads { x: q, dims: [b, t, h, hd], bias: q_bias, norm: q_norm, cos: &q_rope.cos, sin: &q_rope.sin };
+        let keys =
+            Heads { x: k, dims: [b, t, kvh, hd], bias: k_bias, norm: k_norm, cos: &k_rope.cos, sin: &k_rope.sin };
         let into = cache.as_ref().map(|(cache, layer, start)| [cache.capacity_for(*layer, start + t), *start]);
-        if !(queries.fit(None, None) && keys.fit(Some(&v), into)) {
+        if !(queries.fit(None, None) && keys.fit(Some((&v, v_bias.as_ref())), into)) {
             return Err(([queries.x, keys.x, v], cache));
         }
         // Rounded to the compute dtype and read as stored: the kernel widens them.
@@ -215,12 +244,13 @@ impl<B: Backend> Attention<B> {
             Some((cache, layer, start)) => {
                 let dtype = crate::backend::attention::cache_dtype::<B>(c).burn().into();
                 cache.write(layer, start, [b, kvh, t, hd], (&v.device(), dtype), |k_buffer, v_buffer| {
-                    let (k, v) = heads(rounded(keys, c), Some(v), Dest::Cache([k_buffer, v_buffer], start));
+                    let values = Some((v, v_bias));
+                    let (k, v) = heads(rounded(keys, c), values, Dest::Cache([k_buffer, v_buffer], start));
                     (k, v.expect("values written"))
                 })
             }
             None => {
-                let (k, v) = heads(rounded(keys, c), Some(v), Dest::New(attention_dtype));
+                let (k, v) = heads(rounded(keys, c), Some((v, v_bias)), Dest::New(attention_dtype));
                 (k, v.expect("values written"))
             }
         };

@@ -828,7 +828,8 @@ fn attention_kernel_matches_the_generic_ops_on_wgpu() {
     use burn::tensor::DType::{F16, F32};
     use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
     use hacpo::dtype::ComputeDtype;
-    let cases: [(usize, usize, usize, usize, &[usize], bool); 5] = [
+    type Case = (usize, usize, usize, usize, &'static [usize], bool);
+    let cases: [Case; 5] = [
         // (queries, heads, kv heads, head dim, left pads, causal mask shared by all)
         (1, 4, 2, 32, &[], false),
         (1, 4, 2, 32, &[0, 70, 299], false),

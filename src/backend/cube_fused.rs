@@ -690,8 +690,7 @@ struct HeadsJob<R: CubeRuntime> {
     /// `[b·t, heads·d]` rows, perhaps apart, and the bias (`[heads·d]`) to add.
     x: CubeTensor<R>,
     x_bias: Option<CubeTensor<R>>,
-    /// Values to copy beside `x`, their bias (of `x_bias`'s dtype), and their destination.
-    v: Option<(CubeTensor<R>, Option<CubeTensor<R>>, CubeTensor<R>)>,
+    v: Option<ValuesJob<R>>,
     norm: Option<(CubeTensor<R>, f32)>,
     cos: CubeTensor<R>,
     sin: CubeTensor<R>,
@@ -699,6 +698,14 @@ struct HeadsJob<R: CubeRuntime> {
     dest: CubeTensor<R>,
     start: usize,
     t: usize,
+}
+
+/// Values to copy beside [`HeadsJob::x`], their bias (of `x_bias`'s dtype), and their
+/// destination.
+struct ValuesJob<R: CubeRuntime> {
+    v: CubeTensor<R>,
+    bias: Option<CubeTensor<R>>,
+    dest: CubeTensor<R>,
 }
 
 fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTensor<R>>) {
@@ -709,7 +716,7 @@ fn heads_cube<R: CubeRuntime>(job: HeadsJob<R>) -> (CubeTensor<R>, Option<CubeTe
     let (cos, sin) = (into_contiguous(job.cos), into_contiguous(job.sin));
     let period = cos.meta.num_elements();
     let ((v, v_stride), v_bias, v_dest) = match job.v {
-        Some((v, v_bias, v_dest)) => (in_rows(v), v_bias.map(into_contiguous), Some(writable(v_dest))),
+        Some(ValuesJob { v, bias, dest }) => (in_rows(v), bias.map(into_contiguous), Some(writable(dest))),
         // Unread: `x` and `dest` stand in.
         None => ((x.clone(), x_stride), None, None),
     };
@@ -1149,13 +1156,19 @@ pub fn heads<B: Backend>(
             let x = primitive::<B, 2, CubeTensor<R>>(heads.x);
             let (dest, v, start) = match into {
                 Dest::Cache([k, v_dest], start) => {
-                    (primitive(k), values.map(|(v, bias)| (primitive(v), bias.map(primitive), primitive(v_dest))), start)
+                    let dest = primitive(v_dest);
+                    (primitive(k), values.map(|(v, bias)| ValuesJob { v: primitive(v), bias: bias.map(primitive), dest }), start)
                 }
                 Dest::New(dtype) => {
                     let fresh = || {
                         empty_device_contiguous_dtype(x.client.clone(), x.device.clone(), [b, h, t, d].into(), dtype)
                     };
-                    (fresh(), values.map(|(v, bias)| (primitive(v), bias.map(primitive), fresh())), 0)
+                    let job = |(v, bias): (Tensor<B, 2>, Option<Tensor<B, 1>>)| ValuesJob {
+                        v: primitive(v),
+                        bias: bias.map(primitive),
+                        dest: fresh(),
+                    };
+                    (fresh(), values.map(job), 0)
                 }
             };
             let job = HeadsJob {

@@ -1,5 +1,6 @@
 //! Causal attention with grouped key/value heads, fused on the CPU backend (forward and
-//! backward), generic burn ops everywhere else.
+//! backward), one GPU kernel for decoding's few queries on the plain GPU backends
+//! ([`super::cube_fused::attention`]), generic burn ops everywhere else.
 //!
 //! The generic path (`q kᵀ`, `+ bias`, softmax, `· v`) writes the `[batch, heads, t, keys]`
 //! scores four times over, and copies q and the output between the projections' token-major
@@ -51,7 +52,9 @@ const PARALLEL_WORK: usize = 1 << 18;
 /// `[batch, t, heads·head_dim]`.
 ///
 /// The generic path multiplies in [`ComputeDtype::attention`] (softmax in f32); the CPU path
-/// computes in f32, and keeps its KV cache in f32 ([`cache_dtype`]).
+/// computes in f32, and keeps its KV cache in f32 ([`cache_dtype`]); the GPU kernel (up to
+/// [`super::cube_fused::FEW_QUERIES`] queries a sequence) computes in f32 and returns the
+/// generic path's dtype.
 ///
 /// Precondition of the CPU path: the query at slot `keys − t + i` sees no later key (true of
 /// every layout in [`crate::model::layout`]).

@@ -64,6 +64,8 @@ mod kernels {
             stride /= 2;
         }
         let total = shared[0];
+        // Every unit has read the total before the memory is written again: by the next call,
+        // or by another shared array that CUDA's compiler placed in the same space.
         sync_cube();
         total
     }
@@ -491,7 +493,8 @@ mod kernels {
                 }
                 acc = total;
             }
-            // Every unit has read the tile's probabilities before the next tile writes them.
+            // Every unit has read the tile's probabilities before the next tile writes them, or
+            // the next reduction's shared memory (CUDA's compiler may place both in one space).
             sync_cube();
             top = new_top;
             first += block as usize;
@@ -540,9 +543,17 @@ fn in_rows<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, usize) {
         // Rows far apart (a view of a few columns of a wide tensor) must stay within the
         // kernels' 32-bit indices; CUDA's padding (under 512 bytes a row) is what
         // `addressable` allows for.
-        Some(stride) if rows.saturating_mul(stride).saturating_add(n) <= u32::MAX as usize => (t, stride),
+        Some(stride) if rows.saturating_mul(stride).saturating_add(n) <= u32::MAX as usize && small_buffer(&t) => {
+            (t, stride)
+        }
         _ => (into_contiguous(t), n),
     }
+}
+
+/// Whether the buffer `t` is a view of has at most `u32::MAX` elements: the kernels' bounds
+/// checks compare indices with its length, which cubecl passes as a u32.
+fn small_buffer<R: CubeRuntime>(t: &CubeTensor<R>) -> bool {
+    t.handle.size_in_used() / t.dtype.size() as u64 <= u32::MAX as u64
 }
 
 /// The distance between the rows of a tensor whose rows (last dimension) are contiguous and
@@ -1035,11 +1046,12 @@ pub fn attention<B: Backend>(
     let sizes = [scores, b * t * h * d, b * kvh * keys * d];
     if fits && dtypes && bias_fits && sizes.iter().all(|&n| addressable(n, b * h * t)) {
         on_cube!(B, R => {
-            // The keys and values (a cache's first slots) are read where they are, unless the
-            // buffer they are views of reaches past 32-bit indices.
+            // The keys and values (a cache's first slots) are read where they are, unless they
+            // or the buffer they are views of reach past 32-bit indices.
             let near = |x: CubeTensor<R>| {
                 let s = x.meta.strides().to_vec();
-                if span([b, kvh, keys, d], [s[0], s[1], s[2]]) <= u32::MAX as usize { x } else { into_contiguous(x) }
+                let reach = span([b, kvh, keys, d], [s[0], s[1], s[2]]);
+                if reach <= u32::MAX as usize && small_buffer(&x) { x } else { into_contiguous(x) }
             };
             let [q, k, v] = [q, k, v].map(primitive::<B, 4, CubeTensor<R>>);
             let out = attend_cube::<R>([q, near(k), near(v)], bias.map(|x| primitive(x.clone())), out_dtype);

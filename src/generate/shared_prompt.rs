@@ -513,7 +513,7 @@ mod tests {
     use crate::backend::Cpu;
     use crate::dtype::ComputeDtype;
     use crate::generate::score::dense_hidden;
-    use crate::model::weights::{small_random_model, weighted_head_loss};
+    use crate::model::weights::{small_biased_model, small_random_model, weighted_head_loss};
     use crate::train::optim::GradStore;
 
     type AD = burn::backend::Autodiff<Cpu>;
@@ -564,8 +564,10 @@ mod tests {
         for (requests, overhead, count) in cases {
             let passes = Passes::with_overhead(&requests, overhead);
             assert_eq!(passes.passes.len(), count, "passes at overhead {overhead}");
-            for (tied, lora) in [(false, false), (true, false), (false, true)] {
-                let mut m = small_random_model::<AD>(tied, 5);
+            for (tied, lora, biased) in
+                [(false, false, false), (true, false, false), (false, true, false), (false, false, true)]
+            {
+                let mut m = if biased { small_biased_model::<AD>(5) } else { small_random_model::<AD>(tied, 5) };
                 if lora {
                     let config = crate::model::lora::LoraConfig { rank: 2, ..Default::default() };
                     m = crate::model::lora::attach(m, &config, 1);
@@ -576,7 +578,7 @@ mod tests {
                 let (x, y) = (host(dense.clone()), host(planned.clone()));
                 let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);
                 let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max) / scale;
-                let case = format!("{count} passes, tied {tied}, lora {lora}");
+                let case = format!("{count} passes, tied {tied}, lora {lora}, biased {biased}");
                 assert!(d <= 1e-5, "{case}: hidden states differ by {d} (relative)");
                 let (mut a, mut b) = (GradStore::<Cpu>::default(), GradStore::<Cpu>::default());
                 a.accumulate(&m, &weighted_head_loss(&m, dense).backward());

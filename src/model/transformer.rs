@@ -58,7 +58,8 @@ impl<B: Backend> Linear<B> {
     }
 
     /// [`Self::forward`] without the bias (for a kernel that adds it on its way: see
-    /// [`Attention::project`]); kept in half precision as `forward` keeps it, adapter aside.
+    /// [`Attention::project`]): a half-precision product without adapter stays in its dtype
+    /// where hacpo's GPU kernels read it ([`gpu_kernels`]), else f32.
     pub fn unbiased<const D: usize>(&self, x: Tensor<B, D>, compute: ComputeDtype) -> Tensor<B, D> {
         let dims = x.dims();
         let rows: usize = dims[..D - 1].iter().product();
@@ -217,6 +218,9 @@ impl<B: Backend> Attention<B> {
         cache: Option<(&'c mut KvCache<B>, usize, usize)>,
     ) -> Result<Tensor<B, 3>, ([Tensor<B, 2>; 3], Option<(&'c mut KvCache<B>, usize, usize)>)> {
         use crate::backend::cube_fused::{Dest, Heads, heads};
+        if !gpu_kernels::<B>() {
+            return Err(([q, k, v], cache));
+        }
         let (h, kvh, hd, c) = (self.num_heads, self.num_kv_heads, self.head_dim, layout.compute);
         // The norms' stored weights for the check; rounded as the forward reads them after it.
         let [q_norm, k_norm] = match (&self.q_norm, &self.k_norm) {

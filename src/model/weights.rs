@@ -464,11 +464,42 @@ impl WeightSource for RandomWeights {
 /// from `seed`, for tests of gradients and training mechanics.
 #[cfg(test)]
 pub fn small_random_model<B: Backend>(tied: bool, seed: u64) -> CausalLm<B> {
+    small_model(tied, false, seed)
+}
+
+/// [`small_random_model`] (untied) with biased projections (q, k, v as Qwen2's, and o), the
+/// biases non-zero (a checkpoint's would be; random initialisation leaves them at zero).
+#[cfg(test)]
+pub fn small_biased_model<B: Backend>(seed: u64) -> CausalLm<B> {
+    struct Biases(f32);
+    impl<B: Backend> ParamVisitor<B> for Biases {
+        fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
+            if !name.ends_with(".bias") {
+                return p;
+            }
+            let phase = self.0;
+            self.0 += 1.0;
+            p.map(|t| {
+                let n = t.dims()[0];
+                let values: Vec<f32> = (0..n).map(|i| 0.5 * (i as f32 * 0.73 + phase).sin()).collect();
+                let biased = Tensor::from_data(TensorData::new(values, [n]), &t.device());
+                if t.is_require_grad() { biased.require_grad() } else { biased }
+            })
+        }
+        fn matrix(&mut self, _: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
+            p
+        }
+    }
+    walk_params(small_model(false, true, seed), &mut Biases(seed as f32))
+}
+
+#[cfg(test)]
+fn small_model<B: Backend>(tied: bool, biased: bool, seed: u64) -> CausalLm<B> {
     let v = serde_json::json!({
         "model_type": "qwen3", "vocab_size": 96, "hidden_size": 32, "intermediate_size": 48,
         "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
         "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "max_position_embeddings": 64,
-        "tie_word_embeddings": tied
+        "tie_word_embeddings": tied, "attention_bias": biased
     });
     let config = ModelConfig::from_json(&v, "test").expect("a valid test config");
     build(&config, &mut RandomWeights::new(&config, seed, 0.3), &Default::default()).expect("random weights")

@@ -822,11 +822,13 @@ fn padded_mask(pads: &[usize], heads: usize, t: usize, keys: usize) -> Tensor<Wg
 /// gives the generic ops' output: grouped heads, more keys than a tile, no mask, a shared
 /// causal mask, left padding longer than a tile (a tile of masked keys), heads of 48 (fewer
 /// elements than units) and 64, keys and values read in place from a cache's first slots, f16
-/// operands, and f16 compute (whose attention, and so the output, stays f32).
+/// operands, and f16 compute (whose attention, and so the output, stays f32, unless the output
+/// projection reads f16: then written in f16).
 #[test]
 fn attention_kernel_matches_the_generic_ops_on_wgpu() {
     use burn::tensor::DType::{F16, F32};
-    use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
+    use hacpo::backend::attention::{attention, attention_read_as};
+    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths};
     use hacpo::dtype::ComputeDtype;
     type Case = (usize, usize, usize, usize, &'static [usize], bool);
     let cases: [Case; 5] = [
@@ -869,8 +871,15 @@ fn attention_kernel_matches_the_generic_ops_on_wgpu() {
             };
             let (fast, slow) = (run(true), run(false));
             assert_eq!(fast.dtype(), F32, "{what}");
-            let diff = max_abs_diff(&values(fast), &values(slow));
+            let slow = values(slow);
+            let diff = max_abs_diff(&values(fast), &slow);
             assert!(diff < tolerance, "attention, f16 compute, {what}: {diff}");
+            // For an output projection that reads f16: written in f16 (rounded once).
+            let read_as =
+                attention_read_as(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F16, Some(F16));
+            assert_eq!(read_as.dtype(), F16, "{what}");
+            let diff = max_abs_diff(&values(read_as), &slow);
+            assert!(diff < 1e-3, "attention written in f16, {what}: {diff}");
         }
     }
 }

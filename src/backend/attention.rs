@@ -65,6 +65,22 @@ pub fn attention<B: Backend>(
     bias: Option<&Tensor<B, 2>>,
     compute: ComputeDtype,
 ) -> Tensor<B, 3> {
+    attention_read_as(q, k, v, bias, compute, None)
+}
+
+/// [`attention`] in `reads`, for a reader that rounds the output to it first (the output
+/// projection's product in half precision): the GPU kernel writes that dtype, one launch
+/// fewer; the other paths cast to it, the launch the reader's cast would have been. Every
+/// path gives the same dtype, so that passes of different lengths (some through the kernel,
+/// some not) join into one tensor.
+pub fn attention_read_as<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    bias: Option<&Tensor<B, 2>>,
+    compute: ComputeDtype,
+    reads: Option<burn::tensor::DType>,
+) -> Tensor<B, 3> {
     let [b, h, t, d] = q.dims();
     let [kb, kvh, keys, kd] = k.dims();
     assert!(
@@ -88,7 +104,7 @@ pub fn attention<B: Backend>(
     // empty pass has nothing to fuse.
     let fusable = t > 0 && (bias.is_some() || t == 1);
     let backend = if fusable { cpu_backend::<B>(&[q.dtype(), k.dtype(), v.dtype()]) } else { None };
-    match backend {
+    let out = match backend {
         Some(CpuBackend::Plain) => {
             let bias = bias.map(|x| flex(x.clone()));
             let out = forward(&flex(q), &flex(k), &flex(v), bias.as_ref(), None);
@@ -101,12 +117,17 @@ pub fn attention<B: Backend>(
         None => {
             // A few queries (decoding) on the GPU: scores, softmax and values in one kernel.
             #[cfg(any(feature = "cuda", feature = "wgpu"))]
-            let [q, k, v] = match super::cube_fused::attention(q, k, v, bias, output_dtype::<B>(compute)) {
-                Ok(out) => return out,
-                Err(back) => back,
-            };
+            let [q, k, v] =
+                match super::cube_fused::attention(q, k, v, bias, reads.unwrap_or(output_dtype::<B>(compute))) {
+                    Ok(out) => return out,
+                    Err(back) => back,
+                };
             generic(q, k, v, bias, compute.attention())
         }
+    };
+    match reads {
+        Some(dtype) => crate::dtype::cast_to(out, dtype.into()),
+        None => out,
     }
 }
 

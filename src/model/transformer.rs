@@ -202,7 +202,12 @@ impl<B: Backend> Attention<B> {
             }
             None => (k, v),
         };
-        crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c)
+        crate::backend::attention::attention_read_as(q, k, v, layout.bias.as_ref(), c, self.output_read_as(c))
+    }
+
+    /// The dtype `o_proj` rounds the attention's output to, where a kernel may write it so.
+    fn output_read_as(&self, compute: ComputeDtype) -> Option<DType> {
+        input_dtype(&[&self.o_proj], compute)
     }
 
     /// [`Self::attend`] with the queries' and the keys' norms and RoPE, and the KV cache's
@@ -258,7 +263,7 @@ impl<B: Backend> Attention<B> {
                 (k, v.expect("values written"))
             }
         };
-        Ok(crate::backend::attention::attention(q, k, v, layout.bias.as_ref(), c))
+        Ok(crate::backend::attention::attention_read_as(q, k, v, layout.bias.as_ref(), c, self.output_read_as(c)))
     }
 }
 

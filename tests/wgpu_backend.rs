@@ -575,6 +575,33 @@ fn rms_norm_and_swiglu_kernels_match_the_generic_ops_on_wgpu() {
     }
 }
 
+/// Training's SwiGLU on wgpu (`Autodiff<Wgpu>`: the kernel as an autodiff op, with a backward
+/// kernel) gives the generic graph's output and both gradients, gates far into the sigmoid's
+/// tails included, and a gate that is a strided view.
+#[test]
+fn swiglu_gradients_match_the_generic_graph_on_wgpu() {
+    use burn::tensor::DType::F32;
+    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
+    type Ad = burn::backend::Autodiff<Wgpu>;
+    let host = |t: Tensor<Wgpu, 3>| values(t);
+    let gate = Tensor::<Ad, 3>::from_inner(spread([3, 384, 7], 40, 30.0, F32)).swap_dims(1, 2).require_grad();
+    let up = Tensor::<Ad, 3>::from_inner(spread([3, 7, 384], 41, 2.0, F32)).require_grad();
+    let weights = Tensor::<Ad, 3>::from_inner(spread([3, 7, 384], 42, 1.0, F32));
+    assert!(cube_fused::swiglu(gate.clone(), up.clone()).is_ok(), "the autodiff op not taken");
+    let run = |fast: bool| {
+        let forward = || fused::swiglu(gate.clone(), up.clone());
+        let out = if fast { forward() } else { without_fast_paths(forward) };
+        let grads = (out.clone() * weights.clone()).sum().backward();
+        [out.inner(), gate.grad(&grads).unwrap(), up.grad(&grads).unwrap()].map(host)
+    };
+    let (kernel, generic) = (run(true), run(false));
+    for (name, (a, b)) in ["output", "d gate", "d up"].iter().zip(kernel.iter().zip(&generic)) {
+        let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(a, b);
+        assert!(diff < 1e-5 * scale, "swiglu {name}: {diff} (largest {scale})");
+    }
+}
+
 /// The RMSNorm kernel against burn's ops (the fast paths off) on `x` and `w`, within `tolerance`.
 fn check_rms_norm<const D: usize>(x: Tensor<Wgpu, D>, w: Tensor<Wgpu, 1>, tolerance: f32, what: &str) {
     use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};

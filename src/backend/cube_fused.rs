@@ -17,9 +17,10 @@
 //! two heads, the attention and SwiGLU.
 //!
 //! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
-//! ops run, as they do under burn's `fusion` feature (whose tensors are not these) and while a
-//! test has the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the
-//! tests compare the two on the same device. With gradient checkpointing, the graph-free
+//! ops run, but for SwiGLU, an autodiff op with a backward kernel of its own ([`swiglu`]); so
+//! does a build with burn's `fusion` feature (whose tensors are not these), and a test with
+//! the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the tests
+//! compare the two on the same device. With gradient checkpointing, the graph-free
 //! forward pass that keeps each layer's input runs these kernels and the recomputation burn's
 //! ops (in f32 they agree to about 1e-6).
 
@@ -27,6 +28,9 @@ use std::any::TypeId;
 use std::sync::OnceLock;
 
 use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
+use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
+use burn_autodiff::grads::Gradients;
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_cubecl::CubeRuntime;
 use burn_cubecl::kernel::into_contiguous;
 use burn_cubecl::ops::numeric::empty_device_contiguous_dtype;
@@ -159,6 +163,27 @@ mod kernels {
         let g = f32::cast_from(gate[i]);
         let silu = g / (f32::new(1.0) + f32::exp(-g));
         out[i] = F::cast_from(silu * f32::cast_from(up[i]));
+    }
+
+    /// The gradients of `silu(gate) ∘ up` for the output's gradient `dy`: `dy ∘ up ∘ silu'(gate)`
+    /// and `dy ∘ silu(gate)`, where `silu'(g) = σ(g) (1 + g (1 − σ(g)))`.
+    #[cube(launch)]
+    pub(super) fn swiglu_backward_kernel<F: Float, G: Float>(
+        gate: &Tensor<F>,
+        up: &Tensor<F>,
+        dy: &Tensor<G>,
+        d_gate: &mut Tensor<F>,
+        d_up: &mut Tensor<F>,
+        #[define(F, G)] _dtypes: [StorageType; 2],
+    ) {
+        let i = ABSOLUTE_POS;
+        if i >= d_gate.len() {
+            terminate!();
+        }
+        let (g, dy) = (f32::cast_from(gate[i]), f32::cast_from(dy[i]));
+        let s = f32::new(1.0) / (f32::new(1.0) + f32::exp(-g));
+        d_gate[i] = F::cast_from(dy * f32::cast_from(up[i]) * s * (f32::new(1.0) + g * (f32::new(1.0) - s)));
+        d_up[i] = F::cast_from(dy * g * s);
     }
 
     /// `x·cos + swap(x)·sin`, where `swap` exchanges the two halves of each head's `d` elements and
@@ -628,6 +653,31 @@ fn swiglu_cube<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTe
     out
 }
 
+/// The gradients of [`swiglu_cube`]'s operands for its output's gradient `dy`.
+fn swiglu_backward_cube<R: CubeRuntime>(
+    gate: CubeTensor<R>,
+    up: CubeTensor<R>,
+    dy: CubeTensor<R>,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (gate, up, dy) = (into_contiguous(gate), into_contiguous(up), into_contiguous(dy));
+    let (d_gate, d_up) = (output_like(&gate), output_like(&gate));
+    let units = gate.meta.num_elements();
+    let (client, dtypes) = (gate.client.clone(), [gate.dtype.into(), dy.dtype.into()]);
+    let (cubes, cube_dim) = element_launch(&client, units);
+    kernels::swiglu_backward_kernel::launch::<R>(
+        &client,
+        cubes,
+        cube_dim,
+        gate.into_tensor_arg(),
+        up.into_tensor_arg(),
+        dy.into_tensor_arg(),
+        d_gate.clone().into_tensor_arg(),
+        d_up.clone().into_tensor_arg(),
+        dtypes,
+    );
+    (d_gate, d_up)
+}
+
 fn rope_cube<R: CubeRuntime>(x: CubeTensor<R>, cos: CubeTensor<R>, sin: CubeTensor<R>, d: usize) -> CubeTensor<R> {
     let (x, cos, sin) = (into_contiguous(x), into_contiguous(cos), into_contiguous(sin));
     let out = output_like(&x);
@@ -893,6 +943,45 @@ fn attend_cube<R: CubeRuntime>(
     out
 }
 
+// --- training: the kernels as autodiff ops ------------------------------------------------------
+
+/// burn's plain GPU backend on runtime `R`, as `burn::backend::{Cuda, Wgpu}` name it.
+type Cube<R> = burn_cubecl::CubeBackend<R, f32, i32, u32>;
+
+/// The float primitive of `Autodiff<Cube<R>>`: a graph node around a [`CubeTensor`].
+type Tracked<R> = burn::tensor::ops::FloatTensor<burn_autodiff::Autodiff<Cube<R>>>;
+
+/// SwiGLU as one autodiff op: one kernel forward, one backward (burn's graph runs about eight
+/// launches each way, each a pass over the MLP's widest activations).
+#[derive(Debug)]
+struct SwiGluOp;
+
+impl<R: CubeRuntime> Backward<Cube<R>, 2> for SwiGluOp {
+    /// The gate and the up projection.
+    type State = (CubeTensor<R>, CubeTensor<R>);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (gate, up) = ops.state;
+        let dy = grads.consume::<Cube<R>>(&ops.node);
+        let (d_gate, d_up) = swiglu_backward_cube::<R>(gate, up, dy);
+        let [node_gate, node_up] = ops.parents;
+        if let Some(node) = node_gate {
+            grads.register::<Cube<R>>(node.id, d_gate);
+        }
+        if let Some(node) = node_up {
+            grads.register::<Cube<R>>(node.id, d_up);
+        }
+    }
+}
+
+fn swiglu_tracked<R: CubeRuntime>(gate: Tracked<R>, up: Tracked<R>) -> Tracked<R> {
+    let out = swiglu_cube::<R>(gate.primitive.clone(), up.primitive.clone());
+    match SwiGluOp.prepare::<NoCheckpointing>([gate.node.clone(), up.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((gate.primitive, up.primitive), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
 // --- which backend, and the entry points -------------------------------------------------------
 
 /// Whether `B`'s float tensors are `CubeTensor<R>` (the plain GPU backend on runtime `R`), the
@@ -900,6 +989,14 @@ fn attend_cube<R: CubeRuntime>(
 fn is<B: Backend, R: CubeRuntime>() -> bool {
     super::flex_fast::enabled()
         && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
+        && switched_on()
+}
+
+/// Whether `B` is `Autodiff` over the plain GPU backend on runtime `R` (training), the fast
+/// paths on and the kernels not switched off.
+fn is_tracked<B: Backend, R: CubeRuntime>() -> bool {
+    super::flex_fast::enabled()
+        && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<Tracked<R>>()
         && switched_on()
 }
 
@@ -948,6 +1045,26 @@ macro_rules! on_cube {
     };
 }
 
+/// [`on_cube!`] for `Autodiff` over the plain GPU backends (training's passes).
+macro_rules! on_tracked_cube {
+    ($b:ty, $r:ident => $body:expr) => {
+        #[cfg(feature = "wgpu")]
+        {
+            type $r = cubecl::wgpu::WgpuRuntime;
+            if is_tracked::<$b, $r>() {
+                return Ok($body);
+            }
+        }
+        #[cfg(feature = "cuda")]
+        {
+            type $r = cubecl::cuda::CudaRuntime;
+            if is_tracked::<$b, $r>() {
+                return Ok($body);
+            }
+        }
+    };
+}
+
 /// RMSNorm over the last dimension of `x` (`weight` as long); the operands back on other
 /// backends or dtypes.
 #[allow(clippy::type_complexity)]
@@ -964,7 +1081,8 @@ pub fn rms_norm<B: Backend, const D: usize>(
     Err((x, weight))
 }
 
-/// `silu(gate) ∘ up` (same shapes and dtype); the operands back otherwise.
+/// `silu(gate) ∘ up` (same shapes and dtype), with its gradient under autodiff; the operands
+/// back otherwise.
 #[allow(clippy::type_complexity)]
 pub fn swiglu<B: Backend, const D: usize>(
     gate: Tensor<B, D>,
@@ -973,6 +1091,10 @@ pub fn swiglu<B: Backend, const D: usize>(
     let fits = gate.dims() == up.dims() && gate.dtype() == up.dtype() && float(gate.dtype());
     if fits && addressable(gate.shape().num_elements(), 0) {
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(swiglu_cube::<R>(primitive(gate), primitive(up))));
+        // Training's products are f32, as the generic ops' result would be.
+        if gate.dtype() == DType::F32 {
+            on_tracked_cube!(B, R => tensor::<B, D, Tracked<R>>(swiglu_tracked::<R>(primitive(gate), primitive(up))));
+        }
     }
     Err((gate, up))
 }

@@ -400,7 +400,7 @@ fn two_hacpo_steps_in_f16_compute_on_wgpu_match_the_cpu_run() {
     compare_two_hacpo_steps(hacpo::dtype::ComputeDtype::F16, 1e-2, 3e-2);
 }
 
-fn compare_two_hacpo_steps(compute: hacpo::dtype::ComputeDtype, loss_tolerance: f64, grad_tolerance: f64) {
+fn compare_two_hacpo_steps(compute: hacpo::dtype::ComputeDtype, first_tolerance: f64, updated_tolerance: f64) {
     let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
     let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
     let agents = [qwen.path(), llama.path()];
@@ -421,9 +421,12 @@ fn compare_two_hacpo_steps(compute: hacpo::dtype::ComputeDtype, loss_tolerance: 
                 let (a, b) = (cm[key], gm[key]);
                 // AdamW's first update moves every weight by about ±lr whatever its gradient's
                 // size, so a gradient near 0 whose sign differs in the last digits between
-                // backends moves a weight a whole lr the other way: after one update the
-                // gradients agree to 1e-3 (measured 2.7e-4), the losses still to 1e-4.
-                let tolerance = if step > 0 && key == "actor/grad_norm" { grad_tolerance } else { loss_tolerance };
+                // backends moves a weight a whole lr the other way: after one update the numbers
+                // agree to 1e-3 in f32 (measured: gradient norms 4.0e-4, losses 1.3e-4, with
+                // the GPU's RMSNorm as an autodiff op, whose weight gradients are closer to the
+                // CPU's than burn's graph gives, but rounded differently), the first step's to
+                // 1e-4.
+                let tolerance = if step > 0 { updated_tolerance } else { first_tolerance };
                 assert!(a.is_finite(), "step {step}, {agent}: {key} = {a}");
                 assert!(
                     (a - b).abs() <= tolerance * a.abs().max(1.0),
@@ -599,6 +602,41 @@ fn swiglu_gradients_match_the_generic_graph_on_wgpu() {
         let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
         let diff = max_abs_diff(a, b);
         assert!(diff < 1e-5 * scale, "swiglu {name}: {diff} (largest {scale})");
+    }
+}
+
+/// Training's RMSNorm on wgpu (`Autodiff<Wgpu>`: the kernel as an autodiff op, its backward a
+/// kernel and a sum over rows) gives the generic graph's output and both gradients, for rows
+/// of 40 and of 1536 (several elements a unit), a strided input, and a weight stored in f16
+/// (its gradient through the cast, in f16).
+#[test]
+fn rms_norm_gradients_match_the_generic_graph_on_wgpu() {
+    use burn::tensor::DType::{F16, F32};
+    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
+    type Ad = burn::backend::Autodiff<Wgpu>;
+    for (n, w_dtype) in [(40, F32), (1536, F32), (64, F16)] {
+        let x = Tensor::<Ad, 3>::from_inner(spread([4, n, 6], 43, 3.0, F32)).swap_dims(1, 2).require_grad();
+        let w = Tensor::<Ad, 1>::from_inner(spread([n], 44, 1.0, w_dtype)).require_grad();
+        let weights = Tensor::<Ad, 3>::from_inner(spread([4, 6, n], 45, 1.0, F32));
+        assert!(cube_fused::rms_norm(x.clone(), w.clone(), 1e-6).is_ok(), "the autodiff op not taken");
+        let run = |fast: bool| {
+            let forward = || fused::rms_norm(x.clone(), w.clone(), 1e-6);
+            let out = if fast { forward() } else { without_fast_paths(forward) };
+            let grads = (out.clone() * weights.clone()).sum().backward();
+            let dw = w.grad(&grads).unwrap();
+            assert_eq!(dw.dtype(), w_dtype, "the weight's gradient in its dtype");
+            [values(out.inner()), values(x.grad(&grads).unwrap()), values(dw)]
+        };
+        let (kernel, generic) = (run(true), run(false));
+        for (name, (a, b)) in ["output", "dx", "dw"].iter().zip(kernel.iter().zip(&generic)) {
+            let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+            let tolerance = if w_dtype == F16 && *name == "dw" { 2e-3 } else { 2e-5 };
+            let diff = max_abs_diff(a, b);
+            assert!(
+                diff < tolerance * scale,
+                "rms_norm {name}, rows of {n}, weight {w_dtype:?}: {diff} (largest {scale})"
+            );
+        }
     }
 }
 

@@ -17,7 +17,7 @@
 //! two heads, the attention and SwiGLU.
 //!
 //! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
-//! ops run, but for SwiGLU, an autodiff op with a backward kernel of its own ([`swiglu`]); so
+//! ops run, but for RMSNorm and SwiGLU, autodiff ops with backward kernels of their own; so
 //! does a build with burn's `fusion` feature (whose tensors are not these), and a test with
 //! the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the tests
 //! compare the two on the same device. With gradient checkpointing, the graph-free
@@ -144,6 +144,46 @@ mod kernels {
         let mut i = UNIT_POS_X as usize;
         while i < n {
             out[to + i] = F::cast_from(f32::cast_from(x[from + i]) * scale * f32::cast_from(w[i]));
+            i += block as usize;
+        }
+    }
+
+    /// The gradients of [`rms_norm_kernel`] for the output's gradient `dy` (contiguous rows of
+    /// `n`, a cube per row): `dx = r (dy ∘ w − x r² mean(dy ∘ w ∘ x))` with `r = 1 /
+    /// sqrt(mean(x²) + eps)`, and `dy ∘ x r` per row in `dw_rows`, whose sum over the rows is
+    /// the weight's gradient.
+    #[cube(launch)]
+    pub(super) fn rms_norm_backward_kernel<F: Float, W: Float>(
+        x: &Tensor<F>,
+        w: &Tensor<W>,
+        dy: &Tensor<F>,
+        dx: &mut Tensor<F>,
+        dw_rows: &mut Tensor<F>,
+        rows: u32,
+        n: u32,
+        eps: f32,
+        #[comptime] block: u32,
+        #[define(F, W)] _dtypes: [StorageType; 2],
+    ) {
+        let row = cube_row();
+        if row >= rows as usize {
+            terminate!();
+        }
+        let n = n as usize;
+        let from = row * n;
+        let r = rms_scale(x, from, n, eps, x, 0, false, block);
+        let mut part = f32::new(0.0);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            part += f32::cast_from(dy[from + i]) * f32::cast_from(w[i]) * f32::cast_from(x[from + i]);
+            i += block as usize;
+        }
+        let c = r * r * cube_reduce(part, block, false) / f32::cast_from(n);
+        let mut i = UNIT_POS_X as usize;
+        while i < n {
+            let (d, e) = (f32::cast_from(dy[from + i]), f32::cast_from(x[from + i]));
+            dw_rows[from + i] = F::cast_from(d * e * r);
+            dx[from + i] = F::cast_from(r * (d * f32::cast_from(w[i]) - e * c));
             i += block as usize;
         }
     }
@@ -635,6 +675,39 @@ fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -
     out
 }
 
+/// The gradients of [`rms_norm_cube`]'s operands for its output's gradient `dy`.
+fn rms_norm_backward_cube<R: CubeRuntime>(
+    x: CubeTensor<R>,
+    w: CubeTensor<R>,
+    dy: CubeTensor<R>,
+    eps: f32,
+) -> (CubeTensor<R>, CubeTensor<R>) {
+    let (x, w, dy) = (into_contiguous(x), into_contiguous(w), into_contiguous(dy));
+    let n = w.meta.num_elements();
+    let rows = x.meta.num_elements() / n;
+    let (dx, dw_rows) = (output_like(&x), output_like(&x));
+    let (cubes, cube_dim, block) = row_launch(rows, n);
+    let (client, dtypes) = (x.client.clone(), [x.dtype.into(), w.dtype.into()]);
+    kernels::rms_norm_backward_kernel::launch::<R>(
+        &client,
+        cubes,
+        cube_dim,
+        x.into_tensor_arg(),
+        w.into_tensor_arg(),
+        dy.into_tensor_arg(),
+        dx.clone().into_tensor_arg(),
+        dw_rows.clone().into_tensor_arg(),
+        rows as u32,
+        n as u32,
+        eps,
+        block,
+        dtypes,
+    );
+    // The weight's gradient: the rows' parts summed by burn's reduction.
+    let dw_rows = tensor::<Cube<R>, 2, CubeTensor<R>>(dw_rows).reshape([rows, n]);
+    (dx, primitive(dw_rows.sum_dim(0).reshape([n])))
+}
+
 fn swiglu_cube<R: CubeRuntime>(gate: CubeTensor<R>, up: CubeTensor<R>) -> CubeTensor<R> {
     let (gate, up) = (into_contiguous(gate), into_contiguous(up));
     let out = output_like(&gate);
@@ -974,6 +1047,37 @@ impl<R: CubeRuntime> Backward<Cube<R>, 2> for SwiGluOp {
     }
 }
 
+/// RMSNorm as one autodiff op: one kernel forward, one and a sum over rows backward (burn's
+/// graph runs seven launches forward and about twice as many backward).
+#[derive(Debug)]
+struct RmsNormOp;
+
+impl<R: CubeRuntime> Backward<Cube<R>, 2> for RmsNormOp {
+    /// The input, the weight and `eps`.
+    type State = (CubeTensor<R>, CubeTensor<R>, f32);
+
+    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (x, w, eps) = ops.state;
+        let dy = grads.consume::<Cube<R>>(&ops.node);
+        let (dx, dw) = rms_norm_backward_cube::<R>(x, w, dy, eps);
+        let [node_x, node_w] = ops.parents;
+        if let Some(node) = node_x {
+            grads.register::<Cube<R>>(node.id, dx);
+        }
+        if let Some(node) = node_w {
+            grads.register::<Cube<R>>(node.id, dw);
+        }
+    }
+}
+
+fn rms_norm_tracked<R: CubeRuntime>(x: Tracked<R>, w: Tracked<R>, eps: f32) -> Tracked<R> {
+    let out = rms_norm_cube::<R>(x.primitive.clone(), w.primitive.clone(), eps);
+    match RmsNormOp.prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive, eps), out),
+        OpsKind::UnTracked(prep) => prep.finish(out),
+    }
+}
+
 fn swiglu_tracked<R: CubeRuntime>(gate: Tracked<R>, up: Tracked<R>) -> Tracked<R> {
     let out = swiglu_cube::<R>(gate.primitive.clone(), up.primitive.clone());
     match SwiGluOp.prepare::<NoCheckpointing>([gate.node.clone(), up.node.clone()]).compute_bound().stateful() {
@@ -1077,6 +1181,16 @@ pub fn rms_norm<B: Backend, const D: usize>(
     let fits = float(x.dtype()) && float(weight.dtype()) && x.dims()[D - 1] == n;
     if fits && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(rms_norm_cube::<R>(primitive(x), primitive(weight), eps as f32)));
+        // Training's norms run in f32, the weight cast to it in the graph (as the generic ops
+        // cast it), so that its gradient reaches a weight stored in another dtype.
+        if x.dtype() == DType::F32 {
+            let weight = crate::dtype::cast_to(weight, burn::tensor::FloatDType::F32);
+            on_tracked_cube!(B, R => {
+                let (x, w) = (primitive(x), primitive(weight));
+                tensor::<B, D, Tracked<R>>(rms_norm_tracked::<R>(x, w, eps as f32))
+            });
+            return Err((x, weight));
+        }
     }
     Err((x, weight))
 }

@@ -16,13 +16,14 @@
 //! layer: seven products (q, k, v, o, gate, up, down), two residual adds with their norms, the
 //! two heads, the attention and SwiGLU.
 //!
-//! Only the plain GPU backends take these paths: with autodiff (training's passes) the generic
-//! ops run, but for RMSNorm and SwiGLU, autodiff ops with backward kernels of their own; so
-//! does a build with burn's `fusion` feature (whose tensors are not these), and a test with
-//! the fast paths off ([`super::flex_fast::without_fast_paths`]), which is how the tests
-//! compare the two on the same device. With gradient checkpointing, the graph-free
-//! forward pass that keeps each layer's input runs these kernels and the recomputation burn's
-//! ops (in f32 they agree to about 1e-6).
+//! Inference takes these paths on the plain GPU backends. Under autodiff (training's passes)
+//! RMSNorm and SwiGLU run as autodiff ops with backward kernels of their own, the rest as
+//! burn's generic ops; a build with burn's `fusion` feature (whose tensors are not these) and
+//! a test with the fast paths off ([`super::flex_fast::without_fast_paths`]) run the generic
+//! ops throughout, which is how the tests compare the two on the same device. With gradient
+//! checkpointing, the graph-free forward pass that keeps each layer's input runs the inference
+//! kernels, and the recomputation the autodiff ones and burn's ops (in f32 they agree to about
+//! 1e-6).
 
 use std::any::TypeId;
 use std::sync::OnceLock;

@@ -950,17 +950,17 @@ fn softmax_cube<R: CubeRuntime>(scores: CubeTensor<R>, bias: Option<CubeTensor<R
     out
 }
 
-/// A `[b, heads, slots, d]` tensor with its last dimension contiguous (copied contiguous
-/// otherwise: a cache's views are), and its distances between sequences, heads and slots.
+/// A `[b, heads, slots, d]` tensor read where it is (a KV cache's first slots) when its last
+/// dimension is contiguous and it and the buffer it views stay within 32-bit indices, else a
+/// contiguous copy; and its distances between sequences, heads and slots.
 fn in_slots<R: CubeRuntime>(t: CubeTensor<R>) -> (CubeTensor<R>, [usize; 3]) {
-    let t = if t.meta.strides()[3] == 1 || t.meta.shape()[3] == 1 { t } else { into_contiguous(t) };
+    let (shape, s) = (t.meta.shape().to_vec(), t.meta.strides().to_vec());
+    let unit = s[3] == 1 || shape[3] == 1;
+    // The largest element index of the view, plus one.
+    let span = (shape[0] - 1) * s[0] + (shape[1] - 1) * s[1] + (shape[2] - 1) * s[2] + shape[3];
+    let t = if unit && span <= u32::MAX as usize && small_buffer(&t) { t } else { into_contiguous(t) };
     let s = t.meta.strides().to_vec();
     (t, [s[0], s[1], s[2]])
-}
-
-/// The largest element index of a `[b, heads, slots, d]` view with these strides, plus one.
-fn span([b, h, s, d]: [usize; 4], [sb, sh, ss]: [usize; 3]) -> usize {
-    (b - 1) * sb + (h - 1) * sh + (s - 1) * ss + d
 }
 
 /// Units of the attention kernel's cubes: one an element of a head (`d`, at most 256), and
@@ -1092,17 +1092,13 @@ fn swiglu_tracked<R: CubeRuntime>(gate: Tracked<R>, up: Tracked<R>) -> Tracked<R
 /// Whether `B`'s float tensors are `CubeTensor<R>` (the plain GPU backend on runtime `R`), the
 /// fast paths are on and the kernels are not switched off.
 fn is<B: Backend, R: CubeRuntime>() -> bool {
-    super::flex_fast::enabled()
-        && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<CubeTensor<R>>()
-        && switched_on()
+    has_primitive::<B, CubeTensor<R>>()
 }
 
-/// Whether `B` is `Autodiff` over the plain GPU backend on runtime `R` (training), the fast
-/// paths on and the kernels not switched off.
-fn is_tracked<B: Backend, R: CubeRuntime>() -> bool {
-    super::flex_fast::enabled()
-        && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<Tracked<R>>()
-        && switched_on()
+/// Whether `B`'s float tensors are `P` (the plain GPU backend's [`CubeTensor`], or `Autodiff`'s
+/// [`Tracked`] one for training), the fast paths on and the kernels not switched off.
+fn has_primitive<B: Backend, P: 'static>() -> bool {
+    super::flex_fast::enabled() && TypeId::of::<B::FloatTensorPrimitive>() == TypeId::of::<P>() && switched_on()
 }
 
 /// `HACPO_GPU_KERNELS=off` runs burn's generic ops instead: to compare the two in one build, or
@@ -1130,40 +1126,24 @@ fn switched_on() -> bool {
 }
 
 /// Runs `$body` with `$r` the runtime of the GPU backend `$b` is, returning its tensor from the
-/// enclosing function; falls through when `$b` is none of them.
+/// enclosing function; falls through when `$b` is none of them. With `Tracked;` first, the same
+/// for `Autodiff` over those backends (training's passes).
 macro_rules! on_cube {
     ($b:ty, $r:ident => $body:expr) => {
-        #[cfg(feature = "wgpu")]
-        {
-            type $r = cubecl::wgpu::WgpuRuntime;
-            if is::<$b, $r>() {
-                return Ok($body);
-            }
-        }
-        #[cfg(feature = "cuda")]
-        {
-            type $r = cubecl::cuda::CudaRuntime;
-            if is::<$b, $r>() {
-                return Ok($body);
-            }
-        }
+        on_cube!(CubeTensor; $b, $r => $body)
     };
-}
-
-/// [`on_cube!`] for `Autodiff` over the plain GPU backends (training's passes).
-macro_rules! on_tracked_cube {
-    ($b:ty, $r:ident => $body:expr) => {
+    ($primitive:ident; $b:ty, $r:ident => $body:expr) => {
         #[cfg(feature = "wgpu")]
         {
             type $r = cubecl::wgpu::WgpuRuntime;
-            if is_tracked::<$b, $r>() {
+            if has_primitive::<$b, $primitive<$r>>() {
                 return Ok($body);
             }
         }
         #[cfg(feature = "cuda")]
         {
             type $r = cubecl::cuda::CudaRuntime;
-            if is_tracked::<$b, $r>() {
+            if has_primitive::<$b, $primitive<$r>>() {
                 return Ok($body);
             }
         }
@@ -1186,7 +1166,7 @@ pub fn rms_norm<B: Backend, const D: usize>(
         // cast it), so that its gradient reaches a weight stored in another dtype.
         if x.dtype() == DType::F32 {
             let weight = crate::dtype::cast_to(weight, burn::tensor::FloatDType::F32);
-            on_tracked_cube!(B, R => {
+            on_cube!(Tracked; B, R => {
                 let (x, w) = (primitive(x), primitive(weight));
                 tensor::<B, D, Tracked<R>>(rms_norm_tracked::<R>(x, w, eps as f32))
             });
@@ -1208,7 +1188,7 @@ pub fn swiglu<B: Backend, const D: usize>(
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(swiglu_cube::<R>(primitive(gate), primitive(up))));
         // Training's products are f32, as the generic ops' result would be.
         if gate.dtype() == DType::F32 {
-            on_tracked_cube!(B, R => tensor::<B, D, Tracked<R>>(swiglu_tracked::<R>(primitive(gate), primitive(up))));
+            on_cube!(Tracked; B, R => tensor::<B, D, Tracked<R>>(swiglu_tracked::<R>(primitive(gate), primitive(up))));
         }
     }
     Err((gate, up))
@@ -1232,6 +1212,19 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>)
     Err(x)
 }
 
+/// Whether the kernels read `bias` (if any) over scores of `total` elements in rows of `n`: a
+/// float tensor of whole rows that repeats over the scores, within 32-bit indices.
+fn bias_repeats<B: Backend>(bias: Option<&Tensor<B, 2>>, n: usize, total: usize) -> bool {
+    bias.is_none_or(|b| {
+        let period = b.shape().num_elements();
+        float(b.dtype())
+            && period > 0
+            && period.is_multiple_of(n)
+            && total.is_multiple_of(period)
+            && addressable(period, b.dims()[0])
+    })
+}
+
 /// `softmax(scores + bias)` over the last dimension, `bias` (any float dtype) holding a whole
 /// number of rows that repeat over the scores; `scores` back otherwise.
 pub fn softmax<B: Backend, const D: usize>(
@@ -1240,15 +1233,7 @@ pub fn softmax<B: Backend, const D: usize>(
 ) -> Result<Tensor<B, D>, Tensor<B, D>> {
     let n = scores.dims()[D - 1];
     let total = scores.shape().num_elements();
-    let bias_fits = bias.is_none_or(|b| {
-        let period = b.shape().num_elements();
-        float(b.dtype())
-            && period > 0
-            && period.is_multiple_of(n)
-            && total.is_multiple_of(period)
-            && addressable(period, b.dims()[0])
-    });
-    if float(scores.dtype()) && bias_fits && n > 0 && total > 0 && addressable(total, total / n) {
+    if float(scores.dtype()) && bias_repeats(bias, n, total) && n > 0 && total > 0 && addressable(total, total / n) {
         on_cube!(B, R => tensor::<B, D, CubeTensor<R>>(softmax_cube::<R>(primitive(scores), bias.map(|b| primitive(b.clone())), n)));
     }
     Err(scores)
@@ -1274,24 +1259,14 @@ pub fn attention<B: Backend>(
     let [b, h, t, d] = q.dims();
     let [_, kvh, keys, _] = k.dims();
     let scores = b * h * t * keys;
-    let bias_fits = bias.is_none_or(|x| {
-        let period = x.shape().num_elements();
-        float(x.dtype()) && period > 0 && period.is_multiple_of(keys) && scores.is_multiple_of(period)
-    });
+    let bias_fits = bias_repeats(bias, keys, scores);
     let dtypes = [q.dtype(), k.dtype(), v.dtype(), out_dtype].into_iter().all(float);
     let fits = (1..=FEW_QUERIES).contains(&t) && (1..=256).contains(&d) && keys > 0 && b > 0 && h % kvh == 0;
     let sizes = [scores, b * t * h * d, b * kvh * keys * d];
     if fits && dtypes && bias_fits && sizes.iter().all(|&n| addressable(n, b * h * t)) {
         on_cube!(B, R => {
-            // The keys and values (a cache's first slots) are read where they are, unless they
-            // or the buffer they are views of reach past 32-bit indices.
-            let near = |x: CubeTensor<R>| {
-                let s = x.meta.strides().to_vec();
-                let reach = span([b, kvh, keys, d], [s[0], s[1], s[2]]);
-                if reach <= u32::MAX as usize && small_buffer(&x) { x } else { into_contiguous(x) }
-            };
             let [q, k, v] = [q, k, v].map(primitive::<B, 4, CubeTensor<R>>);
-            let out = attend_cube::<R>([q, near(k), near(v)], bias.map(|x| primitive(x.clone())), out_dtype);
+            let out = attend_cube::<R>([q, k, v], bias.map(|x| primitive(x.clone())), out_dtype);
             tensor::<B, 3, CubeTensor<R>>(out)
         });
     }

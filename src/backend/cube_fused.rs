@@ -677,7 +677,7 @@ fn rms_norm_cube<R: CubeRuntime>(x: CubeTensor<R>, w: CubeTensor<R>, eps: f32) -
 }
 
 /// The gradients of [`rms_norm_cube`]'s operands for its output's gradient `dy`.
-fn rms_norm_backward_cube<R: CubeRuntime>(
+fn rms_norm_backward_cube<R: Aliased>(
     x: CubeTensor<R>,
     w: CubeTensor<R>,
     dy: CubeTensor<R>,
@@ -1020,7 +1020,24 @@ fn attend_cube<R: CubeRuntime>(
 // --- training: the kernels as autodiff ops ------------------------------------------------------
 
 /// burn's plain GPU backend on runtime `R`, as `burn::backend::{Cuda, Wgpu}` name it.
-type Cube<R> = burn_cubecl::CubeBackend<R, f32, i32, u32>;
+type Cube<R> = burn_cubecl::CubeBackend<R, f32, i32, <R as Aliased>::Bool>;
+
+/// A runtime with the bool element of burn's backend alias for it: `Cuda`'s bools are `u8`,
+/// `Wgpu`'s `u32`. Autodiff's tensors name the whole backend, so an op registered for the other
+/// bool type would never be taken (the kernels' own tensors do not name it).
+trait Aliased: CubeRuntime {
+    type Bool: burn_cubecl::BoolElement;
+}
+
+#[cfg(feature = "wgpu")]
+impl Aliased for cubecl::wgpu::WgpuRuntime {
+    type Bool = u32;
+}
+
+#[cfg(feature = "cuda")]
+impl Aliased for cubecl::cuda::CudaRuntime {
+    type Bool = u8;
+}
 
 /// The float primitive of `Autodiff<Cube<R>>`: a graph node around a [`CubeTensor`].
 type Tracked<R> = burn::tensor::ops::FloatTensor<burn_autodiff::Autodiff<Cube<R>>>;
@@ -1030,7 +1047,7 @@ type Tracked<R> = burn::tensor::ops::FloatTensor<burn_autodiff::Autodiff<Cube<R>
 #[derive(Debug)]
 struct SwiGluOp;
 
-impl<R: CubeRuntime> Backward<Cube<R>, 2> for SwiGluOp {
+impl<R: Aliased> Backward<Cube<R>, 2> for SwiGluOp {
     /// The gate and the up projection.
     type State = (CubeTensor<R>, CubeTensor<R>);
 
@@ -1053,7 +1070,7 @@ impl<R: CubeRuntime> Backward<Cube<R>, 2> for SwiGluOp {
 #[derive(Debug)]
 struct RmsNormOp;
 
-impl<R: CubeRuntime> Backward<Cube<R>, 2> for RmsNormOp {
+impl<R: Aliased> Backward<Cube<R>, 2> for RmsNormOp {
     /// The input, the weight and `eps`.
     type State = (CubeTensor<R>, CubeTensor<R>, f32);
 
@@ -1071,7 +1088,7 @@ impl<R: CubeRuntime> Backward<Cube<R>, 2> for RmsNormOp {
     }
 }
 
-fn rms_norm_tracked<R: CubeRuntime>(x: Tracked<R>, w: Tracked<R>, eps: f32) -> Tracked<R> {
+fn rms_norm_tracked<R: Aliased>(x: Tracked<R>, w: Tracked<R>, eps: f32) -> Tracked<R> {
     let out = rms_norm_cube::<R>(x.primitive.clone(), w.primitive.clone(), eps);
     match RmsNormOp.prepare::<NoCheckpointing>([x.node.clone(), w.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish((x.primitive, w.primitive, eps), out),
@@ -1079,7 +1096,7 @@ fn rms_norm_tracked<R: CubeRuntime>(x: Tracked<R>, w: Tracked<R>, eps: f32) -> T
     }
 }
 
-fn swiglu_tracked<R: CubeRuntime>(gate: Tracked<R>, up: Tracked<R>) -> Tracked<R> {
+fn swiglu_tracked<R: Aliased>(gate: Tracked<R>, up: Tracked<R>) -> Tracked<R> {
     let out = swiglu_cube::<R>(gate.primitive.clone(), up.primitive.clone());
     match SwiGluOp.prepare::<NoCheckpointing>([gate.node.clone(), up.node.clone()]).compute_bound().stateful() {
         OpsKind::Tracked(prep) => prep.finish((gate.primitive, up.primitive), out),
@@ -1417,6 +1434,25 @@ pub fn heads<B: Backend>(
 #[cfg(test)]
 mod tests {
     use super::row_stride;
+
+    /// Training's ops are taken by the float primitive's type, which names the whole backend:
+    /// that of `Autodiff` over burn's own aliases (CUDA's bools are u8, wgpu's u32) must be the
+    /// one they are registered for. With u32 for both, CUDA trained with burn's graph unseen.
+    #[test]
+    fn the_autodiff_ops_are_registered_for_burns_backend_aliases() {
+        use std::any::TypeId;
+        type Primitive<B> = burn::tensor::ops::FloatTensor<burn::backend::Autodiff<B>>;
+        #[cfg(feature = "wgpu")]
+        assert_eq!(
+            TypeId::of::<Primitive<crate::backend::Wgpu>>(),
+            TypeId::of::<super::Tracked<cubecl::wgpu::WgpuRuntime>>()
+        );
+        #[cfg(feature = "cuda")]
+        assert_eq!(
+            TypeId::of::<Primitive<crate::backend::Cuda>>(),
+            TypeId::of::<super::Tracked<cubecl::cuda::CudaRuntime>>()
+        );
+    }
 
     #[test]
     fn rows_are_read_in_place_only_when_evenly_spaced_and_contiguous() {

@@ -9,7 +9,7 @@ Threads: torch.set_num_threads(--threads), default all cores, as hacpo's rayon p
 Each measurement runs once to warm up, then --reps times; the median rate is reported.
 
 On CUDA every timed region ends with torch.cuda.synchronize(), and the peak allocated memory of
-each phase is reported (peak_bytes).
+each phase is reported (peak_bytes). float32 products are full precision there unless --tf32.
 
 Usage:
   python scripts/bench_pytorch.py                       # tiny-5m, random weights
@@ -92,9 +92,14 @@ def main():
     ap.add_argument("--shape", help="a hacpo zoo id: random weights in that model's shape")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--tf32", action="store_true",
+                    help="float32 products in TF32 on CUDA (allow_tf32), as burn's CUDA matmul runs them")
     args = ap.parse_args()
     global DEVICE
     DEVICE = args.device
+    # PyTorch multiplies float32 in full precision unless told otherwise; hacpo's CUDA build (burn's
+    # matmul) rounds float32 operands to TF32 for the tensor cores: --tf32 compares like with like.
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     if args.shape:

@@ -22,8 +22,9 @@
 #      below share that cache.
 #   1. for bf16, then f32: hacpo bench --device $DEVICE --random-shape SHAPE of every build
 #      (bf16: prefill and decode read bf16 weights, the train step casts f32 master weights),
-#      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision.
-#      Same phases and sizes: prefill, decode at batch 64 (and 1 in f32), train step. The
+#      then scripts/bench_pytorch.py --device cuda --shape SHAPE (SDPA) in the same precision
+#      (f32 with --tf32: burn's CUDA matmul rounds f32 operands to TF32, so PyTorch does too).
+#      Same phases and sizes: prefill, decode at batches 1 and 64, train step. The
 #      first build also runs prefill and decode with HACPO_GPU_KERNELS=off (column
 #      NAME-burn-ops: burn's generic ops instead of hacpo's kernels, and in bf16 each product
 #      widened to f32 and rounded back; --no-generic-ops skips it).
@@ -134,8 +135,8 @@ for bin in "$HACPO" ${ALSO[@]+"${ALSO[@]}"}; do LABELS+=("$(basename "$bin")"); 
 [ "${#LABELS[@]}" -eq "$(printf '%s\n' "${LABELS[@]}" | sort -u | wc -l)" ] || fail "give the builds different file names: the summary names them by it"
 BINS=("$HACPO" ${ALSO[@]+"${ALSO[@]}"})
 [ "$GENERIC_OPS" = 1 ] && LABELS+=("${LABELS[0]}-burn-ops")
+decode=1,64
 for dtype in bf16 f32; do
-  decode=64; [ "$dtype" = f32 ] && decode=1,64
   for i in "${!BINS[@]}"; do
     stage "${LABELS[$i]}_$dtype" 240 "${BINS[$i]}" bench --device "$DEVICE" --random-shape "$SHAPE" --compute-dtype "$dtype" \
       $SIZES --decode-batch "$decode" --reps "$REPS" --format json
@@ -145,8 +146,10 @@ for dtype in bf16 f32; do
       --compute-dtype "$dtype" $SIZES --decode-batch "$decode" --reps "$REPS" --no-train --format json
   fi
   torch_dtype=bfloat16; [ "$dtype" = f32 ] && torch_dtype=float32
+  # burn's CUDA matmul multiplies f32 in TF32: PyTorch likewise, or f32 would compare unlike work.
+  tf32=(); [ "$dtype" = f32 ] && [ "$DEVICE" != cpu ] && tf32=(--tf32)
   stage "torch_$dtype" 150 "$PYTHON" "$HERE/bench_pytorch.py" --device "$DEVICE" --shape "$SHAPE" --dtype "$torch_dtype" \
-    $SIZES --decode-batch "$decode" --reps "$REPS"
+    $SIZES --decode-batch "$decode" --reps "$REPS" ${tf32[@]+"${tf32[@]}"}
 done
 
 if "$PYTHON" -c "import trl, datasets" 2> /dev/null; then

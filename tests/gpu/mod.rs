@@ -21,7 +21,7 @@ const FIXTURES: [&str; 3] = ["qwen3-tiny", "llama31-tiny", "qwen2-tiny"];
 const TOLERANCE: f32 = if TF32_PRODUCTS { 3e-2 } else { 1e-4 };
 
 /// What TF32 products add to half precision's bounds, where the f32 parts (the LM head, f16's
-/// attention) run in TF32: measured 0.009–0.012 on an H200.
+/// attention) run in TF32: measured 0.006–0.014 on an H200.
 const TF32_SLACK: f32 = if TF32_PRODUCTS { 2e-2 } else { 0.0 };
 
 fn load(name: &str) -> CausalLm<Gpu> {
@@ -363,8 +363,9 @@ fn two_hacpo_steps_placed<B: burn::tensor::backend::Backend>(
 /// scoring, retokenisation, the update's forward and backward and AdamW, on the generic path.
 #[test]
 fn two_hacpo_steps_match_the_cpu_run() {
-    // TF32 products (CUDA): the first step's losses measured 0.8% from the CPU's on an H200.
-    let (first, updated) = if TF32_PRODUCTS { (3e-2, 1e-1) } else { (1e-4, 1e-3) };
+    // TF32 products (CUDA): the first step's losses measured 0.8% from the CPU's on an H200;
+    // f16's bounds (below) held there for the updated step.
+    let (first, updated) = if TF32_PRODUCTS { (2e-2, 5e-2) } else { (1e-4, 1e-3) };
     compare_two_hacpo_steps(hacpo::dtype::ComputeDtype::F32, first, updated);
 }
 
@@ -455,8 +456,8 @@ fn scoring_over_an_odd_151k_vocabulary_matches_the_cpu() {
         let want = hacpo::generate::score::score(&cpu, &requests, temperature).unwrap().concat();
         let got = hacpo::generate::score::score(&gpu, &requests, temperature).unwrap().concat();
         assert!(got.iter().all(|&x| x <= 0.0), "log-probabilities above 0: {got:?}");
-        // Logits divided by the temperature carry their rounding along (TF32 on CUDA).
-        let bound = TOLERANCE / temperature;
+        // Logits divided by the temperature carry TF32's rounding along (CUDA: 0.036 at 0.5).
+        let bound = if TF32_PRODUCTS { TOLERANCE / temperature } else { TOLERANCE };
         assert!(max_abs_diff(&got, &want) < bound, "T {temperature}: {GPU} {got:?} vs cpu {want:?}");
     }
 }
@@ -643,7 +644,7 @@ fn causal_mask(t: usize, keys: usize, rows: usize, per: usize) -> Tensor<Gpu, 2>
 #[test]
 fn rope_and_attention_kernels_match_the_generic_ops() {
     use burn::tensor::DType::F32;
-    use hacpo::backend::{attention::attention, cube_fused};
+    use hacpo::backend::{attention::attention, cube_fused, flex_fast::without_fast_paths};
     use hacpo::dtype::ComputeDtype;
     let [b, t, h, d] = [3, 5, 4, 32];
     for rows in [1, b] {
@@ -671,9 +672,14 @@ fn rope_and_attention_kernels_match_the_generic_ops() {
         // The softmax as the attention calls it: scores [b, kv heads, group·t, keys].
         let scores = q.clone().reshape([b, kvh, h / kvh * t, d]).matmul(k.clone().transpose());
         check_softmax(scores, bias.as_ref(), 1e-6, &format!("{t} queries, mask rows {bias_rows:?}"));
-        let got = attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32);
-        let diff = max_abs_diff(&values(got), &attention_on_cpu([&q, &k, &v], bias.as_ref(), ComputeDtype::F32));
+        let want = attention_on_cpu([&q, &k, &v], bias.as_ref(), ComputeDtype::F32);
+        let run = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F32);
+        let diff = max_abs_diff(&values(run()), &want);
         assert!(diff < 1e-5, "attention, {t} queries, mask rows {bias_rows:?}: {diff}");
+        // burn's ops on this device (HACPO_GPU_KERNELS=off's path): its products may be TF32.
+        let diff = max_abs_diff(&values(without_fast_paths(run)), &want);
+        let bound = if TF32_PRODUCTS { TOLERANCE } else { 1e-5 };
+        assert!(diff < bound, "burn's attention, {t} queries, mask rows {bias_rows:?}: {diff}");
     }
     // Rows stored apart (a view of the first columns, as CUDA's padded rows): read in place.
     let (t, keys, pad) = (3, 20, 12);
@@ -855,7 +861,7 @@ fn padded_mask(pads: &[usize], heads: usize, t: usize, keys: usize) -> Tensor<Gp
 fn attention_kernel_matches_the_generic_ops() {
     use burn::tensor::DType::{F16, F32};
     use hacpo::backend::attention::{attention, attention_read_as};
-    use hacpo::backend::{cube_fused, flex_fast::without_fast_paths};
+    use hacpo::backend::cube_fused;
     use hacpo::dtype::ComputeDtype;
     type Case = (usize, usize, usize, usize, &'static [usize], bool);
     let cases: [Case; 5] = [
@@ -903,15 +909,14 @@ fn attention_kernel_matches_the_generic_ops() {
             assert_eq!(read_as.dtype(), F16, "{what}");
             let diff = max_abs_diff(&values(read_as), &slow);
             assert!(diff < 1e-3, "attention written in f16, {what}: {diff}");
-            // bf16 compute: with hacpo's kernels on, the attention's output is bf16 (the kernel
-            // computes in f32 and rounds once; burn's ops then keep their products in bf16);
-            // burn's ops without the kernels widen to f32.
+            // bf16 compute: with hacpo's kernels on, the attention's output is bf16 (burn's ops
+            // keep their products in bf16 then too); the kernel computes in f32 and rounds once,
+            // within half a bf16 step of the exact output (|out| < 1).
             if HAS_BF16 {
-                let call = || attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::Bf16);
-                let (fast, slow) = (call(), without_fast_paths(call));
+                let fast = attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::Bf16);
                 assert_eq!(fast.dtype(), burn::tensor::DType::BF16, "{what}");
-                let diff = max_abs_diff(&values(fast), &values(slow));
-                assert!(diff < 3e-2, "attention, bf16 compute, {what}: {diff}");
+                let diff = max_abs_diff(&values(fast), &generic);
+                assert!(diff < 4e-3, "attention, bf16 compute, {what}: {diff}");
             }
         }
     }

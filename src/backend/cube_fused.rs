@@ -29,6 +29,7 @@ use std::any::TypeId;
 use std::sync::OnceLock;
 
 use burn::tensor::{DType, Tensor, TensorMetadata, backend::Backend};
+use burn_autodiff::NodeId;
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
@@ -1055,13 +1056,7 @@ impl<R: Aliased> Backward<Cube<R>, 2> for SwiGluOp {
         let (gate, up) = ops.state;
         let dy = grads.consume::<Cube<R>>(&ops.node);
         let (d_gate, d_up) = swiglu_backward_cube::<R>(gate, up, dy);
-        let [node_gate, node_up] = ops.parents;
-        if let Some(node) = node_gate {
-            grads.register::<Cube<R>>(node.id, d_gate);
-        }
-        if let Some(node) = node_up {
-            grads.register::<Cube<R>>(node.id, d_up);
-        }
+        register_both::<R>(grads, ops.parents.map(|p| p.map(|node| node.id)), [d_gate, d_up]);
     }
 }
 
@@ -1078,12 +1073,15 @@ impl<R: Aliased> Backward<Cube<R>, 2> for RmsNormOp {
         let (x, w, eps) = ops.state;
         let dy = grads.consume::<Cube<R>>(&ops.node);
         let (dx, dw) = rms_norm_backward_cube::<R>(x, w, dy, eps);
-        let [node_x, node_w] = ops.parents;
-        if let Some(node) = node_x {
-            grads.register::<Cube<R>>(node.id, dx);
-        }
-        if let Some(node) = node_w {
-            grads.register::<Cube<R>>(node.id, dw);
+        register_both::<R>(grads, ops.parents.map(|p| p.map(|node| node.id)), [dx, dw]);
+    }
+}
+
+/// Hands a two-operand op's gradients to those of its parents that track one.
+fn register_both<R: Aliased>(grads: &mut Gradients, parents: [Option<NodeId>; 2], ds: [CubeTensor<R>; 2]) {
+    for (parent, d) in parents.into_iter().zip(ds) {
+        if let Some(id) = parent {
+            grads.register::<Cube<R>>(id, d);
         }
     }
 }

@@ -230,12 +230,7 @@ fn check_chunked_logprobs(n: usize, d: usize, vocab: usize) {
             log_softmax(h.clone().matmul(w.clone().transpose()).mul_scalar(1.0 / 0.7), 1).gather(1, idx).reshape([n])
         };
         let grads = (lp.clone() * coef.clone()).sum().backward();
-        let v = |x: Tensor<Gpu, 2>| x.into_data().convert::<f32>().into_vec::<f32>().unwrap();
-        [
-            lp.inner().into_data().convert::<f32>().into_vec().unwrap(),
-            v(h.grad(&grads).unwrap()),
-            v(w.grad(&grads).unwrap()),
-        ]
+        [values(lp.inner()), values(h.grad(&grads).unwrap()), values(w.grad(&grads).unwrap())]
     };
     let (got, want) = (run(true), run(false));
     for (what, g, w) in
@@ -259,11 +254,10 @@ fn row_gathers_take_their_gradient_by_gathering() {
         let (index, back) = (ints(&[3, 0, 6, 0, 7, 1]), ints(&[1, 5, 6, 0, 6, 6, 2, 4]));
         let w: Vec<f32> = (0..30).map(|i| (i % 4) as f32 - 1.5).collect();
         let w = Tensor::<B, 2>::from_data(TensorData::new(w, [6, 5]), dev);
-        let host = |t: Tensor<B::InnerBackend, 2>| t.into_data().convert::<f32>().into_vec::<f32>().unwrap();
         let out = hacpo::backend::gather::gather_rows(x.clone(), index.clone(), back);
         let ours = x.grad(&(out.clone() * w.clone()).sum().backward()).unwrap();
         let select = x.grad(&(x.clone().select(0, index) * w).sum().backward()).unwrap();
-        [host(out.inner()), host(ours), host(select)]
+        [values(out.inner()), values(ours), values(select)]
     }
     let on_gpu = grads::<burn::backend::Autodiff<Gpu>>(&device());
     assert_eq!(on_gpu, grads::<burn::backend::Autodiff<hacpo::backend::Cpu>>(&Default::default()));
@@ -497,7 +491,8 @@ fn spread<const D: usize>(dims: [usize; D], seed: u32, scale: f32, dtype: burn::
     Tensor::<Gpu, D>::from_data(TensorData::new(values, dims), &device()).cast(dtype)
 }
 
-fn values<const D: usize>(t: Tensor<Gpu, D>) -> Vec<f32> {
+/// `t`'s values in f32, on the host (any backend, any float dtype).
+fn values<B: burn::tensor::backend::Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
     t.cast(burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap()
 }
 
@@ -532,7 +527,6 @@ fn swiglu_gradients_match_the_generic_graph() {
     use burn::tensor::DType::F32;
     use hacpo::backend::{cube_fused, flex_fast::without_fast_paths, fused};
     type Ad = burn::backend::Autodiff<Gpu>;
-    let host = |t: Tensor<Gpu, 3>| values(t);
     let gate = Tensor::<Ad, 3>::from_inner(spread([3, 384, 7], 40, 30.0, F32)).swap_dims(1, 2).require_grad();
     let up = Tensor::<Ad, 3>::from_inner(spread([3, 7, 384], 41, 2.0, F32)).require_grad();
     let weights = Tensor::<Ad, 3>::from_inner(spread([3, 7, 384], 42, 1.0, F32));
@@ -541,7 +535,7 @@ fn swiglu_gradients_match_the_generic_graph() {
         let forward = || fused::swiglu(gate.clone(), up.clone());
         let out = if fast { forward() } else { without_fast_paths(forward) };
         let grads = (out.clone() * weights.clone()).sum().backward();
-        [out.inner(), gate.grad(&grads).unwrap(), up.grad(&grads).unwrap()].map(host)
+        [out.inner(), gate.grad(&grads).unwrap(), up.grad(&grads).unwrap()].map(values)
     };
     let (kernel, generic) = (run(true), run(false));
     for (name, (a, b)) in ["output", "d gate", "d up"].iter().zip(kernel.iter().zip(&generic)) {
@@ -620,8 +614,7 @@ fn attention_on_cpu(
     use hacpo::backend::{Cpu, attention::attention, flex_fast::without_fast_paths};
     let on_cpu = |t: &Tensor<Gpu, 4>| Tensor::<Cpu, 4>::from_data(t.to_data(), &Default::default());
     let bias = bias.map(|b| Tensor::<Cpu, 2>::from_data(b.to_data(), &Default::default()));
-    let out = without_fast_paths(|| attention(on_cpu(q), on_cpu(k), on_cpu(v), bias.as_ref(), compute));
-    out.cast(burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap()
+    values(without_fast_paths(|| attention(on_cpu(q), on_cpu(k), on_cpu(v), bias.as_ref(), compute)))
 }
 
 /// A causal mask over the last `t` of `keys` slots (−∞ above the diagonal), `rows` rows of

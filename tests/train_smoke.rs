@@ -309,6 +309,40 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
     }
 }
 
+/// `actor/ppo_kl` (verl's name) is the mean old − new log-prob over a learner's own tokens,
+/// averaged over the step's mini-batches: 0 in the first, which runs on the weights that
+/// sampled, and in the second what its dumped responses give (their mean log-probs under the
+/// sampling weights and the once-updated ones, weighted by their tokens).
+#[test]
+fn ppo_kl_is_how_far_each_update_has_moved_from_the_sampling_policy() {
+    let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
+    let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
+    let run = tempfile::tempdir().unwrap();
+    let mut cfg = config(run.path(), &[qwen.path(), llama.path()], "grpo");
+    cfg.run.steps = 1;
+    assert_eq!(cfg.algo.prompts_per_step / cfg.algo.minibatch_prompts, 2, "two updates a step");
+    let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::text_hash(4), 2)).unwrap();
+    trainer.run().unwrap();
+    for (learner, (agent, metrics)) in trainer.last_metrics.iter().enumerate() {
+        let drift = [0, 1].map(|m| {
+            let path = run.path().join(format!("batches/step-000001-learner-{learner}-mb-{m}.json"));
+            let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            let (mut sum, mut tokens) = (0.0, 0.0);
+            for r in v["minibatch"].as_array().unwrap() {
+                let n = r["tokens"].as_f64().unwrap();
+                sum += n * (r["mean_logp_source"].as_f64().unwrap() - r["mean_logp_target"].as_f64().unwrap());
+                tokens += n;
+            }
+            sum / tokens
+        });
+        assert!(drift[0].abs() < 1e-6, "{agent}: the first update's ratios are not 1: {drift:?}");
+        assert!(drift[1].abs() > 1e-5, "{agent}: the first update did not move the policy: {drift:?}");
+        let expected = (drift[0] + drift[1]) / 2.0;
+        let got = metrics["actor/ppo_kl"];
+        assert!((got - expected).abs() <= 1e-4 * expected.abs(), "{agent}: ppo_kl {got}, dumps give {expected}");
+    }
+}
+
 /// DAPO's dynamic sampling (`algo.filter_groups`): a step trains only on groups whose rewards
 /// differ (the dumped pools hold no flat group), draws more prompts while it has fewer than
 /// `prompts_per_step` with signal, and reports the draws, the flat shares and the entropy.
@@ -395,6 +429,10 @@ fn a_step_with_one_update_takes_its_old_log_probs_from_the_update() {
         for key in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy", "critic/score/mean"] {
             close(a[key], u[key], &format!("{agent}: {key}"));
         }
+        // The ratios' denominators: the update's own values, or the scoring pass's, which runs
+        // the same weights through the inference path.
+        assert_eq!(u["actor/ppo_kl"], 0.0, "{agent}");
+        assert!(a["actor/ppo_kl"].abs() < 1e-6, "{agent}: {}", a["actor/ppo_kl"]);
     }
     assert_eq!(apart_dumps.len(), update_dumps.len());
     assert!(!apart_dumps.is_empty());

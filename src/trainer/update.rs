@@ -21,7 +21,9 @@ use crate::generate::score::{response_hidden, split_rows, token_logprobs_autodif
 use crate::policy::Policy;
 use crate::rl::algorithm::{Algorithm, MicroBatch, SequenceRecord, TokenAdvantages, ValueBatch};
 use crate::rl::stats::unbiased_std;
-use crate::rl::tensor::{AggregationScope, aggregate_scoped, kl_k3_tokens, pad_host, pad_tokens, sequence_mean};
+use crate::rl::tensor::{
+    AggregationScope, aggregate_scoped, kl_k3_tokens, ordered_sum, pad_host, pad_tokens, sequence_mean, vector,
+};
 use crate::rl::{LossAggregation, PoolSample, SampleTerms};
 use crate::sample::{Sample, mean_logp};
 use crate::train::critic::HeadLeaves;
@@ -163,6 +165,9 @@ struct Sums {
     /// The algorithm's loss terms, by metric.
     terms: Vec<(&'static str, f64)>,
     kl: f64,
+    /// `actor/ppo_kl` of the mini-batches with own tokens, and how many those were.
+    ppo_kl: f64,
+    ppo_kl_minibatches: usize,
     /// Gradient norms of the applied updates (the policy's, a value model's).
     norm: f64,
     critic_norm: Option<f64>,
@@ -179,6 +184,10 @@ impl Sums {
             }
         }
         self.kl += step.kl;
+        if let Some(ppo_kl) = step.ppo_kl {
+            self.ppo_kl += ppo_kl;
+            self.ppo_kl_minibatches += 1;
+        }
         self.lr_last = lr;
     }
 
@@ -194,6 +203,9 @@ impl Sums {
             m.insert(metric.into(), sum / count);
         }
         m.insert("actor/kl_loss".into(), self.kl / count);
+        if self.ppo_kl_minibatches > 0 {
+            m.insert("actor/ppo_kl".into(), self.ppo_kl / self.ppo_kl_minibatches as f64);
+        }
         m.insert("actor/grad_norm".into(), self.norm / self.applied.max(1) as f64);
         if let Some(norm) = self.critic_norm {
             m.insert("critic/grad_norm".into(), norm / self.applied.max(1) as f64);
@@ -291,6 +303,8 @@ struct MinibatchStep<B: Backend> {
     /// The algorithm's loss terms (summed over the micro-batches), by metric.
     terms: Vec<(&'static str, f64)>,
     kl: f64,
+    /// The mean old − new log-prob over its own tokens (none: no own sample in it).
+    ppo_kl: Option<f64>,
     mean_logp_target: Vec<f64>,
     tokens: usize,
     /// The old log-probs its pass read (`old_logps_from_pass`), in mini-batch order; empty
@@ -319,17 +333,27 @@ struct Detached<B: Backend> {
     /// Each loss term, in the algorithm's order.
     terms: Vec<TermValues<B>>,
     kl: Vec<Tensor<AD<B>, 1>>,
+    /// Each micro-batch's [Σ old − new log-prob, token count] over its own tokens.
+    drift: Vec<Tensor<AD<B>, 1>>,
     /// Each sequence's mean log-prob under the learner.
     means: Vec<Tensor<AD<B>, 1>>,
 }
 
-/// A mini-batch's losses on the host: each term's (metric, weight, sum over micro-batches),
-/// the KL term's sum, and every sequence's mean log-prob.
-type ReadBack = (Vec<(&'static str, f64, f64)>, f64, Vec<f64>);
+/// A mini-batch's losses on the host.
+struct ReadBack {
+    /// Each term's (metric, weight, sum over micro-batches).
+    terms: Vec<(&'static str, f64, f64)>,
+    /// The KL term's sum.
+    kl: f64,
+    /// The mean old − new log-prob over the own tokens, if there were any.
+    ppo_kl: Option<f64>,
+    /// Every sequence's mean log-prob.
+    means: Vec<f64>,
+}
 
 impl<B: Backend> Detached<B> {
     fn new() -> Self {
-        Detached { terms: Vec::new(), kl: Vec::new(), means: Vec::new() }
+        Detached { terms: Vec::new(), kl: Vec::new(), drift: Vec::new(), means: Vec::new() }
     }
 
     fn push_term(&mut self, metric: &'static str, weight: f64, value: Tensor<AD<B>, 1>) {
@@ -343,6 +367,7 @@ impl<B: Backend> Detached<B> {
     fn read(self) -> ReadBack {
         let counts: Vec<usize> = self.terms.iter().map(|(_, _, v)| v.len()).collect();
         let n_kl = self.kl.len();
+        let n_drift = 2 * self.drift.len();
         let mut labels = Vec::new();
         let mut parts = Vec::new();
         for (metric, weight, values) in self.terms {
@@ -350,6 +375,7 @@ impl<B: Backend> Detached<B> {
             parts.extend(values);
         }
         parts.extend(self.kl);
+        parts.extend(self.drift);
         parts.extend(self.means);
         let host: Vec<f64> = Tensor::cat(parts, 0).into_data().convert::<f64>().into_vec::<f64>().expect("f64 data");
         let mut at = 0;
@@ -359,7 +385,10 @@ impl<B: Backend> Detached<B> {
             at += n;
         }
         let kl = host[at..at + n_kl].iter().sum();
-        (terms, kl, host[at + n_kl..].to_vec())
+        at += n_kl;
+        let (drift, tokens) = host[at..at + n_drift].chunks(2).fold((0.0, 0.0), |(d, t), c| (d + c[0], t + c[1]));
+        let ppo_kl = (tokens > 0.0).then(|| drift / tokens);
+        ReadBack { terms, kl, ppo_kl, means: host[at + n_drift..].to_vec() }
     }
 }
 
@@ -411,10 +440,11 @@ fn minibatch_step<B: Backend>(
         }
         critic.add(policy, head, &g, loss_scale);
     }
-    let (terms, kl, mean_logp_target) = detached.read();
+    let ReadBack { terms, kl, ppo_kl, means: mean_logp_target } = detached.read();
+    let non_finite = |what, value| Error::NonFinite { agent: policy.name.clone(), step: settings.step, what, value };
     let loss = total_loss(&terms, kl, settings.kl_coef);
     if !loss.is_finite() {
-        return Err(Error::NonFinite { agent: policy.name.clone(), step: settings.step, what: "loss", value: loss });
+        return Err(non_finite("loss", loss));
     }
     if loss_scale != 1.0 {
         grads.unscale(loss_scale);
@@ -422,12 +452,7 @@ fn minibatch_step<B: Backend>(
     let norm = grads.clip_global_norm(settings.grad_clip);
     // With f16's loss scaler an overflow is the scale's to handle (`apply`).
     if !norm.is_finite() && policy.optimizer.scaler.is_none() {
-        return Err(Error::NonFinite {
-            agent: policy.name.clone(),
-            step: settings.step,
-            what: "gradient norm",
-            value: norm,
-        });
+        return Err(non_finite("gradient norm", norm));
     }
     let terms = terms.into_iter().map(|(metric, _, sum)| (metric, sum)).collect();
     let (head_grad, value_trunk) = critic.finish(loss_scale, settings.grad_clip);
@@ -436,6 +461,7 @@ fn minibatch_step<B: Backend>(
         grads_norm: norm,
         terms,
         kl,
+        ppo_kl,
         mean_logp_target,
         tokens,
         old_logps,
@@ -568,6 +594,7 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         let mask = self.without_environment_tokens(mask);
         let (values, leaves) = values.map(|(v, leaves)| (pad_tokens(v, &lens).0, leaves)).unzip();
         let micro_batch = self.micro_batch(logp.clone(), mask.clone(), values, &old);
+        detached.drift.push(self.drift(&micro_batch));
         let mut terms = self.algo.loss_terms(&micro_batch).into_iter();
         let first = terms.next().ok_or_else(|| Error::Internal(format!("{} gave no loss term", self.algo.name())))?;
         let mut loss =
@@ -611,6 +638,18 @@ impl<B: Backend> MicroPass<'_, '_, B> {
             }
         };
         self.micro.iter().zip(rows).map(own).collect()
+    }
+
+    /// The own rows' Σ (old − new log-prob) and their token count, detached: verl's
+    /// `actor/ppo_kl` before the division, how far the policy the loss's ratios divide by is
+    /// from the one being trained (0 to rounding in a step's first update, where they are the
+    /// same weights; another policy's samples have no old log-probs of the learner's).
+    fn drift(&self, batch: &MicroBatch<AD<B>>) -> Tensor<AD<B>, 1> {
+        let own: Vec<f32> = self.micro.iter().map(|&j| self.own(j) as u8 as f32).collect();
+        let own = vector::<AD<B>>(own, &batch.logp.device()).reshape([self.micro.len(), 1]);
+        let tokens = batch.mask.clone().detach() * own;
+        let drift = (batch.old_logp.clone() - batch.logp.clone().detach()) * tokens.clone();
+        Tensor::cat(vec![ordered_sum(drift), ordered_sum(tokens)], 0)
     }
 
     /// `mask` with the tokens the environment wrote between a trajectory's turns set to 0, so
@@ -691,7 +730,7 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         // Other policies' rows are zeroed before the exponential (0 − 0), not only masked
         // after it: exp of a very negative log-prob overflows, and 0 · inf in the backward is NaN.
         let own_mask: Vec<f32> = refs.iter().map(|r| r.is_some() as u8 as f32).collect();
-        let own_mask = crate::rl::tensor::vector::<AD<B>>(own_mask, &device).reshape([self.micro.len(), 1]);
+        let own_mask = vector::<AD<B>>(own_mask, &device).reshape([self.micro.len(), 1]);
         let own_tokens = mask.clone() * own_mask;
         Some(aggregate_scoped(
             kl_k3_tokens(logp.clone() * own_tokens.clone(), pad_host(&refs, width, &device)),
@@ -729,8 +768,9 @@ fn write_dump<B: Backend>(
         .zip(records)
         .enumerate()
         .map(|(r, (&j, rec))| {
-            json!({"pool_index": j, "mean_logp_target": rec.mean_logp_target,
-                   "mean_logp_source": rec.mean_logp_source, "terms": terms.get(r)})
+            json!({"pool_index": j, "tokens": batch.views[j].trained_tokens(),
+                   "mean_logp_target": rec.mean_logp_target, "mean_logp_source": rec.mean_logp_source,
+                   "terms": terms.get(r)})
         })
         .collect();
     let mut body = json!({

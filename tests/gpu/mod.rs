@@ -288,22 +288,25 @@ impl hacpo::task::Task for ByLength {
     }
 }
 
+/// Each step's metrics, by agent.
+type StepMetrics = Vec<Vec<(String, std::collections::BTreeMap<String, f64>)>>;
+
 /// The metrics of every step of two HACPO steps of `agents` on backend `B`.
 fn two_hacpo_steps<B: burn::tensor::backend::Backend>(
     agents: &[&std::path::Path],
     device: B::Device,
     compute: hacpo::dtype::ComputeDtype,
-) -> Vec<Vec<(String, std::collections::BTreeMap<String, f64>)>> {
-    two_hacpo_steps_placed::<B>(agents, device, compute, false)
+) -> StepMetrics {
+    hacpo_steps::<B>(agents, device, compute, |_| {})
 }
 
-/// [`two_hacpo_steps`], every agent's state offloaded (`offload`) or not.
-fn two_hacpo_steps_placed<B: burn::tensor::backend::Backend>(
+/// [`two_hacpo_steps`] with the run's config as `adjust` leaves it (`run.steps` steps).
+fn hacpo_steps<B: burn::tensor::backend::Backend>(
     agents: &[&std::path::Path],
     device: B::Device,
     compute: hacpo::dtype::ComputeDtype,
-    offload: bool,
-) -> Vec<Vec<(String, std::collections::BTreeMap<String, f64>)>> {
+    adjust: impl FnOnce(&mut hacpo::config::TrainConfig),
+) -> StepMetrics {
     let run = tempfile::tempdir().unwrap();
     let mut cfg = hacpo::config::TrainConfig::default();
     cfg.run.out_dir = run.path().to_path_buf();
@@ -327,10 +330,9 @@ fn two_hacpo_steps_placed<B: burn::tensor::backend::Backend>(
     cfg.rollout.temperature = 0.5;
     cfg.rollout.max_new_tokens = 4;
     cfg.rollout.batch_prompts = 2;
-    cfg.policies = agents
-        .iter()
-        .map(|p| hacpo::config::PolicyConfig { offload, ..hacpo::config::PolicyConfig::new(p.to_str().unwrap()) })
-        .collect();
+    cfg.policies = agents.iter().map(|p| hacpo::config::PolicyConfig::new(p.to_str().unwrap())).collect();
+    adjust(&mut cfg);
+    let steps = cfg.run.steps;
     let questions = ["What is 1 + 1?", "Name a number.", "What is 5 - 3?", "Count to two."];
     let prompts = questions
         .iter()
@@ -344,7 +346,7 @@ fn two_hacpo_steps_placed<B: burn::tensor::backend::Backend>(
     let task = std::sync::Arc::new(ByLength { prompts });
     let inputs = hacpo::trainer::Inputs::as_given(&cfg, task, vec![device; agents.len()]);
     let mut trainer = hacpo::trainer::Trainer::<B>::start(cfg, inputs).unwrap();
-    (0..2)
+    (0..steps)
         .map(|_| {
             trainer.train_step().unwrap();
             trainer.last_metrics.clone()
@@ -373,9 +375,11 @@ fn offloaded_hacpo_steps_give_the_resident_runs_numbers() {
     let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
     let agents = [qwen.path(), llama.path()];
     let f32 = hacpo::dtype::ComputeDtype::F32;
-    let resident = two_hacpo_steps_placed::<Gpu>(&agents, device(), f32, false);
-    let offloaded = two_hacpo_steps_placed::<Gpu>(&agents, device(), f32, true);
-    let numbers = |steps: &[Vec<(String, std::collections::BTreeMap<String, f64>)>]| {
+    let resident = two_hacpo_steps::<Gpu>(&agents, device(), f32);
+    let offloaded = hacpo_steps::<Gpu>(&agents, device(), f32, |cfg| {
+        cfg.policies.iter_mut().for_each(|p| p.offload = true);
+    });
+    let numbers = |steps: &StepMetrics| {
         let kept = |(k, v): (&String, &f64)| {
             (!k.starts_with("timing") && !k.starts_with("perf")).then(|| (k.clone(), v.to_bits()))
         };
@@ -387,6 +391,33 @@ fn offloaded_hacpo_steps_give_the_resident_runs_numbers() {
     let (a, b) = (numbers(&resident), numbers(&offloaded));
     assert!(a[1][0].1.iter().any(|(k, _)| k == "actor/kl_loss"), "{a:?}");
     assert_eq!(a, b);
+}
+
+/// Where the old policy's log-probs come from the scoring stage (here GRPO's, asked for apart;
+/// HACPO's shared samples always), the update divides by what the scoring pass computed from the
+/// same weights: a step's first update should see ratios of 1. On the CPU they are the update's
+/// values to the bit (tests/train_smoke.rs). On a GPU the scoring pass runs hacpo's inference
+/// kernels and the update burn's autodiff graph; `actor/ppo_kl` (their mean log-prob
+/// difference) shows how far apart that leaves them.
+#[test]
+fn a_steps_first_update_sees_the_scoring_pass_log_probs() {
+    let qwen = common::tiny_agent_favouring("qwen3", "qwen3", 32, 1, &["1", "2"]);
+    let llama = common::tiny_agent_favouring("llama3.1", "llama", 40, 2, &["1", "2"]);
+    let f32 = hacpo::dtype::ComputeDtype::F32;
+    let steps = hacpo_steps::<Gpu>(&[qwen.path(), llama.path()], device(), f32, |cfg| {
+        cfg.run.steps = 1;
+        cfg.algo.name = "grpo".into();
+        cfg.algo.score_old_separately = true;
+    });
+    // The two passes sum in other orders, so they agree to the log-probs' bound, not to the
+    // bit (lavapipe: −7.6e-6 for the Qwen3 agent, 0 for the Llama); with TF32 products, a
+    // difference in f32's last bits can become one of TF32's rounding (not measured yet).
+    let bound = f64::from(TOLERANCE);
+    for (agent, m) in &steps[0] {
+        let ppo_kl = m["actor/ppo_kl"];
+        eprintln!("{GPU}, {agent}: the first update's ppo_kl {ppo_kl:e}");
+        assert!(ppo_kl.abs() <= bound, "{agent}: the scoring pass and the update differ by {ppo_kl:e} on {GPU}");
+    }
 }
 
 /// The same with f16 matmuls (`algo.compute_dtype = "f16"`): the trainer's mixed-precision

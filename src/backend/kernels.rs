@@ -108,8 +108,9 @@ mod tests {
         let bits = |i: usize| half::bf16::from_f32(((i * 7919 % 211) as f32 - 105.0) / 37.0).to_bits();
         let value = |b: u16| f32::from_bits((b as u32) << 16) as f64;
         // Inner sizes around the 32-element register and past a block of the shared dimension
-        // (and none); rows for the streaming kernel and for the tiles, columns that fill no,
-        // one and several tiles; `a`'s rows and `out`'s rows further apart than their lengths.
+        // (and none); rows for the streaming kernel and for the tiles (last tiles of 1 to 4
+        // rows), columns that fill no, one and several tiles; `a`'s rows and `out`'s rows
+        // further apart than their lengths.
         for (rows, k, n) in [
             (1, 1, 1),
             (5, 31, 9),
@@ -117,6 +118,8 @@ mod tests {
             (9, 33, 17),
             (3, 100, 30),
             (21, 70, 19),
+            (19, 40, 11),
+            (20, 65, 7),
             (3, 2100, 5),
             (18, 2100, 9),
             (2, 0, 3),

@@ -309,38 +309,60 @@ fn every_registered_algorithm_trains_through_the_same_trainer() {
     }
 }
 
-/// `actor/ppo_kl` (verl's name) is the mean old − new log-prob over a learner's own tokens,
-/// averaged over the step's mini-batches: 0 in the first, which runs on the weights that
-/// sampled, and in the second what its dumped responses give (their mean log-probs under the
-/// sampling weights and the once-updated ones, weighted by their tokens).
+/// `actor/ppo_kl` (verl's name) is the mean old − new log-prob over a learner's own tokens in
+/// each mini-batch that holds some, averaged over those: 0 in a step's first update, which runs
+/// on the weights that sampled, and in each later one what its dumped own responses give (their
+/// mean log-probs under the sampling weights and the updated ones, weighted by their tokens).
+/// GRPO learns from its own samples only; HACPO also from the other agent's, whose rows must
+/// stay out (their log-probs are of another tokenizer's tokens); micro-batches of 2 sequences
+/// sum the mini-batches' parts.
 #[test]
 fn ppo_kl_is_how_far_each_update_has_moved_from_the_sampling_policy() {
     let qwen = common::tiny_agent("qwen3", "qwen3", 32, 1);
     let llama = common::tiny_agent("llama3.1", "llama", 40, 2);
-    let run = tempfile::tempdir().unwrap();
-    let mut cfg = config(run.path(), &[qwen.path(), llama.path()], "grpo");
-    cfg.run.steps = 1;
-    assert_eq!(cfg.algo.prompts_per_step / cfg.algo.minibatch_prompts, 2, "two updates a step");
-    let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::text_hash(4), 2)).unwrap();
-    trainer.run().unwrap();
-    for (learner, (agent, metrics)) in trainer.last_metrics.iter().enumerate() {
-        let drift = [0, 1].map(|m| {
-            let path = run.path().join(format!("batches/step-000001-learner-{learner}-mb-{m}.json"));
+    for name in ["grpo", "hacpo"] {
+        let run = tempfile::tempdir().unwrap();
+        let mut cfg = config(run.path(), &[qwen.path(), llama.path()], name);
+        cfg.run.steps = 1;
+        cfg.algo.micro_batch_sequences = 2;
+        // Own and the other agent's samples in every mini-batch.
+        cfg.algo.hacpo.minibatch_order = hacpo::rl::MinibatchOrder::Interleaved;
+        let mut trainer = Trainer::<Cpu>::start(cfg.clone(), given(&cfg, ResponseTask::text_hash(4), 2)).unwrap();
+        trainer.run().unwrap();
+        for (learner, (agent, metrics)) in trainer.last_metrics.iter().enumerate() {
+            let drift = own_drift_by_minibatch(run.path(), learner);
+            assert!(drift.len() >= 2, "{name}, {agent}: {drift:?}");
+            assert!(drift[0].abs() < 1e-6, "{name}, {agent}: the first update's ratios are not 1: {drift:?}");
+            assert!(drift[1..].iter().all(|d| d.abs() > 1e-5), "{name}, {agent}: an update did not move: {drift:?}");
+            let expected = drift.iter().sum::<f64>() / drift.len() as f64;
+            let got = metrics["actor/ppo_kl"];
+            let close = (got - expected).abs() <= 1e-6 + 1e-4 * expected.abs();
+            assert!(close, "{name}, {agent}: ppo_kl {got}, the dumps give {expected} ({drift:?})");
+        }
+    }
+}
+
+/// Each dumped mini-batch's mean old − new log-prob over `learner`'s own responses, weighted by
+/// their tokens, in mini-batch order.
+fn own_drift_by_minibatch(run: &Path, learner: usize) -> Vec<f64> {
+    (0..)
+        .map(|m| run.join(format!("batches/step-000001-learner-{learner}-mb-{m}.json")))
+        .take_while(|path| path.exists())
+        .map(|path| {
             let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
             let (mut sum, mut tokens) = (0.0, 0.0);
             for r in v["minibatch"].as_array().unwrap() {
+                let sample = &v["pool"][r["pool_index"].as_u64().unwrap() as usize];
+                if sample["agent"].as_u64().unwrap() as usize != learner {
+                    continue;
+                }
                 let n = r["tokens"].as_f64().unwrap();
                 sum += n * (r["mean_logp_source"].as_f64().unwrap() - r["mean_logp_target"].as_f64().unwrap());
                 tokens += n;
             }
             sum / tokens
-        });
-        assert!(drift[0].abs() < 1e-6, "{agent}: the first update's ratios are not 1: {drift:?}");
-        assert!(drift[1].abs() > 1e-5, "{agent}: the first update did not move the policy: {drift:?}");
-        let expected = (drift[0] + drift[1]) / 2.0;
-        let got = metrics["actor/ppo_kl"];
-        assert!((got - expected).abs() <= 1e-4 * expected.abs(), "{agent}: ppo_kl {got}, dumps give {expected}");
-    }
+        })
+        .collect()
 }
 
 /// DAPO's dynamic sampling (`algo.filter_groups`): a step trains only on groups whose rewards

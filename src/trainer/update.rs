@@ -645,11 +645,17 @@ impl<B: Backend> MicroPass<'_, '_, B> {
     /// from the one being trained (0 to rounding in a step's first update, where they are the
     /// same weights; another policy's samples have no old log-probs of the learner's).
     fn drift(&self, batch: &MicroBatch<AD<B>>) -> Tensor<AD<B>, 1> {
-        let own: Vec<f32> = self.micro.iter().map(|&j| self.own(j) as u8 as f32).collect();
-        let own = vector::<AD<B>>(own, &batch.logp.device()).reshape([self.micro.len(), 1]);
+        let own = self.rows_where(self.micro.iter().map(|&j| self.own(j)), &batch.logp.device());
         let tokens = batch.mask.clone().detach() * own;
-        let drift = (batch.old_logp.clone() - batch.logp.clone().detach()) * tokens.clone();
-        Tensor::cat(vec![ordered_sum(drift), ordered_sum(tokens)], 0)
+        // The other rows zeroed before the difference, as in `kl_term`.
+        let drift = batch.old_logp.clone() - batch.logp.clone().detach() * tokens.clone();
+        Tensor::cat(vec![ordered_sum(drift * tokens.clone()), ordered_sum(tokens)], 0)
+    }
+
+    /// A `[rows, 1]` column of 1 for the micro-batch's rows where `keep` holds, else 0.
+    fn rows_where(&self, keep: impl Iterator<Item = bool>, device: &B::Device) -> Tensor<AD<B>, 2> {
+        let keep: Vec<f32> = keep.map(|k| k as u8 as f32).collect();
+        vector::<AD<B>>(keep, device).reshape([self.micro.len(), 1])
     }
 
     /// `mask` with the tokens the environment wrote between a trajectory's turns set to 0, so
@@ -729,9 +735,7 @@ impl<B: Backend> MicroPass<'_, '_, B> {
         let (width, device) = (mask.dims()[1], logp.device());
         // Other policies' rows are zeroed before the exponential (0 − 0), not only masked
         // after it: exp of a very negative log-prob overflows, and 0 · inf in the backward is NaN.
-        let own_mask: Vec<f32> = refs.iter().map(|r| r.is_some() as u8 as f32).collect();
-        let own_mask = vector::<AD<B>>(own_mask, &device).reshape([self.micro.len(), 1]);
-        let own_tokens = mask.clone() * own_mask;
+        let own_tokens = mask.clone() * self.rows_where(refs.iter().map(Option::is_some), &device);
         Some(aggregate_scoped(
             kl_k3_tokens(logp.clone() * own_tokens.clone(), pad_host(&refs, width, &device)),
             own_tokens,

@@ -395,9 +395,9 @@ fn offloaded_hacpo_steps_give_the_resident_runs_numbers() {
 
 /// Where the old policy's log-probs come from the scoring stage (here GRPO's, asked for apart;
 /// HACPO's shared samples always), the update divides by what the scoring pass computed from the
-/// same weights: a step's first update should see ratios of 1. On the CPU they are the update's
-/// values to the bit (tests/train_smoke.rs). On a GPU the scoring pass runs hacpo's inference
-/// kernels and the update burn's autodiff graph; `actor/ppo_kl` (their mean log-prob
+/// same weights: a step's first update should see ratios of 1. On the CPU they were the
+/// update's values to the bit (tests/train_smoke.rs). On a GPU the scoring pass runs hacpo's
+/// inference kernels and the update burn's autodiff graph; `actor/ppo_kl` (their mean log-prob
 /// difference) shows how far apart that leaves them.
 #[test]
 fn a_steps_first_update_sees_the_scoring_pass_log_probs() {
@@ -414,6 +414,7 @@ fn a_steps_first_update_sees_the_scoring_pass_log_probs() {
     // difference in f32's last bits can become one of TF32's rounding (not measured yet).
     let bound = f64::from(TOLERANCE);
     for (agent, m) in &steps[0] {
+        assert!(m["timing_s/old_log_prob"] > 0.0, "{agent}: the scoring stage's pass did not run");
         let ppo_kl = m["actor/ppo_kl"];
         eprintln!("{GPU}, {agent}: the first update's ppo_kl {ppo_kl:e}");
         assert!(ppo_kl.abs() <= bound, "{agent}: the scoring pass and the update differ by {ppo_kl:e} on {GPU}");

@@ -2,16 +2,17 @@
 //! bf16 numbers and adds each pair's two products to one of 16 f32 sums in one instruction:
 //! twice the multiply-adds of an f32 FMA, at half the bytes read.
 //!
-//! One kernel serves every product: `a · btᵀ` with both operands' rows running along the
-//! shared dimension (a linear layer's inputs times its weights stored `[out, in]`, the LM head
-//! read through its embedding). Each output is a register of 16 partial sums over its two
-//! rows, reduced at the end. Up to 16 rows (decoding), four rows at a time read the weights
-//! one column after the other, one sequential stream; more rows (a prefill) take tiles of up
-//! to 4 rows × 8 columns, up to 24 sums in registers, each loaded piece of `a` and `bt`
-//! serving several of them. Nothing is packed or copied: measured on a 2-core AMD EPYC
-//! (Zen 4), the tiles ran 1.6–2.3× the f32 GEMM's speed from 32 to 1,024 rows, where a packed
-//! micro-kernel of the GotoBLAS kind reached 1.5–1.7× (and lost at a few rows, to its
-//! packing).
+//! The kernel serves the products whose operands are read as they are stored: `a · btᵀ` with
+//! both operands' rows running along the shared dimension (a linear layer's inputs times its
+//! weights stored `[out, in]`, the LM head read through its embedding). Each output is a
+//! register of 16 partial sums over its two rows, reduced at the end. Up to 16 rows
+//! (decoding), four rows at a time read the weights one column after the other, one
+//! sequential stream; more rows (a prefill) take tiles of up to 4 rows × 8 columns, up to 24
+//! sums in registers, each loaded piece of `a` and `bt` serving several of them. Nothing is
+//! packed or copied: measured on a 2-core AMD EPYC (Zen 4), the tiles ran 1.6–2.3× the f32
+//! GEMM's speed from 32 to 1,024 rows. Training packs its operands once per product and
+//! takes [`super::bf16_panel`]'s kernel, whose sums need no reduction at the end (on a Zen 5
+//! 1.3–1.9× these tiles' speed, more where the shared dimension is short).
 //!
 //! Rounding: products of bf16 numbers are exact in f32; the sums are f32 sums in another
 //! order than an FMA loop's, and subnormal inputs and results count as zero (the
@@ -174,8 +175,9 @@ mod x86 {
     unsafe fn sums_of_16(v: [__m512; 16]) -> __m512 {
         unsafe {
             // Per 128-bit lane: [v0 of its 0+2, v1 of 0+2, v0 of 1+3, v1 of 1+3].
-            let pairs: [__m512; 8] =
-                std::array::from_fn(|j| _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1])));
+            let pairs: [__m512; 8] = std::array::from_fn(|j| {
+                _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]))
+            });
             // Per 128-bit lane: the lane's sums of v(4j) .. v(4j + 3).
             let quads: [__m512; 4] = std::array::from_fn(|j| {
                 let (a, b) = (pairs[2 * j], pairs[2 * j + 1]);
@@ -210,7 +212,10 @@ mod x86 {
                 let mut acc = [[_mm512_setzero_ps(); 2]; R];
                 let mut i = 0;
                 while i + 64 <= k {
-                    let (w0, w1) = (bh(_mm512_loadu_si512(w.add(i) as *const _)), bh(_mm512_loadu_si512(w.add(i + 32) as *const _)));
+                    let (w0, w1) = (
+                        bh(_mm512_loadu_si512(w.add(i) as *const _)),
+                        bh(_mm512_loadu_si512(w.add(i + 32) as *const _)),
+                    );
                     for r in 0..R {
                         let x = a.add(r * a_stride + i);
                         acc[r][0] = _mm512_dpbf16_ps(acc[r][0], bh(_mm512_loadu_si512(x as *const _)), w0);

@@ -6,11 +6,12 @@
 //! speed, the whole model copied per token, and a bf16 train step at 0.6× f32's. Here the
 //! bf16 operands are read as they are stored, at half f32's bytes:
 //!
-//! - on a CPU with AVX512-BF16, every product (prefill, decoding, and training forward and
-//!   backward through [`PairProduct`]) runs through `vdpbf16ps`, which multiplies pairs of
-//!   bf16 numbers at twice the rate of f32 FMAs (`hacpo_kernels::bf16_dot_products`);
+//! - on a CPU with AVX512-BF16, every product runs through `vdpbf16ps`, which multiplies pairs
+//!   of bf16 numbers at twice the rate of f32 FMAs: here prefill, decoding and the LM head
+//!   (`hacpo_kernels::bf16_dot_products`, which reads the operands as stored), and training's
+//!   linear layers forward and backward in `bf16_trained` (through packed operands);
 //! - elsewhere, decoding's few rows read the weights as bf16 tile by tile, and a prefill's many
-//!   rows and training's products (the same op) widen them for the f32 GEMM.
+//!   rows and training's products widen them for the f32 GEMM.
 //!
 //! The numbers are burn-flex's: the operands rounded to bf16, products accumulated in f32, the
 //! result rounded to bf16 (returned in f32); only the order of the sums differs. The rounding
@@ -20,18 +21,14 @@
 //! product through burn's casts strayed four bf16 steps from the rounded sums where its output
 //! nearly cancelled.
 
-use std::sync::Arc;
-
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
-use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
-use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use half::bf16;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
+use super::cast::{bf16_bits, widen};
+use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
 use super::primitive::tensor;
 use super::{f32_matmul, kernels};
 use crate::dtype::ComputeDtype;
@@ -60,7 +57,7 @@ pub fn product<B: Backend, const D: usize>(compute: ComputeDtype, a: Tensor<B, D
         return compute.matmul(a, b);
     }
     if D == 2 && cpu_backend::<B>(&[a.dtype(), b.dtype()]) == Some(CpuBackend::Autodiff) {
-        return trained(a, b);
+        return super::bf16_trained::trained(a, b);
     }
     match matmul(a, compute.cast(b)) {
         Ok(y) => y,
@@ -156,15 +153,8 @@ thread_local! {
     static PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-#[cfg(test)]
-thread_local! {
-    /// How many master weights [`trained`] has rounded on this thread (tests count the casts a
-    /// forward pass makes).
-    pub(crate) static WEIGHTS_ROUNDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
 /// Whether products go through AVX512-BF16's pair products ([`dot_products`]).
-fn pair_products() -> bool {
+pub(super) fn pair_products() -> bool {
     #[cfg(test)]
     if PORTABLE.with(|p| p.get()) {
         return false;
@@ -234,7 +224,7 @@ fn by_columns(m: usize, n: usize, fill: impl Fn((usize, usize), &mut [f32]) + Sy
 }
 
 /// Each value to its nearest bf16 number (ties to even), kept in f32.
-fn round_to_bf16(values: &mut [f32]) {
+pub(super) fn round_to_bf16(values: &mut [f32]) {
     values.par_chunks_mut(1 << 16).for_each(kernels::bf16_round);
 }
 
@@ -248,18 +238,9 @@ fn rounded_rows(a: &FlexTensor) -> Vec<u16> {
     }
 }
 
-/// `values` rounded to bf16 (ties to even), as bits.
-fn bf16_bits(values: &[f32]) -> Vec<u16> {
-    let mut bits = vec![0u16; values.len()];
-    bits.par_chunks_mut(1 << 16).zip(values.par_chunks(1 << 16)).for_each(|(bits, values)| {
-        kernels::bf16_round_bits(values, bits);
-    });
-    bits
-}
-
 /// `w` (`[k, n]` row-major bits) as `[n, k]` row-major, 32 columns of `w` per task (a
 /// column walk through a large `w` misses the cache on every element).
-fn transpose_bits(w: &[u16], k: usize, n: usize) -> Vec<u16> {
+pub(super) fn transpose_bits(w: &[u16], k: usize, n: usize) -> Vec<u16> {
     const TASK_COLS: usize = 32;
     let mut t = vec![0u16; k * n];
     if k * n == 0 {
@@ -272,45 +253,10 @@ fn transpose_bits(w: &[u16], k: usize, n: usize) -> Vec<u16> {
     t
 }
 
-// --- training: bf16 products with their backward ---------------------------------------------
-
-/// `a · b` in bf16 on the CPU autodiff backend, for `a: [m, k]` and the f32 master weight
-/// `b: [k, n]`, with its backward as one op: the same numbers as burn's ops on the bf16 casts
-/// (operands and incoming gradient rounded to bf16, products accumulated in f32, each product
-/// rounded to bf16), all three products through the pair products (widened for the f32 GEMM
-/// on a CPU without them). burn's ops copy each bf16 operand to f32 for the f32 GEMM, forward
-/// and backward, and a bf16 train step ran at 0.6× f32's speed.
-fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
-    let (a, b) = (ad(a), ad(b));
-    let (shape_a, shape_b) = (a.primitive.layout().shape(), b.primitive.layout().shape());
-    let (m, k, n) = (shape_a[0], shape_a[1], shape_b[1]);
-    let xb = rounded_rows(&a.primitive);
-    #[cfg(test)]
-    WEIGHTS_ROUNDED.with(|n| n.set(n.get() + 1));
-    // The weight rounded, in both layouts: `[n, k]` for this product, `[k, n]` for the
-    // inputs' gradient.
-    let (w_rows, w_cols) = match bits_of_f32(&b.primitive) {
-        (w, true) => {
-            let t = transpose_bits(&w, k, n);
-            (w, t)
-        }
-        (w, false) => (transpose_bits(&w, n, k), w),
-    };
-    let out = dot_products(&xb, m, k, &w_cols, n);
-    let out = FlexTensor::from_data(TensorData::new(out, [m, n]));
-    let state = Arc::new(PairProductState { xb, w_rows, m, k, n });
-    let out = match PairProduct.prepare::<NoCheckpointing>([a.node.clone(), b.node.clone()]).compute_bound().stateful()
-    {
-        OpsKind::Tracked(prep) => prep.finish(state, out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    tensor::<B, D, _>(out)
-}
-
 /// An f32 matrix `[k, n]` rounded to bf16 bits, and whether they are `[k, n]` row-major (else
 /// `[n, k]` row-major: the matrix was a transposed view, read without a copy; any other layout
 /// is read from a row-major copy).
-fn bits_of_f32(w: &FlexTensor) -> (Vec<u16>, bool) {
+pub(super) fn bits_of_f32(w: &FlexTensor) -> (Vec<u16>, bool) {
     let layout = w.layout();
     let (shape, strides) = (layout.shape(), layout.strides());
     if strides == [1, shape[0] as isize] {
@@ -318,41 +264,6 @@ fn bits_of_f32(w: &FlexTensor) -> (Vec<u16>, bool) {
         return (bf16_bits(all), false);
     }
     (bf16_bits(elems(&contiguous(w))), true)
-}
-
-#[derive(Debug)]
-struct PairProductState {
-    /// The inputs rounded, `[m, k]`.
-    xb: Vec<u16>,
-    /// The weight rounded, `[k, n]`.
-    w_rows: Vec<u16>,
-    m: usize,
-    k: usize,
-    n: usize,
-}
-
-#[derive(Debug)]
-struct PairProduct;
-
-impl Backward<Cpu, 2> for PairProduct {
-    type State = Arc<PairProductState>;
-
-    fn backward(self, ops: Ops<Self::State, 2>, grads: &mut Gradients, _: &mut Checkpointer) {
-        let PairProductState { xb, w_rows, m, k, n } = &*ops.state;
-        let (m, k, n) = (*m, *k, *n);
-        let dy = bf16_bits(elems(&contiguous(&grads.consume::<Cpu>(&ops.node))));
-        let [node_x, node_w] = ops.parents;
-        if let Some(node) = node_x {
-            // dx = dy · wᵀ: `w` `[k, n]` is already the transposed operand the kernel reads.
-            let dx = dot_products(&dy, m, n, w_rows, k);
-            grads.register::<Cpu>(node.id, FlexTensor::from_data(TensorData::new(dx, [m, k])));
-        }
-        if let Some(node) = node_w {
-            // dw = xᵀ · dy, both transposed so that the sum over the rows runs along memory.
-            let dw = dot_products(&transpose_bits(xb, m, k), k, m, &transpose_bits(&dy, m, n), n);
-            grads.register::<Cpu>(node.id, FlexTensor::from_data(TensorData::new(dw, [k, n])));
-        }
-    }
 }
 
 /// `x · w` tile by tile (`w` as [`bits`] reads it), the columns split over the threads.
@@ -366,17 +277,8 @@ fn tiled(x: &[f32], m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<
     })
 }
 
-/// bf16 bits as f32 numbers (exact: bf16 is f32's upper half).
-fn widen(bits: &[u16]) -> Vec<f32> {
-    let mut wide = vec![0f32; bits.len()];
-    wide.par_chunks_mut(1 << 16).zip(bits.par_chunks(1 << 16)).for_each(|(wide, bits)| {
-        wide.iter_mut().zip(bits).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
-    });
-    wide
-}
-
 /// `x · w` through the f32 GEMM, `w`'s elements widened to f32 in the order they are stored.
-fn widened(x: Vec<f32>, m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<f32> {
+pub(super) fn widened(x: Vec<f32>, m: usize, k: usize, w: &[u16], rows: bool, n: usize) -> Vec<f32> {
     let wide = widen(w);
     let wide = if rows {
         Tensor::<Cpu, 2>::from_data(TensorData::new(wide, [k, n]), &Default::default())
@@ -487,7 +389,7 @@ mod tests {
             (0..rows * cols).map(|o| x[o % rows * cols + o / rows]).collect()
         };
         // A weight stored `[k, n]` (the linear layers) and read through a transpose (an LM head).
-        for (m, k, n, &portable) in [(3, 33, 45), (130, 70, 260), (17, 64, 8)]
+        for (m, k, n, &portable) in [(3, 33, 45), (130, 70, 260), (17, 64, 8), (20, 1100, 50), (1030, 40, 20)]
             .into_iter()
             .flat_map(|(m, k, n)| kernels.iter().map(move |p| (m, k, n, p)))
         {

@@ -3,9 +3,10 @@
 //! that test builds, which compile this crate at opt-level 1, still compile them vectorised.
 
 pub use hacpo_kernels::{
-    AdamWStep, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols, bf16_matmul_rows,
-    bf16_round, bf16_round_bits, f32_rows_accumulate, neg_scaled_softmax, rms_norm, rms_norm_backward,
-    scaled_logsumexp, silu_mul, silu_mul_backward, softmax, softmax_backward, transpose_u16,
+    AdamWStep, PANEL_COLS, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols,
+    bf16_matmul_rows, bf16_panel_products, bf16_round, bf16_round_bits, f32_rows_accumulate, neg_scaled_softmax,
+    pack_panels, packed_len, pair_rows, rms_norm, rms_norm_backward, scaled_logsumexp, silu_mul, silu_mul_backward,
+    softmax, softmax_backward, transpose_u16,
 };
 
 #[cfg(test)]
@@ -92,6 +93,78 @@ mod tests {
                 wm[i] -= h;
                 let num = (loss(&x, &wp) - loss(&x, &wm)) / (2.0 * h as f64);
                 assert!((dw[i] as f64 - num).abs() < 2e-3, "n {n} dw {i}: {} vs {num}", dw[i]);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_panel_products_of_packed_operands_are_the_sums_of_the_products() {
+        if !bf16_dot_instructions() {
+            let run = || bf16_panel_products(&[0], (1, 1), 1, 1, &[0; PANEL_COLS], 1, &mut [0.0], 1, false);
+            assert!(std::panic::catch_unwind(run).is_err(), "ran without AVX512-BF16");
+            eprintln!("this CPU has no AVX512-BF16: checked only that the panel products refuse to run");
+            return;
+        }
+        let bits = |i: usize| half::bf16::from_f32(((i * 7919 % 211) as f32 - 105.0) / 37.0).to_bits();
+        let value = |b: u16| f32::from_bits((b as u32) << 16) as f64;
+        // Rows for every last tile (1 to 8) and several tiles; shared sizes odd and even, one
+        // element, none, and past a block of 512 pairs (two equal blocks); columns that fill
+        // no, one and several panels.
+        for (rows, k, n) in
+            [(1, 1, 1), (3, 2, 47), (8, 33, 48), (9, 64, 49), (15, 7, 100), (20, 1100, 5), (6, 1025, 97), (2, 0, 3)]
+        {
+            // `a` read both ways: its rows paired along memory (a product's first operand) and
+            // the rows of its transpose paired by `pair_rows` (a sum over rows, `xᵀ · dy`).
+            let a: Vec<u16> = (0..rows * k).map(bits).collect();
+            // The transpose `k × rows`, its rows 3 elements further apart than their length.
+            let t_stride = rows + 3;
+            let at: Vec<u16> = (0..k * t_stride)
+                .map(|i| if i % t_stride < rows { a[i % t_stride * k + i / t_stride] } else { 1 })
+                .collect();
+            let pairs = k.div_ceil(2);
+            let words: Vec<u32> = (0..rows * pairs)
+                .map(|w| {
+                    let (r, p) = (w / pairs, w % pairs);
+                    let hi = if 2 * p + 1 < k { a[r * k + 2 * p + 1] as u32 } else { 0 };
+                    a[r * k + 2 * p] as u32 | hi << 16
+                })
+                .collect();
+            let mut paired = vec![0u32; pairs * rows];
+            pair_rows(&at, t_stride, (k, rows), (0, pairs), &mut paired);
+            // `b` (`k × n`) stored row-major and as its transpose: both packings.
+            let b: Vec<u16> = (0..k * n).map(|i| bits(i + 13)).collect();
+            let bt: Vec<u16> = (0..n * k).map(|i| b[i % k * n + i / k]).collect();
+            let panels = n.div_ceil(PANEL_COLS);
+            let pack = |src: &[u16], strides| {
+                let mut out = vec![u32::MAX; packed_len(pairs, n)];
+                pack_panels(src, strides, (k, n), (0, panels), &mut out);
+                out
+            };
+            let (packed, packed_t) = (pack(&b, (n, 1)), pack(&bt, (1, k)));
+            assert_eq!(packed, packed_t, "{rows}x{k}x{n}: the two layouts pack alike");
+            let out_stride = n + 5;
+            for ((words, strides), add) in [((&words, (pairs, 1)), false), ((&paired, (1, rows)), true)] {
+                let mut out = vec![f32::NAN; rows * out_stride];
+                if add {
+                    out.chunks_mut(out_stride).for_each(|row| row[..n].fill(0.5));
+                }
+                bf16_panel_products(words, strides, rows, pairs, &packed, n, &mut out, out_stride, add);
+                for r in 0..rows {
+                    for c in 0..n {
+                        let terms = (0..k).map(|i| value(a[r * k + i]) * value(b[i * n + c]));
+                        let (sum, size) = terms.fold((0.0, 0.0), |(s, z), t| (s + t, z + t.abs()));
+                        let want = sum + if add { 0.5 } else { 0.0 };
+                        let got = out[r * out_stride + c] as f64;
+                        assert!(
+                            (got - want).abs() <= 1e-6 * size,
+                            "{rows}x{k}x{n} add {add} [{r}, {c}]: {got} vs {want}"
+                        );
+                    }
+                    assert!(
+                        out[r * out_stride + n..(r + 1) * out_stride].iter().all(|v| v.is_nan()),
+                        "wrote past a row"
+                    );
+                }
             }
         }
     }

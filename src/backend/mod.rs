@@ -8,6 +8,8 @@
 
 pub mod attention;
 pub mod bf16_matmul;
+pub(crate) mod bf16_trained;
+pub mod cast;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]
 pub mod cube_fused;
 pub mod device_check;

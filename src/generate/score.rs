@@ -16,7 +16,7 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use crate::backend::{bf16_matmul, f32_matmul, flex_fast};
+use crate::backend::{bf16_matmul, cast, f32_matmul, flex_fast};
 use crate::dtype::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
@@ -181,7 +181,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
             grads.register::<B>(node.id, gh.into_primitive().tensor());
         }
         if let Some(node) = node_weight {
-            let gw = cast_to(grad_weight.unwrap_or_else(|| weight.zeros_like()), dtype);
+            let gw = cast::cast(grad_weight.unwrap_or_else(|| weight.zeros_like()), dtype);
             grads.register::<B>(node.id, gw.into_primitive().tensor());
         }
     }

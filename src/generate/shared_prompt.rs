@@ -594,7 +594,7 @@ mod tests {
     /// at once: a bf16 forward pass rounds each weight of a layer once, however many passes run.
     #[test]
     fn every_weight_multiplies_all_the_passes_tokens_at_once() {
-        use crate::backend::bf16_matmul::WEIGHTS_ROUNDED;
+        use crate::backend::bf16_trained::WEIGHTS_ROUNDED;
         let requests = requests();
         // At this size each group's rests run in one pass, padded to the longest.
         let passes = Passes::of(&requests);

@@ -16,8 +16,8 @@
 //! whole model per token; the KL reference is stored the same way, and with bf16 the KV
 //! cache too ([`ComputeDtype::attention`]; f32 on the CPU, whose fused attention computes in
 //! f32). On the CPU the rollout copy's bf16 weights are read as stored by
-//! [`crate::backend::bf16_matmul`], which on a CPU with AVX512-BF16 also runs training's bf16
-//! products (forward and backward).
+//! [`crate::backend::bf16_matmul`]; on a CPU with AVX512-BF16 training's bf16 products
+//! (forward and backward) run through packed operands (`backend::bf16_trained`).
 //! f16 training scales the loss ([`crate::train::loss_scale`]) so that small gradients stay
 //! within f16's range; bf16 has f32's range and needs no scaling.
 //!
@@ -31,6 +31,7 @@ use burn::module::Param;
 use burn::tensor::{Tensor, backend::Backend};
 
 use crate::backend::bf16_matmul;
+use crate::backend::cast::cast;
 use crate::dtype::{ComputeDtype, Dtype, FrozenDtype};
 
 use super::transformer::CausalLm;
@@ -85,10 +86,10 @@ fn cast_params<B: Backend>(model: CausalLm<B>, dtype: Dtype, select: impl Fn(&st
     }
     impl<B: Backend, F: Fn(&str, bool) -> bool> ParamVisitor<B> for Cast<F> {
         fn vector(&mut self, name: &str, p: Param<Tensor<B, 1>>) -> Param<Tensor<B, 1>> {
-            if (self.select)(name, p.is_require_grad()) { p.map(|t| self.dtype.cast(t)) } else { p }
+            if (self.select)(name, p.is_require_grad()) { p.map(|t| cast(t, self.dtype.burn())) } else { p }
         }
         fn matrix(&mut self, name: &str, p: Param<Tensor<B, 2>>, _: bool) -> Param<Tensor<B, 2>> {
-            if (self.select)(name, p.is_require_grad()) { p.map(|t| self.dtype.cast(t)) } else { p }
+            if (self.select)(name, p.is_require_grad()) { p.map(|t| cast(t, self.dtype.burn())) } else { p }
         }
     }
     walk_params(model, &mut Cast { dtype, select })

@@ -35,7 +35,7 @@ use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
 use crate::backend::attention::swap_middle;
-use crate::backend::{bf16_matmul, gpu_kernels, keeps_half};
+use crate::backend::{bf16_matmul, cast, gpu_kernels, keeps_half};
 use crate::dtype::{ComputeDtype, f32_weight};
 
 /// `y = x W + b` with `W` stored as `[in, out]` (the transpose of HF's `[out, in]`), plus a
@@ -450,10 +450,11 @@ impl<B: Backend> CausalLm<B> {
     /// The output projection `[vocab, hidden]` (the embedding matrix when tied), in the
     /// compute dtype: the log-prob op multiplies in the weight's dtype.
     pub fn lm_head_weight(&self) -> Tensor<B, 2> {
-        self.compute.cast(match &self.lm_head {
+        let weight = match &self.lm_head {
             Some(w) => w.val(),
             None => self.embed_tokens.val(),
-        })
+        };
+        cast::cast(weight, self.compute.burn())
     }
 
     /// Logits `[n, vocab]` for hidden states `[n, hidden]`. Callers select the rows they need

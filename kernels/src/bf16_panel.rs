@@ -100,6 +100,12 @@ pub fn pack_panels(
                 for (word, (&l, &h)) in words.iter_mut().zip(lo.iter().zip(hi)) {
                     *word = l as u32 | (h as u32) << 16;
                 }
+            } else if strides.0 == 1 && hi < shared {
+                // Each pair along memory (a transposed view): one column after the other.
+                for (j, word) in words[..width].iter_mut().enumerate() {
+                    let at = (first + j) * strides.1 + lo;
+                    *word = src[at] as u32 | (src[at + 1] as u32) << 16;
+                }
             } else {
                 for (j, word) in words[..width].iter_mut().enumerate() {
                     *word = get(lo, first + j) | (get(hi, first + j) << 16);

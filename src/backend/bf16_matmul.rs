@@ -134,7 +134,7 @@ pub fn matmul<B: Backend, const D: usize>(
 
 /// The bf16 elements of `b`'s buffer as bits, and whether `b` reads them as `[k, n]` row-major
 /// (else as the transpose of `[n, k]` row-major); `None` for any other layout.
-fn bits(b: &FlexTensor) -> Option<(&[u16], bool)> {
+pub(super) fn bits(b: &FlexTensor) -> Option<(&[u16], bool)> {
     let layout = b.layout();
     let (shape, strides) = (layout.shape(), layout.strides());
     let (k, n) = (shape[0], shape[1]);

@@ -16,7 +16,6 @@
 //! 280–385. Elsewhere the operands are widened for the f32 GEMM (exact: bf16 numbers are f32
 //! numbers) and the results rounded.
 
-use std::borrow::Cow;
 use std::sync::Arc;
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
@@ -24,13 +23,12 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
-use rayon::prelude::*;
 
 use super::Cpu;
 use super::bf16_matmul::{bits_of_f32, pair_products, round_to_bf16, transpose_bits, widened};
+use super::bf16_panels::{Paired, packed, panel_products, sum_over_rows};
 use super::cast::widen;
-use super::fused::{ad, contiguous, elems};
-use super::kernels;
+use super::fused::ad;
 use super::primitive::tensor;
 
 #[cfg(test)]
@@ -63,74 +61,6 @@ pub(super) fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, 
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     tensor::<B, D, _>(out)
-}
-
-/// A matrix rounded to bf16, each row padded with a zero to an even length: a row's elements
-/// `2p, 2p + 1` are then one 32-bit word (low half first), as the panel products read their
-/// first operand.
-#[derive(Debug)]
-struct Paired {
-    words: Vec<u32>,
-    rows: usize,
-    cols: usize,
-}
-
-impl Paired {
-    /// The f32 matrix `a` (`[rows, cols]`, any layout) rounded to bf16 (ties to even).
-    fn round(a: &FlexTensor) -> Paired {
-        let a = contiguous(a);
-        let [rows, cols] = [a.layout().shape()[0], a.layout().shape()[1]];
-        let mut paired = Paired { words: vec![0; rows * cols.div_ceil(2)], rows, cols };
-        if rows * cols == 0 {
-            return paired;
-        }
-        let (stride, per_task) = (paired.stride(), (1 << 16) / cols + 1);
-        let bits: &mut [u16] = bytemuck::cast_slice_mut(&mut paired.words);
-        bits.par_chunks_mut(stride * per_task).zip(elems(&a).par_chunks(cols * per_task)).for_each(|(bits, values)| {
-            for (bits, values) in bits.chunks_mut(stride).zip(values.chunks(cols)) {
-                kernels::bf16_round_bits(values, &mut bits[..cols]);
-            }
-        });
-        paired
-    }
-
-    fn row_words(&self) -> usize {
-        self.cols.div_ceil(2)
-    }
-
-    /// bf16 elements from one row to the next.
-    fn stride(&self) -> usize {
-        2 * self.row_words()
-    }
-
-    /// The bits, rows [`Self::stride`] apart.
-    fn bits(&self) -> &[u16] {
-        bytemuck::cast_slice(&self.words)
-    }
-
-    /// The bits row-major without the padding.
-    fn dense(&self) -> Cow<'_, [u16]> {
-        if self.cols % 2 == 0 {
-            return Cow::Borrowed(self.bits());
-        }
-        Cow::Owned(self.bits().chunks(self.stride()).flat_map(|row| &row[..self.cols]).copied().collect())
-    }
-
-    /// Rows `2p, 2p + 1` interleaved (`[rows / 2, cols]` words): the first operand of a sum over
-    /// the rows (`xᵀ · dy`, the weight's gradient).
-    fn paired_rows(&self) -> Vec<u32> {
-        const PAIRS_PER_TASK: usize = 64;
-        let mut out = vec![0u32; self.rows.div_ceil(2) * self.cols];
-        if self.cols == 0 {
-            return out;
-        }
-        out.par_chunks_mut(PAIRS_PER_TASK * self.cols).enumerate().for_each(|(task, out)| {
-            let first = task * PAIRS_PER_TASK;
-            let pairs = (first, first + out.len() / self.cols);
-            kernels::pair_rows(self.bits(), self.stride(), (self.rows, self.cols), pairs, out);
-        });
-        out
-    }
 }
 
 /// A master weight `[k, n]` rounded to bf16, in the layout it was stored in: element `(i, c)`
@@ -188,8 +118,7 @@ impl Backward<Cpu, 2> for PairProduct {
         if let Some(node) = node_w {
             // dw = xᵀ · dy, summed over the rows.
             let dw = if pair_products() {
-                let dy = packed(dy.bits(), (dy.stride(), 1), m, n);
-                panel_products(&x.paired_rows(), (1, k), k, m, &dy, n)
+                sum_over_rows(x, &dy)
             } else {
                 rounded(widened(widen(&transpose_bits(&x.dense(), m, k)), k, m, &dy.dense(), true, n))
             };
@@ -202,47 +131,4 @@ impl Backward<Cpu, 2> for PairProduct {
 fn rounded(mut values: Vec<f32>) -> Vec<f32> {
     round_to_bf16(&mut values);
     values
-}
-
-/// The operand `shared × cols` whose element `(i, c)` is `src[i·strides.0 + c·strides.1]`,
-/// packed in panels ([`kernels::pack_panels`]), one panel per task.
-fn packed(src: &[u16], strides: (usize, usize), shared: usize, cols: usize) -> Vec<u32> {
-    let pairs = shared.div_ceil(2);
-    let mut out = vec![0u32; kernels::packed_len(pairs, cols)];
-    if pairs == 0 {
-        return out;
-    }
-    out.par_chunks_mut(kernels::PANEL_COLS * pairs).enumerate().for_each(|(panel, out)| {
-        kernels::pack_panels(src, strides, (shared, cols), (panel, panel + 1), out);
-    });
-    out
-}
-
-/// `a · b` rounded to bf16 (in f32) through the panel products: `rows` rows of `a` (word
-/// `(r, p)` at `r·strides.0 + p·strides.1`), `shared` elements summed, `b` [`packed`] with
-/// `cols` columns. The rows are split over the threads, each task rounding its rows while
-/// they are in cache.
-fn panel_products(a: &[u32], strides: (usize, usize), rows: usize, shared: usize, b: &[u32], cols: usize) -> Vec<f32> {
-    let mut out = vec![0f32; rows * cols];
-    if rows * cols == 0 {
-        return out;
-    }
-    let per_task = rows.div_ceil(4 * rayon::current_num_threads()).next_multiple_of(8).clamp(8, 128);
-    out.par_chunks_mut(per_task * cols).enumerate().for_each(|(task, out)| {
-        let first = task * per_task;
-        let pairs = shared.div_ceil(2);
-        kernels::bf16_panel_products(
-            &a[first * strides.0..],
-            strides,
-            out.len() / cols,
-            pairs,
-            b,
-            cols,
-            out,
-            cols,
-            false,
-        );
-        kernels::bf16_round(out);
-    });
-    out
 }

@@ -8,6 +8,7 @@
 
 pub mod attention;
 pub mod bf16_matmul;
+pub mod bf16_panels;
 pub(crate) mod bf16_trained;
 pub mod cast;
 #[cfg(any(feature = "cuda", feature = "wgpu"))]

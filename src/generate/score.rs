@@ -16,7 +16,7 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use crate::backend::{bf16_matmul, cast, f32_matmul, flex_fast};
+use crate::backend::{bf16_matmul, bf16_panels, cast, f32_matmul, flex_fast};
 use crate::dtype::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
@@ -31,10 +31,32 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
     Tensor::from_data(TensorData::new(data, [targets.len()]), device)
 }
 
-/// `rows · weightᵀ` multiplied in the weight's dtype (the model's compute dtype, see
-/// `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
-fn head_product<B: Backend>(rows: Tensor<B, 2>, weight: Tensor<B, 2>) -> Tensor<B, 2> {
-    product_in(FloatDType::from(weight.dtype()), rows, weight.transpose())
+/// The second operand of a pass's products, one per chunk of rows: packed once for all of them
+/// where the CPU's bf16 panel products apply ([`bf16_panels::Packed`]), else multiplied in its
+/// dtype by [`product_in`].
+struct Operand<B: Backend> {
+    b: Tensor<B, 2>,
+    packed: Option<bf16_panels::Packed>,
+}
+
+impl<B: Backend> Operand<B> {
+    fn new(b: Tensor<B, 2>) -> Self {
+        Operand { packed: bf16_panels::Packed::of(&b), b }
+    }
+
+    /// The LM head's: logits `rows · weightᵀ` multiplied in the weight's dtype (the model's
+    /// compute dtype, see `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
+    fn head(weight: Tensor<B, 2>) -> Self {
+        Self::new(weight.transpose())
+    }
+
+    /// `a · b` in `b`'s dtype, returned in f32.
+    fn product(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.packed {
+            Some(packed) => packed.product(a),
+            None => product_in(FloatDType::from(self.b.dtype()), a, self.b.clone()),
+        }
+    }
 }
 
 /// `a · b` multiplied in `dtype`, returned in f32: through the CPU's own products where they
@@ -97,11 +119,12 @@ pub fn token_logprobs<B: Backend>(
     assert_eq!(n, targets.len(), "one target per hidden row");
     let device = hidden.device();
     let rows = chunk_rows(weight.dims()[0]);
+    let head = Operand::head(weight);
     let mut parts = Vec::new();
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
         let h = hidden.clone().slice([start..end, 0..d]);
-        parts.push(chunk_logprobs(head_product(h, weight.clone()), &targets[start..end], inv_temperature).0);
+        parts.push(chunk_logprobs(head.product(h), &targets[start..end], inv_temperature).0);
     }
     if parts.is_empty() {
         return Tensor::zeros([0], &device);
@@ -146,16 +169,19 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         let (dtype, hidden_dtype) = (FloatDType::from(weight.dtype()), FloatDType::from(hidden.dtype()));
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
-        // The inputs' gradient reads the weight along the vocabulary: a bf16 weight is laid
-        // out so once for every chunk (the CPU's bf16 product would transpose it per chunk).
-        let weight_down =
-            if dtype == FloatDType::BF16 { bf16_matmul::for_decoding(weight.clone()) } else { weight.clone() };
+        let head = (n > rows || first_logits.is_none()).then(|| Operand::head(weight.clone()));
+        // The inputs' gradient reads the weight along the vocabulary: a bf16 weight is packed or
+        // laid out so once for every chunk (the CPU's bf16 product would transpose it per chunk).
+        let down = match Operand::new(weight.clone()) {
+            Operand { packed: None, b } if dtype == FloatDType::BF16 => Operand::new(bf16_matmul::for_decoding(b)),
+            down => down,
+        };
         for start in (0..n).step_by(rows) {
             let end = (start + rows).min(n);
             let h = hidden.clone().slice([start..end, 0..d]);
             let z = match first_logits.take() {
                 Some(z) => Tensor::from_primitive(TensorPrimitive::Float(z)),
-                None => head_product(h.clone(), weight.clone()),
+                None => head.as_ref().expect("packed when a chunk is recomputed").product(h.clone()),
             };
             let dz = chunk_logits_grad(
                 z,
@@ -165,11 +191,14 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
                 inv_t,
             );
             if node_hidden.is_some() {
-                grad_hidden.push(cast_to(product_in(dtype, dz.clone(), weight_down.clone()), hidden_dtype));
+                grad_hidden.push(cast_to(down.product(dz.clone()), hidden_dtype));
             }
             if node_weight.is_some() {
                 // Summed over chunks in f32.
-                let gw = product_in(dtype, dz.transpose(), h);
+                let gw = match (dtype == FloatDType::BF16).then(|| bf16_panels::transposed_product(&dz, &h)).flatten() {
+                    Some(gw) => gw,
+                    None => product_in(dtype, dz.transpose(), h),
+                };
                 grad_weight = Some(match grad_weight {
                     Some(acc) => acc + gw,
                     None => gw,
@@ -219,9 +248,10 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
     let mut logps = Vec::new();
     let mut lses = Vec::new();
     let mut first_logits = None;
+    let head = Operand::head(w_inner.clone());
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
-        let z = head_product(h_inner.clone().slice([start..end, 0..d]), w_inner.clone());
+        let z = head.product(h_inner.clone().slice([start..end, 0..d]));
         if start == 0 && keep_first_logits {
             first_logits = Some(z.clone().into_primitive().tensor());
         }
@@ -395,9 +425,26 @@ mod tests {
         rows: usize,
         keep_first_logits: bool,
     ) -> [Vec<f32>; 3] {
+        chunked_in(FloatDType::F32, h, w, t, c, inv_t, rows, keep_first_logits)
+    }
+
+    /// [`chunked`] with the weight cast to `dtype` in the graph (as `CausalLm::lm_head_weight`
+    /// does), its gradient returned to the f32 weight.
+    #[allow(clippy::too_many_arguments)]
+    fn chunked_in(
+        dtype: FloatDType,
+        h: &Tensor<Cpu, 2>,
+        w: &Tensor<Cpu, 2>,
+        t: &[u32],
+        c: &Tensor<Cpu, 1>,
+        inv_t: f32,
+        rows: usize,
+        keep_first_logits: bool,
+    ) -> [Vec<f32>; 3] {
         let h = Tensor::<Ad, 2>::from_inner(h.clone()).require_grad();
         let w = Tensor::<Ad, 2>::from_inner(w.clone()).require_grad();
-        let lp = token_logprobs_autodiff_in_chunks(h.clone(), w.clone(), t, inv_t, rows, keep_first_logits);
+        let head = cast::cast(w.clone(), dtype);
+        let lp = token_logprobs_autodiff_in_chunks(h.clone(), head, t, inv_t, rows, keep_first_logits);
         let grads = (lp.clone() * Tensor::from_inner(c.clone())).sum().backward();
         let v = |x: Tensor<Cpu, 2>| x.into_data().into_vec::<f32>().unwrap();
         [lp.inner().into_data().into_vec().unwrap(), v(h.grad(&grads).unwrap()), v(w.grad(&grads).unwrap())]
@@ -456,6 +503,30 @@ mod tests {
                     close(&got[2], &want[2], &format!("{name}: d weight, {case}"));
                 }
             }
+        }
+    }
+
+    /// In bf16 the CPU packs the LM head once per pass for its chunks' products (forward,
+    /// recomputed logits, both gradients): the same numbers as burn's ops on the bf16 casts up
+    /// to the order of the sums, and the no-grad pass gives the autodiff one's values.
+    #[test]
+    fn bf16_chunks_give_burns_bf16_values_and_gradients() {
+        // Chunks with a last partial one, a vocabulary of several 48-column panels and a
+        // partial last one, an odd hidden size.
+        let (h, w, c, targets) = inputs(45, 33, 500, 37);
+        for (rows, keep) in [(16, false), (16, true), (45, true)] {
+            let fast = chunked_in(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep);
+            let generic = without_fast_paths(|| chunked_in(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep));
+            for (i, what) in ["values", "d hidden", "d weight"].iter().enumerate() {
+                let scale = generic[i].iter().fold(0f32, |m, x| m.max(x.abs()));
+                let err = fast[i].iter().zip(&generic[i]).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+                // bf16 keeps 8 bits: a few of its steps, relative to the largest value.
+                assert!(err <= 2e-2 * scale, "{what}, {rows} rows/chunk, kept {keep}: max error {err} (scale {scale})");
+            }
+            let scored = token_logprobs(h.clone(), w.clone().cast(FloatDType::BF16), &targets, 1.0);
+            let scored: Vec<f32> = scored.into_data().into_vec().unwrap();
+            let same = scored.iter().zip(&fast[0]).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same, "{rows} rows/chunk: the no-grad pass differs from the autodiff one");
         }
     }
 

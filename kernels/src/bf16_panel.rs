@@ -27,9 +27,10 @@ pub fn packed_len(pairs: usize, cols: usize) -> usize {
 /// - `b` is packed in panels ([`packed_len`]): the word for pair `p` and column `c` sits at
 ///   `(c / 48)·48·pairs + p·48 + c % 48`.
 ///
-/// Written when `add` is false, added to `out` when true. Products are exact in f32 and the
-/// sums are f32 sums in the order of `p`; subnormal inputs and results count as zero (the
-/// instruction's fixed DAZ/FTZ).
+/// Written when `add` is false, added to `out` when true; with `round`, what is stored is
+/// rounded to the nearest bf16 (ties to even, kept in f32) on its way out of the registers.
+/// Products are exact in f32 and the sums are f32 sums in the order of `p`; subnormal inputs
+/// and results count as zero (the instructions' fixed DAZ/FTZ).
 ///
 /// # Panics
 /// On a CPU without the instructions ([`super::bf16_dot_instructions`]), or when a slice is shorter than the shapes say.
@@ -44,6 +45,7 @@ pub fn bf16_panel_products(
     out: &mut [f32],
     out_stride: usize,
     add: bool,
+    round: bool,
 ) {
     assert!(super::bf16_dot_instructions(), "bf16_panel_products needs AVX512-BF16; ask bf16_dot_instructions first");
     if rows == 0 || cols == 0 {
@@ -63,7 +65,7 @@ pub fn bf16_panel_products(
     // SAFETY: the instructions are there and every index read or written is inside the
     // slices (asserted above; the last panel's columns past `cols` are stored with a mask).
     unsafe {
-        x86::products(a, (a_row, a_pair), rows, pairs, b, cols, out, out_stride, add)
+        x86::products(a, (a_row, a_pair), rows, pairs, b, cols, out, out_stride, (add, round))
     }
 }
 
@@ -168,7 +170,7 @@ mod x86 {
         out: *mut f32,
         out_stride: usize,
         width: usize,
-        add: bool,
+        (add, round): (bool, bool),
     ) {
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 3]; R];
@@ -196,6 +198,13 @@ mod x86 {
                     let mask = if left == 16 { !0 } else { ((1u32 << left) - 1) as __mmask16 };
                     let o = o.add(16 * j);
                     let v = if add { _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), acc) } else { acc };
+                    // `vcvtneps2bf16` rounds to nearest even (NaN stays NaN), then back to f32.
+                    let v = if round {
+                        let bits = std::mem::transmute::<__m256bh, __m256i>(_mm512_cvtneps_pbh(v));
+                        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(bits)))
+                    } else {
+                        v
+                    };
                     _mm512_mask_storeu_ps(o, mask, v);
                 }
             }
@@ -213,13 +222,14 @@ mod x86 {
         cols: usize,
         out: &mut [f32],
         out_stride: usize,
-        add: bool,
+        (add, round): (bool, bool),
     ) {
         let (a, b, out) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
         let block = pairs.div_ceil(pairs.div_ceil(PAIR_BLOCK));
         for first in (0..pairs).step_by(block) {
             let len = (pairs - first).min(block);
-            let add = add || first > 0;
+            // Earlier blocks' sums added, the last block's rounded.
+            let store = (add || first > 0, round && first + len == pairs);
             for panel in 0..cols.div_ceil(PANEL_COLS) {
                 let c = panel * PANEL_COLS;
                 let width = (cols - c).min(PANEL_COLS);
@@ -235,14 +245,14 @@ mod x86 {
                         let out = out.add(r * out_stride + c);
                         let s = (a_row, a_pair);
                         match rr {
-                            1 => tile::<1>(a, s, b, len, out, out_stride, width, add),
-                            2 => tile::<2>(a, s, b, len, out, out_stride, width, add),
-                            3 => tile::<3>(a, s, b, len, out, out_stride, width, add),
-                            4 => tile::<4>(a, s, b, len, out, out_stride, width, add),
-                            5 => tile::<5>(a, s, b, len, out, out_stride, width, add),
-                            6 => tile::<6>(a, s, b, len, out, out_stride, width, add),
-                            7 => tile::<7>(a, s, b, len, out, out_stride, width, add),
-                            _ => tile::<8>(a, s, b, len, out, out_stride, width, add),
+                            1 => tile::<1>(a, s, b, len, out, out_stride, width, store),
+                            2 => tile::<2>(a, s, b, len, out, out_stride, width, store),
+                            3 => tile::<3>(a, s, b, len, out, out_stride, width, store),
+                            4 => tile::<4>(a, s, b, len, out, out_stride, width, store),
+                            5 => tile::<5>(a, s, b, len, out, out_stride, width, store),
+                            6 => tile::<6>(a, s, b, len, out, out_stride, width, store),
+                            7 => tile::<7>(a, s, b, len, out, out_stride, width, store),
+                            _ => tile::<8>(a, s, b, len, out, out_stride, width, store),
                         }
                     }
                     r += rr;

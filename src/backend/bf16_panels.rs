@@ -152,8 +152,8 @@ pub(super) fn packed(src: &[u16], strides: (usize, usize), shared: usize, cols: 
 
 /// `a · b` rounded to bf16 (in f32) through the panel products: `rows` rows of `a` (word
 /// `(r, p)` at `r·strides.0 + p·strides.1`), `shared` elements summed, `b` [`packed`] with
-/// `cols` columns. The rows are split over the threads, each task rounding its rows while
-/// they are in cache.
+/// `cols` columns. The rows are split over the threads; the kernel rounds the sums as it
+/// stores them.
 pub(super) fn panel_products(
     a: &[u32],
     strides: (usize, usize),
@@ -182,8 +182,7 @@ pub(super) fn panel_products(
     let pairs = shared.div_ceil(2);
     tasks.into_par_iter().for_each(|(first, out)| {
         let rows = out.len() / cols;
-        kernels::bf16_panel_products(&a[first * strides.0..], strides, rows, pairs, b, cols, out, cols, false);
-        kernels::bf16_round(out);
+        kernels::bf16_panel_products(&a[first * strides.0..], strides, rows, pairs, b, cols, out, cols, false, true);
     });
     out
 }

@@ -100,7 +100,7 @@ mod tests {
     #[test]
     fn bf16_panel_products_of_packed_operands_are_the_sums_of_the_products() {
         if !bf16_dot_instructions() {
-            let run = || bf16_panel_products(&[0], (1, 1), 1, 1, &[0; PANEL_COLS], 1, &mut [0.0], 1, false);
+            let run = || bf16_panel_products(&[0], (1, 1), 1, 1, &[0; PANEL_COLS], 1, &mut [0.0], 1, false, false);
             assert!(std::panic::catch_unwind(run).is_err(), "ran without AVX512-BF16");
             eprintln!("this CPU has no AVX512-BF16: checked only that the panel products refuse to run");
             return;
@@ -148,7 +148,17 @@ mod tests {
                 if add {
                     out.chunks_mut(out_stride).for_each(|row| row[..n].fill(0.5));
                 }
-                bf16_panel_products(words, strides, rows, pairs, &packed, n, &mut out, out_stride, add);
+                bf16_panel_products(words, strides, rows, pairs, &packed, n, &mut out, out_stride, add, false);
+                // Rounded as stored: each sum's nearest bf16, with the other's bits.
+                let mut rounded = out.clone();
+                if add {
+                    rounded.chunks_mut(out_stride).for_each(|row| row[..n].fill(0.5));
+                }
+                bf16_panel_products(words, strides, rows, pairs, &packed, n, &mut rounded, out_stride, add, true);
+                for (r, (got, sum)) in rounded.iter().zip(&out).enumerate() {
+                    let want = half::bf16::from_f32(*sum).to_f32();
+                    assert!(got.to_bits() == want.to_bits() || got.is_nan() && want.is_nan(), "[{r}]: {got} vs {want}");
+                }
                 for r in 0..rows {
                     for c in 0..n {
                         let terms = (0..k).map(|i| value(a[r * k + i]) * value(b[i * n + c]));

@@ -523,7 +523,8 @@ mod tests {
                 // bf16 keeps 8 bits: a few of its steps, relative to the largest value.
                 assert!(err <= 2e-2 * scale, "{what}, {rows} rows/chunk, kept {keep}: max error {err} (scale {scale})");
             }
-            let scored = token_logprobs(h.clone(), w.clone().cast(FloatDType::BF16), &targets, 1.0);
+            // The weight as the rollout copy stores it (`precision::rollout_copy`).
+            let scored = token_logprobs(h.clone(), cast::cast(w.clone(), FloatDType::BF16), &targets, 1.0);
             let scored: Vec<f32> = scored.into_data().into_vec().unwrap();
             let same = scored.iter().zip(&fast[0]).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same, "{rows} rows/chunk: the no-grad pass differs from the autodiff one");

@@ -118,13 +118,6 @@ impl Dtype {
         cast_to(t, self.burn())
     }
 
-    /// A weight as this dtype's forward reads it: rounded to the dtype, returned in f32 (for
-    /// the norms, biases and embedding, which compute in f32). The rollout copy stores
-    /// exactly these values.
-    pub fn weight<B: Backend, const D: usize>(self, t: Tensor<B, D>) -> Tensor<B, D> {
-        f32_weight(self.cast(t))
-    }
-
     /// `a · b` multiplied in this dtype, returned in f32.
     pub fn matmul<B: Backend, const D: usize>(self, a: Tensor<B, D>, b: Tensor<B, D>) -> Tensor<B, D> {
         f32_weight(self.product(a, b))

@@ -20,7 +20,7 @@ use super::Cpu;
 use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
 use super::kernels;
 use super::primitive::tensor;
-use crate::dtype::cast_to;
+use crate::dtype::{ComputeDtype, cast_to};
 
 /// Elements per rayon task.
 const TASK: usize = 1 << 16;
@@ -39,6 +39,13 @@ pub fn cast<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: FloatDType) -> T
         }
         None => cast_to(t, dtype),
     }
+}
+
+/// `t` rounded to `compute` and returned in f32, as a layer reads a weight that computes in f32
+/// (a norm's, a bias, the embedding's rows): the same values as [`cast`]'s, which the rollout
+/// copy stores (`model::precision::rollout_copy`), so that sampling and the update agree.
+pub fn rounded<B: Backend, const D: usize>(compute: ComputeDtype, t: Tensor<B, D>) -> Tensor<B, D> {
+    cast(cast(t, compute.burn()), FloatDType::F32)
 }
 
 /// `t` (f32 or bf16) as `to` (the other), in `t`'s shape.

@@ -85,7 +85,7 @@ impl<B: Backend> Linear<B> {
             Some(b) => {
                 let mut shape = [1; D];
                 shape[D - 1] = b.dims()[0];
-                f32_weight(y) + compute.weight(b.val()).reshape(shape)
+                f32_weight(y) + cast::rounded(compute, b.val()).reshape(shape)
             }
             None => y,
         }
@@ -94,7 +94,7 @@ impl<B: Backend> Linear<B> {
     /// The bias as the forward reads it (rounded to `compute`), stored as rounded: for a kernel
     /// that widens it.
     pub fn rounded_bias(&self, compute: ComputeDtype) -> Option<Tensor<B, 1>> {
-        self.bias.as_ref().map(|b| compute.cast(b.val()))
+        self.bias.as_ref().map(|b| cast::cast(b.val(), compute.burn()))
     }
 }
 
@@ -120,7 +120,7 @@ impl<B: Backend> RmsNorm<B> {
     /// The weight rounded to `compute`, in f32 except where hacpo's GPU kernels read it as
     /// stored.
     fn weight(&self, compute: ComputeDtype) -> Tensor<B, 1> {
-        let w = compute.cast(self.weight.val());
+        let w = cast::cast(self.weight.val(), compute.burn());
         if gpu_kernels::<B>() { w } else { f32_weight(w) }
     }
 
@@ -432,7 +432,7 @@ impl<B: Backend> CausalLm<B> {
     /// looked up first and then rounded (the same values as rounding the table, without
     /// casting all of it).
     pub fn embed(&self, ids: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        self.compute.weight(burn::tensor::module::embedding(self.embed_tokens.val(), ids))
+        cast::rounded(self.compute, burn::tensor::module::embedding(self.embed_tokens.val(), ids))
     }
 
     /// The device the weights live on.

@@ -5,7 +5,7 @@
 //! `vdpbf16ps` adds, in each of 16 f32 lanes, the products of one pair of bf16 numbers from
 //! each operand. Here a lane is an output column: the second operand is packed so that a
 //! 64-byte load holds, for 16 columns, the pair of elements `2p, 2p + 1` of the shared
-//! dimension ([`pack_pairs`]'s layout), and the first operand's pair `2p, 2p + 1` of a row is
+//! dimension ([`pack_panels`]'s layout), and the first operand's pair `2p, 2p + 1` of a row is
 //! one 32-bit word, broadcast to every lane. A tile of 8 rows × 48 columns keeps 24 registers
 //! of sums; each step of the shared dimension loads 3 registers of the panel and 8 words of
 //! the rows for 24 instructions. [`super::bf16_dot`]'s tiles instead reduce each output's 16
@@ -33,7 +33,8 @@ pub fn packed_len(pairs: usize, cols: usize) -> usize {
 /// and results count as zero (the instructions' fixed DAZ/FTZ).
 ///
 /// # Panics
-/// On a CPU without the instructions ([`super::bf16_dot_instructions`]), or when a slice is shorter than the shapes say.
+/// On a CPU without the instructions ([`super::bf16_dot_instructions`]), or when a slice is
+/// shorter than the shapes say.
 #[allow(clippy::too_many_arguments)]
 pub fn bf16_panel_products(
     a: &[u32],
@@ -148,8 +149,8 @@ mod x86 {
     const TILE_ROWS: usize = 8;
     /// Pairs at most per block of the shared dimension, the blocks equal: a panel's block (up to
     /// 96 KiB) and a task's rows (up to 256 KiB) stay in L2 while every tile of the task reads
-    /// them, and the shapes of training (up to 1,024 elements) take one block, their sums
-    /// written once.
+    /// them, and a shared dimension of up to 1,024 elements takes one block, its sums written
+    /// once (more, as 1,536 in two blocks of 768, adds the later blocks to the output).
     const PAIR_BLOCK: usize = 512;
 
     #[inline(always)]

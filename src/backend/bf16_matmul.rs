@@ -7,9 +7,10 @@
 //! bf16 operands are read as they are stored, at half f32's bytes:
 //!
 //! - on a CPU with AVX512-BF16, every product runs through `vdpbf16ps`, which multiplies pairs
-//!   of bf16 numbers at twice the rate of f32 FMAs: here prefill, decoding and the LM head
-//!   (`hacpo_kernels::bf16_dot_products`, which reads the operands as stored), and training's
-//!   linear layers forward and backward in `bf16_trained` (through packed operands);
+//!   of bf16 numbers at twice the rate of f32 FMAs: here prefill and decoding
+//!   (`hacpo_kernels::bf16_dot_products`, which reads the operands as stored); training's
+//!   linear layers (`bf16_trained`) and the log-prob op's LM head (`bf16_panels::Packed`) pack
+//!   their second operand once per product or pass for `hacpo_kernels::bf16_panel_products`;
 //! - elsewhere, decoding's few rows read the weights as bf16 tile by tile, and a prefill's many
 //!   rows and training's products widen them for the f32 GEMM.
 //!
@@ -59,7 +60,8 @@ pub fn product<B: Backend, const D: usize>(compute: ComputeDtype, a: Tensor<B, D
     if D == 2 && cpu_backend::<B>(&[a.dtype(), b.dtype()]) == Some(CpuBackend::Autodiff) {
         return super::bf16_trained::trained(a, b);
     }
-    match matmul(a, compute.cast(b)) {
+    // Rounded by hacpo's cast, as the rollout copy is (a recomputed forward reads the masters).
+    match matmul(a, super::cast::cast(b, compute.burn())) {
         Ok(y) => y,
         Err((a, b)) => compute.matmul(a, b),
     }
@@ -388,10 +390,13 @@ mod tests {
         let transpose = |x: &[f64], rows: usize, cols: usize| -> Vec<f64> {
             (0..rows * cols).map(|o| x[o % rows * cols + o / rows]).collect()
         };
-        // A weight stored `[k, n]` (the linear layers) and read through a transpose (an LM head).
-        for (m, k, n, &portable) in [(3, 33, 45), (130, 70, 260), (17, 64, 8), (20, 1100, 50), (1030, 40, 20)]
-            .into_iter()
-            .flat_map(|(m, k, n)| kernels.iter().map(move |p| (m, k, n, p)))
+        // A weight stored `[k, n]` (the linear layers) and read through a transpose (an LM head);
+        // shared dimensions of two blocks (1,100 forward; 1,030 rows for the weight's gradient)
+        // and none (no rows: the weight's gradient is zeros).
+        for (m, k, n, &portable) in
+            [(3, 33, 45), (130, 70, 260), (17, 64, 8), (20, 1100, 50), (1030, 40, 20), (0, 40, 20)]
+                .into_iter()
+                .flat_map(|(m, k, n)| kernels.iter().map(move |p| (m, k, n, p)))
         {
             for transposed in [false, true] {
                 let (a, g) = (Tensor::<Ad, 2>::random([m, k], u, &dev), Tensor::<Ad, 2>::random([m, n], u, &dev));
@@ -413,7 +418,7 @@ mod tests {
                 ];
                 let what = [("product", k), ("inputs' gradient", n), ("weight's gradient", m)];
                 for ((want, got), (what, inner)) in want.iter().zip(&got).zip(what) {
-                    let how = if portable { "widened" } else { "pair products" };
+                    let how = if portable { "widened" } else { "AVX512-BF16" };
                     assert_bf16_close(
                         want,
                         got,

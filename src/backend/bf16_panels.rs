@@ -38,8 +38,10 @@ impl Packed {
         Some(Packed { words: packed(bits, if rows { (n, 1) } else { (1, k) }, k, n), k, n })
     }
 
-    /// `a · b` for `a: [m, k]` in f32, rounded to bf16 (returned in f32).
+    /// `a · b` for `a: [m, k]` in f32 on the plain CPU backend, rounded to bf16 (returned in
+    /// f32).
     pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
+        assert_eq!(a.dtype(), DType::F32, "the packed products' first operand is f32");
         let x = Paired::round(&flex(a));
         assert_eq!(x.cols, self.k, "a's columns are b's rows");
         let out = panel_products(&x.words, (x.row_words(), 1), x.rows, self.k, &self.words, self.n);
@@ -113,7 +115,7 @@ impl Paired {
 
     /// The bits row-major without the padding.
     pub(super) fn dense(&self) -> Cow<'_, [u16]> {
-        if self.cols % 2 == 0 {
+        if self.cols.is_multiple_of(2) {
             return Cow::Borrowed(self.bits());
         }
         Cow::Owned(self.bits().chunks(self.stride()).flat_map(|row| &row[..self.cols]).copied().collect())
@@ -163,7 +165,8 @@ pub(super) fn panel_products(
     cols: usize,
 ) -> Vec<f32> {
     let mut out = vec![0f32; rows * cols];
-    if rows * cols == 0 {
+    // Nothing to sum (a weight's gradient over no rows) is zeros.
+    if rows * cols * shared == 0 {
         return out;
     }
     // Tasks of whole 8-row tiles, as equal as tiles allow and a multiple of the threads in

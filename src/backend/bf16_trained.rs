@@ -1,10 +1,12 @@
 //! Training's bf16 products on the CPU: a linear layer's `x · w` for its f32 master weight
 //! `w`, with the backward pass as one autodiff op.
 //!
-//! The numbers are those of burn's ops on the bf16 casts: the inputs, the weight and the
-//! incoming gradient rounded to bf16, products accumulated in f32, each product rounded to
-//! bf16 (returned in f32). burn's ops copy each bf16 operand to f32 for the f32 GEMM, forward
-//! and backward, and a bf16 train step ran at 0.6× f32's speed.
+//! The numbers are those of a bf16 product: the inputs, the weight and the incoming gradient
+//! rounded to the nearest bf16 (`cast`'s rounding), products accumulated in f32, each product
+//! rounded to bf16 (returned in f32); burn's ops on the bf16 casts give the same up to the
+//! order of the sums and their rounding of a few values through f64. burn's ops copy each
+//! bf16 operand to f32 for the f32 GEMM, forward and backward, and a bf16 train step ran at
+//! 0.6× f32's speed.
 //!
 //! On a CPU with AVX512-BF16 the three products run through `hacpo_kernels::
 //! bf16_panel_products`: the first operand's pairs of elements along the shared dimension are
@@ -48,6 +50,7 @@ pub(super) fn trained<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, 
     WEIGHTS_ROUNDED.with(|n| n.set(n.get() + 1));
     let w = Weight::round(&b.primitive);
     let (m, k, n) = (x.rows, x.cols, w.n);
+    assert_eq!(w.bits.len(), k * n, "a · b: a's columns are b's rows");
     let out = if pair_products() {
         panel_products(&x.words, (x.row_words(), 1), m, k, &packed(&w.bits, w.strides, k, n), n)
     } else {

@@ -11,7 +11,7 @@
 use burn::tensor::{DType, FloatDType, Tensor, TensorData, backend::Backend};
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
 use burn_autodiff::grads::Gradients;
-use burn_autodiff::ops::{Backward, Ops};
+use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use half::bf16;
 use rayon::prelude::*;
@@ -35,7 +35,11 @@ pub fn cast<B: Backend, const D: usize>(t: Tensor<B, D>, dtype: FloatDType) -> T
         Some(CpuBackend::Autodiff) => {
             let t = ad(t);
             let out = convert(&t.primitive, to);
-            tensor::<B, D, _>(Cast.prepare::<NoCheckpointing>([t.node.clone()]).compute_bound().stateless(out))
+            let out = match Cast.prepare::<NoCheckpointing>([t.node.clone()]).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish(from, out),
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            };
+            tensor::<B, D, _>(out)
         }
         None => cast_to(t, dtype),
     }
@@ -79,20 +83,20 @@ pub(crate) fn widen(bits: &[u16]) -> Vec<f32> {
     wide
 }
 
-/// The backward pass of a tracked [`cast`]: the gradient cast back to the input's dtype (a
-/// bf16 weight's gradient, rounded, widened for its f32 master weight).
+/// The backward pass of a tracked [`cast`]: the gradient cast to the input's dtype (its state;
+/// a bf16 weight's gradient, rounded, widened for its f32 master weight).
 #[derive(Debug)]
 struct Cast;
 
 impl Backward<Cpu, 1> for Cast {
-    type State = ();
+    type State = DType;
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let grad = grads.consume::<Cpu>(&ops.node);
         let [parent] = ops.parents;
         if let Some(node) = parent {
-            let to = if grad.dtype() == DType::BF16 { DType::F32 } else { DType::BF16 };
-            grads.register::<Cpu>(node.id, convert(&grad, to));
+            let grad = if grad.dtype() == ops.state { grad } else { convert(&grad, ops.state) };
+            grads.register::<Cpu>(node.id, grad);
         }
     }
 }

@@ -9,7 +9,7 @@
 //!   `W`, one log-sum-exp per token and at most one chunk of logits (the "fused linear
 //!   cross-entropy" trick).
 
-use burn::tensor::{FloatDType, IndexingUpdateOp, ops::FloatTensor};
+use burn::tensor::{DType, FloatDType, IndexingUpdateOp, ops::FloatTensor};
 use burn::tensor::{Int, Tensor, TensorData, TensorPrimitive, backend::Backend};
 use burn_autodiff::Autodiff;
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy};
@@ -40,21 +40,24 @@ struct Operand<B: Backend> {
 }
 
 impl<B: Backend> Operand<B> {
-    fn new(b: Tensor<B, 2>) -> Self {
-        Operand { packed: bf16_panels::Packed::of(&b), b }
+    /// `b` for the products of `rows` rows in all: packed where they are enough to pay for it
+    /// (decoding's few rows read it as stored faster than packing it).
+    fn new(b: Tensor<B, 2>, rows: usize) -> Self {
+        const PACKED_ROWS: usize = 64;
+        Operand { packed: (rows >= PACKED_ROWS).then(|| bf16_panels::Packed::of(&b)).flatten(), b }
     }
 
     /// The LM head's: logits `rows · weightᵀ` multiplied in the weight's dtype (the model's
     /// compute dtype, see `CausalLm::lm_head_weight`), returned in f32: log-softmax runs in f32.
-    fn head(weight: Tensor<B, 2>) -> Self {
-        Self::new(weight.transpose())
+    fn head(weight: Tensor<B, 2>, rows: usize) -> Self {
+        Self::new(weight.transpose(), rows)
     }
 
     /// `a · b` in `b`'s dtype, returned in f32.
     fn product(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.packed {
-            Some(packed) => packed.product(a),
-            None => product_in(FloatDType::from(self.b.dtype()), a, self.b.clone()),
+            Some(packed) if a.dtype() == DType::F32 => packed.product(a),
+            _ => product_in(FloatDType::from(self.b.dtype()), a, self.b.clone()),
         }
     }
 }
@@ -119,7 +122,7 @@ pub fn token_logprobs<B: Backend>(
     assert_eq!(n, targets.len(), "one target per hidden row");
     let device = hidden.device();
     let rows = chunk_rows(weight.dims()[0]);
-    let head = Operand::head(weight);
+    let head = Operand::head(weight, n);
     let mut parts = Vec::new();
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
@@ -169,19 +172,19 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         let (dtype, hidden_dtype) = (FloatDType::from(weight.dtype()), FloatDType::from(hidden.dtype()));
         let mut grad_hidden = Vec::new();
         let mut grad_weight: Option<Tensor<B, 2>> = None;
-        let head = (n > rows || first_logits.is_none()).then(|| Operand::head(weight.clone()));
+        let head = (n > rows || first_logits.is_none()).then(|| Operand::head(weight.clone(), n));
         // The inputs' gradient reads the weight along the vocabulary: a bf16 weight is packed or
         // laid out so once for every chunk (the CPU's bf16 product would transpose it per chunk).
-        let down = match Operand::new(weight.clone()) {
-            Operand { packed: None, b } if dtype == FloatDType::BF16 => Operand::new(bf16_matmul::for_decoding(b)),
+        let down = node_hidden.is_some().then(|| match Operand::new(weight.clone(), n) {
+            Operand { packed: None, b } if dtype == FloatDType::BF16 => Operand::new(bf16_matmul::for_decoding(b), n),
             down => down,
-        };
+        });
         for start in (0..n).step_by(rows) {
             let end = (start + rows).min(n);
             let h = hidden.clone().slice([start..end, 0..d]);
             let z = match first_logits.take() {
                 Some(z) => Tensor::from_primitive(TensorPrimitive::Float(z)),
-                None => head.as_ref().expect("packed when a chunk is recomputed").product(h.clone()),
+                None => head.as_ref().expect("made when a chunk is recomputed").product(h.clone()),
             };
             let dz = chunk_logits_grad(
                 z,
@@ -190,7 +193,7 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
                 grad_out.clone().narrow(0, start, end - start),
                 inv_t,
             );
-            if node_hidden.is_some() {
+            if let Some(down) = &down {
                 grad_hidden.push(cast_to(down.product(dz.clone()), hidden_dtype));
             }
             if node_weight.is_some() {
@@ -248,7 +251,7 @@ fn token_logprobs_autodiff_in_chunks<B: Backend, C: CheckpointStrategy>(
     let mut logps = Vec::new();
     let mut lses = Vec::new();
     let mut first_logits = None;
-    let head = Operand::head(w_inner.clone());
+    let head = Operand::head(w_inner.clone(), n);
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
         let z = head.product(h_inner.clone().slice([start..end, 0..d]));
@@ -511,10 +514,10 @@ mod tests {
     /// to the order of the sums, and the no-grad pass gives the autodiff one's values.
     #[test]
     fn bf16_chunks_give_burns_bf16_values_and_gradients() {
-        // Chunks with a last partial one, a vocabulary of several 48-column panels and a
-        // partial last one, an odd hidden size.
-        let (h, w, c, targets) = inputs(45, 33, 500, 37);
-        for (rows, keep) in [(16, false), (16, true), (45, true)] {
+        // Rows enough to pack the head for, in chunks with a last partial one; a vocabulary of
+        // several 48-column panels and a partial last one; an odd hidden size.
+        let (h, w, c, targets) = inputs(70, 33, 500, 37);
+        for (rows, keep) in [(16, false), (16, true), (70, true)] {
             let fast = chunked_in(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep);
             let generic = without_fast_paths(|| chunked_in(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep));
             for (i, what) in ["values", "d hidden", "d weight"].iter().enumerate() {

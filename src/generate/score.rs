@@ -176,7 +176,9 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         // The inputs' gradient reads the weight along the vocabulary: a bf16 weight is packed or
         // laid out so once for every chunk (the CPU's bf16 product would transpose it per chunk).
         let down = node_hidden.is_some().then(|| match Operand::new(weight.clone(), n) {
-            Operand { packed: None, b } if dtype == FloatDType::BF16 => Operand::new(bf16_matmul::for_decoding(b), n),
+            Operand { packed: None, b } if dtype == FloatDType::BF16 => {
+                Operand { b: bf16_matmul::for_decoding(b), packed: None }
+            }
             down => down,
         });
         for start in (0..n).step_by(rows) {
@@ -418,23 +420,11 @@ mod tests {
 
     type Ad = CpuAutodiff;
 
-    /// (values, d/d hidden, d/d weight) of `Σ_i c_i · logp_i` for the chunked op.
-    fn chunked(
-        h: &Tensor<Cpu, 2>,
-        w: &Tensor<Cpu, 2>,
-        t: &[u32],
-        c: &Tensor<Cpu, 1>,
-        inv_t: f32,
-        rows: usize,
-        keep_first_logits: bool,
-    ) -> [Vec<f32>; 3] {
-        chunked_in(FloatDType::F32, h, w, t, c, inv_t, rows, keep_first_logits)
-    }
-
-    /// [`chunked`] with the weight cast to `dtype` in the graph (as `CausalLm::lm_head_weight`
-    /// does), its gradient returned to the f32 weight.
+    /// (values, d/d hidden, d/d weight) of `Σ_i c_i · logp_i` for the chunked op, the weight
+    /// cast to `dtype` in the graph (as `CausalLm::lm_head_weight` does), its gradient returned
+    /// to the f32 weight.
     #[allow(clippy::too_many_arguments)]
-    fn chunked_in(
+    fn chunked(
         dtype: FloatDType,
         h: &Tensor<Cpu, 2>,
         w: &Tensor<Cpu, 2>,
@@ -497,8 +487,8 @@ mod tests {
         for inv_t in [1.0, 1.0 / 0.7] {
             let want = naive(&h, &w, &targets, &c, inv_t);
             for (rows, keep) in [(4, false), (4, true), (13, true), (100, false)] {
-                let fast = chunked(&h, &w, &targets, &c, inv_t, rows, keep);
-                let generic = without_fast_paths(|| chunked(&h, &w, &targets, &c, inv_t, rows, keep));
+                let fast = chunked(FloatDType::F32, &h, &w, &targets, &c, inv_t, rows, keep);
+                let generic = without_fast_paths(|| chunked(FloatDType::F32, &h, &w, &targets, &c, inv_t, rows, keep));
                 for (name, got) in [("flex fast path", &fast), ("generic ops", &generic)] {
                     let case = format!("{rows} rows/chunk, first logits kept: {keep}");
                     close(&got[0], &want[0], &format!("{name}: values, {case}"));
@@ -518,8 +508,8 @@ mod tests {
         // several 48-column panels and a partial last one; an odd hidden size.
         let (h, w, c, targets) = inputs(70, 33, 500, 37);
         for (rows, keep) in [(16, false), (16, true), (70, true)] {
-            let fast = chunked_in(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep);
-            let generic = without_fast_paths(|| chunked_in(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep));
+            let fast = chunked(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep);
+            let generic = without_fast_paths(|| chunked(FloatDType::BF16, &h, &w, &targets, &c, 1.0, rows, keep));
             for (i, what) in ["values", "d hidden", "d weight"].iter().enumerate() {
                 let scale = generic[i].iter().fold(0f32, |m, x| m.max(x.abs()));
                 let err = fast[i].iter().zip(&generic[i]).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
@@ -546,7 +536,7 @@ mod tests {
             .into_data()
             .into_vec::<f32>()
             .unwrap();
-        close(&a, &chunked(&h, &w, &targets, &c, 1.0, 3, true)[0], "no-grad vs autodiff");
+        close(&a, &chunked(FloatDType::F32, &h, &w, &targets, &c, 1.0, 3, true)[0], "no-grad vs autodiff");
         close(&a, &b, "fast vs generic");
     }
 
@@ -558,8 +548,8 @@ mod tests {
         let n = 96;
         let (h, w, c, targets) = inputs(n, 64, 2000, 611);
         for rows in [n, 40] {
-            let kept = chunked(&h, &w, &targets, &c, 1.0, rows, true);
-            let recomputed = chunked(&h, &w, &targets, &c, 1.0, rows, false);
+            let kept = chunked(FloatDType::F32, &h, &w, &targets, &c, 1.0, rows, true);
+            let recomputed = chunked(FloatDType::F32, &h, &w, &targets, &c, 1.0, rows, false);
             for (what, i) in [("values", 0), ("d hidden", 1), ("d weight", 2)] {
                 let same = kept[i].iter().zip(&recomputed[i]).all(|(x, y)| x.to_bits() == y.to_bits());
                 assert!(same, "{what}, {rows} rows/chunk: kept logits changed the result");

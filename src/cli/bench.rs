@@ -31,8 +31,8 @@ pub struct BenchArgs {
     #[arg(long, default_value = "cpu")]
     pub device: String,
     /// The matmuls' dtype, as algo.compute_dtype: prefill and decode read the weights stored in
-    /// it, the train step casts f32 master weights (bf16: CUDA or CPU, where it is slower than
-    /// f32 for now and says so; wgpu has f16 only).
+    /// it, the train step casts f32 master weights (bf16: CUDA or CPU, faster than f32 on a CPU
+    /// with AVX512-BF16, elsewhere slower and says so; wgpu has f16 only).
     #[arg(long, value_name = "DTYPE", default_value = "f32", value_parser = ["f32", "bf16", "f16"])]
     pub compute_dtype: String,
     /// Prefill: sequences per batch.

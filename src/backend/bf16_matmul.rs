@@ -30,6 +30,7 @@ use rayon::prelude::*;
 use super::Cpu;
 use super::cast::{bf16_bits, widen};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
+use super::parallel_fill::filled_in_chunks;
 use super::primitive::tensor;
 use super::{f32_matmul, kernels};
 use crate::dtype::ComputeDtype;
@@ -182,17 +183,16 @@ fn dot_products(xb: &[u16], m: usize, k: usize, bt: &[u16], n: usize) -> Vec<f32
         return out;
     }
     if m > PAIR_ROWS_BY_COLUMNS {
-        let mut out = vec![0f32; m * n];
-        let rows = m.div_ceil(4 * rayon::current_num_threads()).clamp(16, TASK_ROWS);
-        out.par_chunks_mut(rows * n).zip(xb.par_chunks(rows * k)).for_each(|(out, xb)| {
-            let rows = xb.len() / k;
+        let per_task = m.div_ceil(4 * rayon::current_num_threads()).clamp(16, TASK_ROWS);
+        return filled_in_chunks(m * n, per_task * n, |task, out| {
+            let rows = out.len() / n;
+            let xb = &xb[task * per_task * k..][..rows * k];
             for first in (0..n).step_by(TASK_COLS) {
                 let cols = (first, (first + TASK_COLS).min(n));
                 kernels::bf16_dot_products(xb, k, rows, k, bt, cols, &mut out[first..], n);
             }
             round_to_bf16(out);
         });
-        return out;
     }
     by_columns(m, n, |cols, part| {
         kernels::bf16_dot_products(xb, k, m, k, bt, cols, part, cols.1 - cols.0);
@@ -247,15 +247,13 @@ fn rounded_rows(a: &FlexTensor) -> Vec<u16> {
 /// column walk through a large `w` misses the cache on every element).
 pub(super) fn transpose_bits(w: &[u16], k: usize, n: usize) -> Vec<u16> {
     const TASK_COLS: usize = 32;
-    let mut t = vec![0u16; k * n];
     if k * n == 0 {
-        return t;
+        return vec![0u16; k * n];
     }
-    t.par_chunks_mut(TASK_COLS * k).enumerate().for_each(|(task, t)| {
+    filled_in_chunks(k * n, TASK_COLS * k, |task, t| {
         let first = task * TASK_COLS;
         kernels::transpose_u16(w, k, n, (first, first + t.len() / k), t);
-    });
-    t
+    })
 }
 
 /// An f32 matrix `[k, n]` rounded to bf16 bits, and whether they are `[k, n]` row-major (else

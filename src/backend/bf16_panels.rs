@@ -8,11 +8,11 @@ use std::borrow::Cow;
 
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_flex::FlexTensor;
-use rayon::prelude::*;
 
 use super::bf16_matmul::{bits, pair_products};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
 use super::kernels;
+use super::parallel_fill::{filled, filled_in_chunks};
 use super::primitive::tensor;
 
 /// A bf16 matrix `b` (`[k, n]`) packed once to be the second operand of several products `a ·
@@ -85,18 +85,18 @@ impl Paired {
     pub(super) fn round(a: &FlexTensor) -> Paired {
         let a = contiguous(a);
         let [rows, cols] = [a.layout().shape()[0], a.layout().shape()[1]];
-        let mut paired = Paired { words: vec![0; rows * cols.div_ceil(2)], rows, cols };
+        let row_words = cols.div_ceil(2);
         if rows * cols == 0 {
-            return paired;
+            return Paired { words: vec![0; rows * row_words], rows, cols };
         }
-        let (stride, per_task) = (paired.stride(), (1 << 16) / cols + 1);
-        let bits: &mut [u16] = bytemuck::cast_slice_mut(&mut paired.words);
-        bits.par_chunks_mut(stride * per_task).zip(elems(&a).par_chunks(cols * per_task)).for_each(|(bits, values)| {
-            for (bits, values) in bits.chunks_mut(stride).zip(values.chunks(cols)) {
+        let (values, per_task) = (elems(&a), (1 << 16) / cols + 1);
+        let words = filled_in_chunks(rows * row_words, row_words * per_task, |task, words: &mut [u32]| {
+            let bits: &mut [u16] = bytemuck::cast_slice_mut(words);
+            for (bits, values) in bits.chunks_mut(2 * row_words).zip(values[task * per_task * cols..].chunks(cols)) {
                 kernels::bf16_round_bits(values, &mut bits[..cols]);
             }
         });
-        paired
+        Paired { words, rows, cols }
     }
 
     pub(super) fn row_words(&self) -> usize {
@@ -125,16 +125,15 @@ impl Paired {
     /// the rows (`xᵀ · dy`, the weight's gradient).
     pub(super) fn paired_rows(&self) -> Vec<u32> {
         const PAIRS_PER_TASK: usize = 64;
-        let mut out = vec![0u32; self.rows.div_ceil(2) * self.cols];
+        let len = self.rows.div_ceil(2) * self.cols;
         if self.cols == 0 {
-            return out;
+            return vec![0; len];
         }
-        out.par_chunks_mut(PAIRS_PER_TASK * self.cols).enumerate().for_each(|(task, out)| {
+        filled_in_chunks(len, PAIRS_PER_TASK * self.cols, |task, out| {
             let first = task * PAIRS_PER_TASK;
             let pairs = (first, first + out.len() / self.cols);
             kernels::pair_rows(self.bits(), self.stride(), (self.rows, self.cols), pairs, out);
-        });
-        out
+        })
     }
 }
 
@@ -142,14 +141,13 @@ impl Paired {
 /// packed in panels ([`kernels::pack_panels`]), one panel per task.
 pub(super) fn packed(src: &[u16], strides: (usize, usize), shared: usize, cols: usize) -> Vec<u32> {
     let pairs = shared.div_ceil(2);
-    let mut out = vec![0u32; kernels::packed_len(pairs, cols)];
+    let len = kernels::packed_len(pairs, cols);
     if pairs == 0 {
-        return out;
+        return vec![0; len];
     }
-    out.par_chunks_mut(kernels::PANEL_COLS * pairs).enumerate().for_each(|(panel, out)| {
+    filled_in_chunks(len, kernels::PANEL_COLS * pairs, |panel, out| {
         kernels::pack_panels(src, strides, (shared, cols), (panel, panel + 1), out);
-    });
-    out
+    })
 }
 
 /// `a · b` rounded to bf16 (in f32) through the panel products: `rows` rows of `a` (word
@@ -164,28 +162,20 @@ pub(super) fn panel_products(
     b: &[u32],
     cols: usize,
 ) -> Vec<f32> {
-    let mut out = vec![0f32; rows * cols];
     // Nothing to sum (a weight's gradient over no rows) is zeros.
     if rows * cols * shared == 0 {
-        return out;
+        return vec![0f32; rows * cols];
     }
     // Tasks of whole 8-row tiles, as equal as tiles allow and a multiple of the threads in
     // number (341 rows in tasks of 48 left one thread a sixth of the work to do alone), of at
     // most 16 tiles so that a task's rows stay in L2.
     let (threads, tiles) = (rayon::current_num_threads(), rows.div_ceil(8));
     let count = (4 * threads).max(tiles.div_ceil(16)).next_multiple_of(threads).min(tiles);
-    let mut tasks = Vec::with_capacity(count);
-    let mut rest = &mut out[..];
-    for task in 0..count {
-        let (first, end) = ((8 * (task * tiles / count)).min(rows), (8 * ((task + 1) * tiles / count)).min(rows));
-        let (part, tail) = rest.split_at_mut((end - first) * cols);
-        tasks.push((first, part));
-        rest = tail;
-    }
+    let first = |task: usize| (8 * (task * tiles / count)).min(rows);
+    let parts: Vec<usize> = (0..count).map(|task| (first(task + 1) - first(task)) * cols).collect();
     let pairs = shared.div_ceil(2);
-    tasks.into_par_iter().for_each(|(first, out)| {
-        let rows = out.len() / cols;
+    filled(&parts, |task, out| {
+        let (first, rows) = (first(task), out.len() / cols);
         kernels::bf16_panel_products(&a[first * strides.0..], strides, rows, pairs, b, cols, out, cols, false, true);
-    });
-    out
+    })
 }

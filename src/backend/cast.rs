@@ -14,11 +14,11 @@ use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use half::bf16;
-use rayon::prelude::*;
 
 use super::Cpu;
 use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
 use super::kernels;
+use super::parallel_fill::filled_in_chunks;
 use super::primitive::tensor;
 use crate::dtype::{ComputeDtype, cast_to};
 
@@ -67,20 +67,16 @@ fn convert(t: &FlexTensor, to: DType) -> FlexTensor {
 
 /// `values` rounded to bf16 (ties to even), as bits.
 pub(crate) fn bf16_bits(values: &[f32]) -> Vec<u16> {
-    let mut bits = vec![0u16; values.len()];
-    bits.par_chunks_mut(TASK).zip(values.par_chunks(TASK)).for_each(|(bits, values)| {
-        kernels::bf16_round_bits(values, bits);
-    });
-    bits
+    filled_in_chunks(values.len(), TASK, |task, bits| {
+        kernels::bf16_round_bits(&values[task * TASK..][..bits.len()], bits)
+    })
 }
 
 /// bf16 bits as f32 numbers (exact: bf16 is f32's upper half).
 pub(crate) fn widen(bits: &[u16]) -> Vec<f32> {
-    let mut wide = vec![0f32; bits.len()];
-    wide.par_chunks_mut(TASK).zip(bits.par_chunks(TASK)).for_each(|(wide, bits)| {
-        wide.iter_mut().zip(bits).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
-    });
-    wide
+    filled_in_chunks(bits.len(), TASK, |task, wide| {
+        wide.iter_mut().zip(&bits[task * TASK..]).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
+    })
 }
 
 /// The backward pass of a tracked [`cast`]: the gradient cast to the input's dtype (its state;

@@ -20,6 +20,7 @@ pub mod fused;
 pub mod gather;
 pub mod kernel_cache;
 pub mod kernels;
+mod parallel_fill;
 pub(crate) mod primitive;
 pub mod reduce;
 

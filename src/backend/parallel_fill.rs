@@ -1,0 +1,65 @@
+//! New buffers written over the threads, each part zeroed by the task that writes it.
+//!
+//! `vec![0; len]` zeroes the whole buffer on the calling thread before any task starts, the
+//! other cores idle: in a bf16 train step of SmolLM2-135M the zeroing of the products' outputs
+//! and packed operands was the largest piece of one-thread work. Here each task zeroes its own
+//! part right before writing it, in parallel and while the part is in its cache.
+
+use std::mem::MaybeUninit;
+
+use rayon::prelude::*;
+
+/// A vector of parts of the lengths `parts` (in order), part `i` written by `fill(i, part)`
+/// over the threads, zeroed before `fill` sees it.
+pub(super) fn filled<T, F>(parts: &[usize], fill: F) -> Vec<T>
+where
+    T: Copy + Default + Send + Sync,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let len = parts.iter().sum();
+    let mut out = Vec::with_capacity(len);
+    let mut pieces = Vec::with_capacity(parts.len());
+    let mut rest = &mut out.spare_capacity_mut()[..len];
+    for &n in parts {
+        let (piece, tail) = rest.split_at_mut(n);
+        pieces.push(piece);
+        rest = tail;
+    }
+    pieces.into_par_iter().enumerate().for_each(|(i, piece)| {
+        piece.fill(MaybeUninit::new(T::default()));
+        // SAFETY: every element of the piece was initialised on the line above.
+        let piece = unsafe { &mut *(piece as *mut [MaybeUninit<T>] as *mut [T]) };
+        fill(i, piece);
+    });
+    // SAFETY: the pieces cover the first `len` elements, and each was initialised.
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// [`filled`] in parts of `chunk` elements (the last one shorter) covering `len`.
+pub(super) fn filled_in_chunks<T, F>(len: usize, chunk: usize, fill: F) -> Vec<T>
+where
+    T: Copy + Default + Send + Sync,
+    F: Fn(usize, &mut [T]) + Sync,
+{
+    let chunk = chunk.max(1);
+    let parts: Vec<usize> = (0..len).step_by(chunk).map(|start| chunk.min(len - start)).collect();
+    filled(&parts, fill)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_part_is_zeroed_then_written_in_place() {
+        let out: Vec<u32> = filled(&[3, 0, 5, 1], |i, part| {
+            assert!(part.iter().all(|&x| x == 0), "part {i} starts zeroed");
+            part.iter_mut().enumerate().step_by(2).for_each(|(j, x)| *x = (10 * i + j) as u32 + 1);
+        });
+        assert_eq!(out, [1, 0, 3, 21, 0, 23, 0, 25, 31]);
+        let out: Vec<f32> = filled_in_chunks(10, 4, |i, part| part.fill(i as f32));
+        assert_eq!(out, [0., 0., 0., 0., 1., 1., 1., 1., 2., 2.]);
+        assert!(filled_in_chunks::<f32, _>(0, 4, |_, _| unreachable!()).is_empty());
+    }
+}

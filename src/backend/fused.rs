@@ -1,9 +1,11 @@
 //! Element-wise parts of the transformer fused into one pass each on the CPU backend, with
-//! their backward passes as custom autodiff ops: SwiGLU's `silu(gate) ∘ up` and RMSNorm.
+//! their backward passes as custom autodiff ops: SwiGLU's `silu(gate) ∘ up`, RMSNorm and RoPE.
 //!
 //! Through burn's generic ops, RMSNorm is six passes over the activations (square, mean, add,
 //! sqrt, reciprocal, two products) and SiLU calls libm's `expf` per element; together they
-//! were a fifth of a prefill. Here each is one pass of a [`kernels`] kernel. On every other
+//! were a fifth of a prefill. RoPE was a copy, two slices, a concatenation, two products and
+//! a sum, each on one thread, and as many again backward. Here each is one pass of a
+//! [`kernels`] kernel over the threads. On every other
 //! backend (CUDA, wgpu) the generic ops run, and tests compare the two.
 //!
 //! The helpers at the top say which CPU backend `B` is and read its primitives;
@@ -20,6 +22,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
+use super::parallel_fill::filled_in_chunks;
 use super::primitive::{primitive, tensor};
 use super::{Cpu, CpuAutodiff, flex_fast, kernels};
 use crate::dtype::{cast_to, f32_weight};
@@ -179,7 +182,11 @@ impl Backward<Cpu, 2> for SwiGlu {
         let (gate, up) = ops.state;
         let dy = contiguous(&grads.consume::<Cpu>(&ops.node));
         let (g, u) = (contiguous(&gate), contiguous(&up));
-        let (mut dg, mut du) = (elems(&g).to_vec(), elems(&u).to_vec());
+        // Copied over the threads (a `to_vec` ran on one thread, the other core idle).
+        let copy = |src: &[f32]| {
+            filled_in_chunks(src.len(), TASK, |i, part| part.copy_from_slice(&src[i * TASK..][..part.len()]))
+        };
+        let (mut dg, mut du) = (copy(elems(&g)), copy(elems(&u)));
         let dy_data = elems(&dy);
         dg.par_chunks_mut(TASK)
             .zip(du.par_chunks_mut(TASK).zip(dy_data.par_chunks(TASK)))
@@ -318,6 +325,73 @@ impl Backward<Cpu, 2> for RmsNormOp {
     }
 }
 
+// --- RoPE --------------------------------------------------------------------------------
+
+/// `x ∘ cos + rotate_half(x) ∘ sin` for `x: [b, t, h, d]` and tables `[1 or b, t·h·d]` (`sin`
+/// with rotate-half's sign folded in, [`crate::model::RopeTables`]), the same numbers as
+/// burn's ops give, on the CPU backend; `x` back on other backends or shapes.
+pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
+    let [b, t, h, d] = x.dims();
+    let [rows, per] = cos.dims();
+    let fits = per == t * h * d && (rows == 1 || rows == b) && d.is_multiple_of(2) && sin.dims() == cos.dims();
+    match cpu_backend::<B>(&[x.dtype(), cos.dtype(), sin.dtype()]).filter(|_| fits) {
+        Some(CpuBackend::Plain) => {
+            let (cos, sin) = (flex(cos.clone()), flex(sin.clone()));
+            Ok(tensor::<B, 4, _>(rope_pass(&flex(x), &cos, &sin, d, kernels::rope)))
+        }
+        Some(CpuBackend::Autodiff) => {
+            let (x, cos, sin) = (ad(x), ad(cos.clone()).primitive, ad(sin.clone()).primitive);
+            let out = rope_pass(&x.primitive, &cos, &sin, d, kernels::rope);
+            // The tables are constants: only x has a gradient.
+            let out = match Rope.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
+                OpsKind::Tracked(prep) => prep.finish((cos, sin, d), out),
+                OpsKind::UnTracked(prep) => prep.finish(out),
+            };
+            Ok(tensor::<B, 4, _>(out))
+        }
+        None => Err(x),
+    }
+}
+
+/// `kernel` ([`kernels::rope`] or its backward) over `x`'s heads of `d` elements, in parallel
+/// tasks of whole heads, each reading the tables where its elements fall in them (one row of
+/// tables repeats for every row of `x`).
+type RopeKernel = fn(&[f32], &[f32], &[f32], usize, &mut [f32]);
+
+fn rope_pass(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, d: usize, kernel: RopeKernel) -> FlexTensor {
+    let (x, cos, sin) = (contiguous(x), contiguous(cos), contiguous(sin));
+    let (xs, cs, ss) = (elems(&x), elems(&cos), elems(&sin));
+    let (period, chunk) = (cs.len(), (TASK / d).max(1) * d);
+    let out = filled_in_chunks(xs.len(), chunk, |task, out| {
+        let mut at = 0;
+        while at < out.len() {
+            let (g, within) = (task * chunk + at, (task * chunk + at) % period);
+            let run = (period - within).min(out.len() - at);
+            let (c, s) = (&cs[within..][..run], &ss[within..][..run]);
+            kernel(&xs[g..][..run], c, s, d, &mut out[at..][..run]);
+            at += run;
+        }
+    });
+    new_like(&x, out)
+}
+
+#[derive(Debug)]
+struct Rope;
+
+impl Backward<Cpu, 1> for Rope {
+    /// The tables and the head size.
+    type State = (FlexTensor, FlexTensor, usize);
+
+    fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
+        let (cos, sin, d) = &ops.state;
+        let dy = grads.consume::<Cpu>(&ops.node);
+        let [parent] = ops.parents;
+        if let Some(node) = parent {
+            grads.register::<Cpu>(node.id, rope_pass(&dy, cos, sin, *d, kernels::rope_backward));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,6 +429,42 @@ mod tests {
         for (a, b) in grads_of(true).into_iter().zip(grads_of(false)) {
             let err = max_diff(a, b);
             assert!(err < 1e-4, "gradient differs by {err}");
+        }
+    }
+
+    /// RoPE through burn's ops, as the model ran it before the fused op (the reference).
+    fn generic_rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Tensor<B, 4> {
+        let [b, t, h, d] = x.dims();
+        let (n, half) = (b * t * h, d / 2);
+        let pairs = x.clone().reshape([n, 2, half]);
+        let swapped =
+            Tensor::cat(vec![pairs.clone().slice([0..n, 1..2, 0..half]), pairs.slice([0..n, 0..1, 0..half])], 1);
+        let view = [b, t * h * d];
+        (x.reshape(view) * cos.clone() + swapped.reshape(view) * sin.clone()).reshape([b, t, h, d])
+    }
+
+    #[test]
+    fn rope_matches_the_generic_ops_forward_and_backward_bit_for_bit() {
+        // x a strided view (as the projections' may be), tables shared by every row or one row
+        // each, one head of two elements, and more elements than one task.
+        for ([b, t, h, d], rows) in [([2, 5, 3, 8], 1), ([3, 4, 2, 6], 3), ([1, 1, 1, 2], 1), ([2, 70, 4, 64], 2)] {
+            let what = format!("{b}x{t}x{h}x{d}, {rows} rows of tables");
+            let x = random::<Cpu, 4>([b, h, t, d]).swap_dims(1, 2);
+            let (cos, sin) = (random::<Cpu, 2>([rows, t * h * d]), random::<Cpu, 2>([rows, t * h * d]));
+            let fused = rope(x.clone(), &cos, &sin).unwrap_or_else(|_| panic!("{what}: the CPU path"));
+            assert_eq!(fused.into_data(), generic_rope(x.clone(), &cos, &sin).into_data(), "{what}");
+
+            let weights = random::<Ad, 4>([b, t, h, d]);
+            let (cos, sin) = (Tensor::<Ad, 2>::from_inner(cos), Tensor::<Ad, 2>::from_inner(sin));
+            let grad_of = |fast: bool| {
+                let xs = Tensor::<Ad, 4>::from_inner(x.clone()).require_grad();
+                let y = match fast {
+                    true => rope(xs.clone(), &cos, &sin).unwrap_or_else(|_| panic!("{what}: the CPU path")),
+                    false => generic_rope(xs.clone(), &cos, &sin),
+                };
+                xs.grad(&(y * weights.clone()).sum().backward()).unwrap()
+            };
+            assert_eq!(grad_of(true).into_data(), grad_of(false).into_data(), "{what}: the gradient");
         }
     }
 

@@ -25,12 +25,18 @@ where
         pieces.push(piece);
         rest = tail;
     }
-    pieces.into_par_iter().enumerate().for_each(|(i, piece)| {
+    let run = |(i, piece): (usize, &mut [MaybeUninit<T>])| {
         piece.fill(MaybeUninit::new(T::default()));
         // SAFETY: every element of the piece was initialised on the line above.
         let piece = unsafe { &mut *(piece as *mut [MaybeUninit<T>] as *mut [T]) };
         fill(i, piece);
-    });
+    };
+    if pieces.len() <= 1 {
+        // One part: on the calling thread, not a hand-over to the pool (decoding one sequence).
+        pieces.into_iter().enumerate().for_each(run);
+    } else {
+        pieces.into_par_iter().enumerate().for_each(run);
+    }
     // SAFETY: the pieces cover the first `len` elements, and each was initialised.
     unsafe { out.set_len(len) };
     out

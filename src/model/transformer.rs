@@ -276,6 +276,10 @@ fn apply_rope<B: Backend>(x: Tensor<B, 4>, tables: &RopeTables<B>) -> Tensor<B, 
         Ok(out) => return out,
         Err(x) => x,
     };
+    let x = match crate::backend::fused::rope(x, &tables.cos, &tables.sin) {
+        Ok(out) => return out,
+        Err(x) => x,
+    };
     let [b, t, h, d] = x.dims();
     let (n, half) = (b * t * h, d / 2);
     let pairs = x.clone().reshape([n, 2, half]);

@@ -64,9 +64,34 @@ pub(crate) fn ad<B: Backend, const D: usize>(t: Tensor<B, D>) -> AdTensor {
 }
 
 /// `t` with its elements in row-major order (a copy only when `t` is a strided view); read
-/// them with [`elems`].
+/// them with [`elems`]. An f32 view whose rows (its last dimension) are contiguous is copied
+/// row by row over the threads: burn's copy walks such a view element by element on one
+/// thread (the projections' views that RoPE and attention read, their gradients).
 pub(crate) fn contiguous(t: &FlexTensor) -> FlexTensor {
-    t.to_contiguous()
+    let layout = t.layout();
+    let (shape, strides) = (layout.shape().to_vec(), layout.strides().to_vec());
+    let rank = shape.len();
+    let rows_contiguous = rank >= 2 && strides[rank - 1] == 1 && strides.iter().all(|&s| s >= 0);
+    if t.dtype() != DType::F32 || t.is_contiguous() || !rows_contiguous || layout.num_elements() == 0 {
+        return t.to_contiguous();
+    }
+    let all = &t.storage::<f32>()[layout.start_offset()..];
+    let width = shape[rank - 1];
+    let row_start = |mut row: usize| {
+        let mut at = 0;
+        for dim in (0..rank - 1).rev() {
+            at += row % shape[dim] * strides[dim] as usize;
+            row /= shape[dim];
+        }
+        at
+    };
+    let rows_per_task = (TASK / width).max(1);
+    let data = filled_in_chunks(layout.num_elements(), rows_per_task * width, |task, out| {
+        for (i, row) in out.chunks_exact_mut(width).enumerate() {
+            row.copy_from_slice(&all[row_start(task * rows_per_task + i)..][..width]);
+        }
+    });
+    FlexTensor::from_data(TensorData::new(data, shape))
 }
 
 /// The f32 elements of a contiguous `t` (from [`contiguous`]).
@@ -407,6 +432,24 @@ mod tests {
 
     fn random<B: Backend, const D: usize>(shape: [usize; D]) -> Tensor<B, D> {
         Tensor::random(shape, Distribution::Uniform(-3.0, 3.0), &Default::default())
+    }
+
+    #[test]
+    fn strided_views_are_copied_in_row_major_order() {
+        let x = random::<Cpu, 4>([3, 5, 70, 64]);
+        let views = [
+            x.clone().swap_dims(1, 2),
+            x.clone().slice([0..3, 1..4, 2..70, 0..64]).swap_dims(0, 2),
+            x.clone().slice([0..2, 0..5, 0..70, 8..40]),
+            x.clone().swap_dims(2, 3),
+            x.clone().slice([1..2, 0..5, 0..0, 0..64]),
+        ];
+        for (i, view) in views.into_iter().enumerate() {
+            let t = flex(view);
+            let (got, want) = (contiguous(&t), t.to_contiguous());
+            assert_eq!(got.layout().shape(), want.layout().shape(), "view {i}");
+            assert_eq!(elems(&got), elems(&want), "view {i}");
+        }
     }
 
     #[test]

@@ -219,13 +219,16 @@ fn by_columns(m: usize, n: usize, fill: impl Fn((usize, usize), &mut [f32]) + Sy
             part
         })
         .collect();
-    let mut out = vec![0f32; m * n];
-    for (&(first, end), part) in tasks.iter().zip(&parts) {
-        for (r, row) in part.chunks_exact(end - first).enumerate() {
-            out[r * n + first..r * n + end].copy_from_slice(row);
+    // Assembled over the threads too: at 256 rows the LM head's result is 50 MB.
+    let rows_per_task = m.div_ceil(4 * threads).max(1);
+    filled_in_chunks(m * n, rows_per_task * n, |task, out| {
+        for (i, row) in out.chunks_exact_mut(n).enumerate() {
+            let r = task * rows_per_task + i;
+            for (&(first, end), part) in tasks.iter().zip(&parts) {
+                row[first..end].copy_from_slice(&part[r * (end - first)..][..end - first]);
+            }
         }
-    }
-    out
+    })
 }
 
 /// Each value to its nearest bf16 number (ties to even), kept in f32.
@@ -326,7 +329,7 @@ mod tests {
             eprintln!("this CPU has no AVX512-BF16: only the portable bf16 products are checked here");
         }
         // Rows for the tiles (1, 3: a partial row group, 5), for the GEMM (70, 130), the pair
-        // products. tasks of columns (up to 256 rows) and of rows (300: several tasks, the last
+        // products' tasks of columns (up to 256 rows) and of rows (300: several tasks, the last
         // shorter); columns that do and do not fill the last tile and task; inner sizes with and
         // without a last partial register of 32.
         let shapes = [(1, 40, 16), (3, 33, 45), (5, 64, 300), (70, 24, 37), (2, 7, 1), (130, 70, 260), (300, 70, 50)];

@@ -5,8 +5,8 @@
 //! sqrt, reciprocal, two products) and SiLU calls libm's `expf` per element; together they
 //! were a fifth of a prefill. RoPE was a copy, two slices, a concatenation, two products and
 //! a sum, each on one thread, and as many again backward. Here each is one pass of a
-//! [`kernels`] kernel over the threads. On every other
-//! backend (CUDA, wgpu) the generic ops run, and tests compare the two.
+//! [`kernels`] kernel over the threads. On every other backend (CUDA, wgpu) the generic ops
+//! run, and tests compare the two.
 //!
 //! The helpers at the top say which CPU backend `B` is and read its primitives;
 //! [`super::attention`] and [`super::flex_fast`] use them too.
@@ -353,12 +353,15 @@ impl Backward<Cpu, 2> for RmsNormOp {
 // --- RoPE --------------------------------------------------------------------------------
 
 /// `x ∘ cos + rotate_half(x) ∘ sin` for `x: [b, t, h, d]` and tables `[1 or b, t·h·d]` (`sin`
-/// with rotate-half's sign folded in, [`crate::model::RopeTables`]), the same numbers as
+/// with rotate-half's sign folded in, [`crate::model::layout::RopeTables`]), the same numbers as
 /// burn's ops give, on the CPU backend; `x` back on other backends or shapes.
 pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>) -> Result<Tensor<B, 4>, Tensor<B, 4>> {
     let [b, t, h, d] = x.dims();
     let [rows, per] = cos.dims();
-    let fits = per == t * h * d && (rows == 1 || rows == b) && d.is_multiple_of(2) && sin.dims() == cos.dims();
+    // Tables that want a gradient (never the model's: built from data) take burn's ops.
+    let constant = !cos.is_require_grad() && !sin.is_require_grad();
+    let fits = per == t * h * d && (rows == 1 || rows == b) && d > 0 && d.is_multiple_of(2) && sin.dims() == cos.dims();
+    let fits = fits && constant;
     match cpu_backend::<B>(&[x.dtype(), cos.dtype(), sin.dtype()]).filter(|_| fits) {
         Some(CpuBackend::Plain) => {
             let (cos, sin) = (flex(cos.clone()), flex(sin.clone()));
@@ -378,11 +381,11 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>)
     }
 }
 
+type RopeKernel = fn(&[f32], &[f32], &[f32], usize, &mut [f32]);
+
 /// `kernel` ([`kernels::rope`] or its backward) over `x`'s heads of `d` elements, in parallel
 /// tasks of whole heads, each reading the tables where its elements fall in them (one row of
 /// tables repeats for every row of `x`).
-type RopeKernel = fn(&[f32], &[f32], &[f32], usize, &mut [f32]);
-
 fn rope_pass(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, d: usize, kernel: RopeKernel) -> FlexTensor {
     let (x, cos, sin) = (contiguous(x), contiguous(cos), contiguous(sin));
     let (xs, cs, ss) = (elems(&x), elems(&cos), elems(&sin));
@@ -437,15 +440,28 @@ mod tests {
     #[test]
     fn strided_views_are_copied_in_row_major_order() {
         let x = random::<Cpu, 4>([3, 5, 70, 64]);
-        let views = [
+        // Views with contiguous rows, copied row by row (a broadcast row among them), then
+        // views burn copies: a non-unit last stride, an empty one.
+        let by_rows = [
             x.clone().swap_dims(1, 2),
             x.clone().slice([0..3, 1..4, 2..70, 0..64]).swap_dims(0, 2),
             x.clone().slice([0..2, 0..5, 0..70, 8..40]),
-            x.clone().swap_dims(2, 3),
-            x.clone().slice([1..2, 0..5, 0..0, 0..64]),
+            random::<Cpu, 4>([1, 1, 1, 64]).expand([3, 5, 7, 64]),
         ];
-        for (i, view) in views.into_iter().enumerate() {
-            let t = flex(view);
+        let views = by_rows
+            .iter()
+            .map(|v| (v.clone(), true))
+            .chain([(x.clone().swap_dims(2, 3), false), (x.clone().slice([1..2, 0..5, 0..0, 0..64]), false)]);
+        // And matrices: columns sliced (rows contiguous, several tasks), a transpose (not).
+        let matrices = [
+            (random::<Cpu, 2>([300, 90]).slice([0..300, 10..80]), true),
+            (random::<Cpu, 2>([90, 300]).transpose(), false),
+        ];
+        let views = views.map(|(v, rows)| (flex(v), rows)).chain(matrices.map(|(m, rows)| (flex(m), rows)));
+        for (i, (t, rows)) in views.enumerate() {
+            let last = t.layout().strides()[t.layout().shape().len() - 1];
+            let strided = !t.is_contiguous() && last == 1 && t.layout().num_elements() > 0;
+            assert_eq!(strided, rows, "view {i}: a view for the path it is meant to test");
             let (got, want) = (contiguous(&t), t.to_contiguous());
             assert_eq!(got.layout().shape(), want.layout().shape(), "view {i}");
             assert_eq!(elems(&got), elems(&want), "view {i}");
@@ -489,8 +505,11 @@ mod tests {
     #[test]
     fn rope_matches_the_generic_ops_forward_and_backward_bit_for_bit() {
         // x a strided view (as the projections' may be), tables shared by every row or one row
-        // each, one head of two elements, and more elements than one task.
-        for ([b, t, h, d], rows) in [([2, 5, 3, 8], 1), ([3, 4, 2, 6], 3), ([1, 1, 1, 2], 1), ([2, 70, 4, 64], 2)] {
+        // each, one head of two elements, and more elements than one task (tasks that start
+        // partway into a shared table).
+        let shapes =
+            [([2, 5, 3, 8], 1), ([3, 4, 2, 6], 3), ([1, 1, 1, 2], 1), ([2, 70, 4, 64], 2), ([2, 70, 4, 64], 1)];
+        for ([b, t, h, d], rows) in shapes {
             let what = format!("{b}x{t}x{h}x{d}, {rows} rows of tables");
             let x = random::<Cpu, 4>([b, h, t, d]).swap_dims(1, 2);
             let (cos, sin) = (random::<Cpu, 2>([rows, t * h * d]), random::<Cpu, 2>([rows, t * h * d]));

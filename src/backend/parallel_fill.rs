@@ -13,7 +13,7 @@ use rayon::prelude::*;
 /// over the threads, zeroed before `fill` sees it.
 pub(super) fn filled<T, F>(parts: &[usize], fill: F) -> Vec<T>
 where
-    T: Copy + Default + Send + Sync,
+    T: Copy + bytemuck::Zeroable + Send + Sync,
     F: Fn(usize, &mut [T]) + Sync,
 {
     let len = parts.iter().sum();
@@ -26,7 +26,7 @@ where
         rest = tail;
     }
     let run = |(i, piece): (usize, &mut [MaybeUninit<T>])| {
-        piece.fill(MaybeUninit::new(T::default()));
+        piece.fill(MaybeUninit::new(T::zeroed()));
         // SAFETY: every element of the piece was initialised on the line above.
         let piece = unsafe { &mut *(piece as *mut [MaybeUninit<T>] as *mut [T]) };
         fill(i, piece);
@@ -45,7 +45,7 @@ where
 /// [`filled`] in parts of `chunk` elements (the last one shorter) covering `len`.
 pub(super) fn filled_in_chunks<T, F>(len: usize, chunk: usize, fill: F) -> Vec<T>
 where
-    T: Copy + Default + Send + Sync,
+    T: Copy + bytemuck::Zeroable + Send + Sync,
     F: Fn(usize, &mut [T]) + Sync,
 {
     let chunk = chunk.max(1);
@@ -59,6 +59,13 @@ mod tests {
 
     #[test]
     fn every_part_is_zeroed_then_written_in_place() {
+        // Memory just freed with other values in it, which the allocator may hand out again.
+        for parts in [&[3, 0, 5, 1][..], &[9]] {
+            drop(std::hint::black_box(vec![7u32; 9]));
+            let out: Vec<u32> =
+                filled(parts, |i, part| assert!(part.iter().all(|&x| x == 0), "part {i} starts zeroed"));
+            assert_eq!(out, [0; 9]);
+        }
         let out: Vec<u32> = filled(&[3, 0, 5, 1], |i, part| {
             assert!(part.iter().all(|&x| x == 0), "part {i} starts zeroed");
             part.iter_mut().enumerate().step_by(2).for_each(|(j, x)| *x = (10 * i + j) as u32 + 1);
@@ -67,5 +74,12 @@ mod tests {
         let out: Vec<f32> = filled_in_chunks(10, 4, |i, part| part.fill(i as f32));
         assert_eq!(out, [0., 0., 0., 0., 1., 1., 1., 1., 2., 2.]);
         assert!(filled_in_chunks::<f32, _>(0, 4, |_, _| unreachable!()).is_empty());
+        // One part: on the calling thread.
+        let caller = std::thread::current().id();
+        let out: Vec<u16> = filled_in_chunks(5, 8, |_, part| {
+            assert_eq!(std::thread::current().id(), caller);
+            part.fill(3);
+        });
+        assert_eq!(out, [3; 5]);
     }
 }

@@ -9,10 +9,11 @@
 //! slot `i` sees every key slot `..= i` outside its row's pad. Query slots inside the pad see
 //! only themselves, which keeps their softmax finite; their outputs are never read.
 //!
-//! The device tensors are laid out for speed on CPU: every elementwise op of RoPE and of the
-//! mask is either same-shape or "one row shared by all rows", the two patterns burn-flex runs
-//! with contiguous SIMD loops (a broadcast over a middle dimension walks a strided iterator,
-//! ~10× slower). Tables are therefore expanded over heads on the host, once per forward pass.
+//! The device tensors are laid out for speed: every elementwise op of RoPE and of the mask is
+//! either same-shape or "one row shared by all rows", the two patterns burn's ops run with
+//! contiguous loops (on burn-flex a broadcast over a middle dimension walks a strided iterator,
+//! ~10× slower), and that the CPU's fused RoPE (`backend::fused::rope`) and the GPU's kernel
+//! read. Tables are therefore expanded over heads on the host, once per forward pass.
 
 use burn::tensor::{Tensor, TensorData, backend::Backend};
 

@@ -430,34 +430,20 @@ simd_kernel! {
 simd_kernel! {
     /// RoPE on whole heads of `d` elements (`x`, the tables and `out` of one length, a
     /// multiple of `d`): `out[i] = x[i]·cos[i] + x[j]·sin[i]`, `j` the element half a head away
-    /// (`sin` holds rotate-half's sign). Each product is rounded, then the two summed, as
-    /// burn's ops do.
-    pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], d: usize, out: &mut [f32]) {
+    /// (`sin` holds rotate-half's sign). With `backward`, its gradient with respect to the input
+    /// for the output's gradient `x`: `out[i] = x[i]·cos[i] + x[j]·sin[j]`. Each product is
+    /// rounded, then the two summed, as burn's ops do.
+    pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], d: usize, backward: bool, out: &mut [f32]) {
         let half = d / 2;
         let heads = x.chunks_exact(d).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d)).zip(out.chunks_exact_mut(d));
         for (((x, c), s), o) in heads {
             let ((lo, hi), (c_lo, c_hi), (s_lo, s_hi)) = (x.split_at(half), c.split_at(half), s.split_at(half));
+            // The other half's term takes this element's sin forward, its own backward.
+            let (s_lo, s_hi) = if backward { (s_hi, s_lo) } else { (s_lo, s_hi) };
             let (o_lo, o_hi) = o.split_at_mut(half);
             for i in 0..half {
                 o_lo[i] = lo[i] * c_lo[i] + hi[i] * s_lo[i];
                 o_hi[i] = hi[i] * c_hi[i] + lo[i] * s_hi[i];
-            }
-        }
-    }
-}
-
-simd_kernel! {
-    /// The gradient of [`rope`] with respect to `x`, for the output's gradient `dy`:
-    /// `dx[i] = dy[i]·cos[i] + dy[j]·sin[j]`, `j` the element half a head away.
-    pub fn rope_backward(dy: &[f32], cos: &[f32], sin: &[f32], d: usize, dx: &mut [f32]) {
-        let half = d / 2;
-        let heads = dy.chunks_exact(d).zip(cos.chunks_exact(d)).zip(sin.chunks_exact(d)).zip(dx.chunks_exact_mut(d));
-        for (((dy, c), s), dx) in heads {
-            let ((lo, hi), (c_lo, c_hi), (s_lo, s_hi)) = (dy.split_at(half), c.split_at(half), s.split_at(half));
-            let (dx_lo, dx_hi) = dx.split_at_mut(half);
-            for i in 0..half {
-                dx_lo[i] = lo[i] * c_lo[i] + hi[i] * s_hi[i];
-                dx_hi[i] = hi[i] * c_hi[i] + lo[i] * s_lo[i];
             }
         }
     }

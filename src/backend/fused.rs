@@ -360,16 +360,17 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>)
     let [rows, per] = cos.dims();
     // Tables that want a gradient (never the model's: built from data) take burn's ops.
     let constant = !cos.is_require_grad() && !sin.is_require_grad();
-    let fits = per == t * h * d && (rows == 1 || rows == b) && d > 0 && d.is_multiple_of(2) && sin.dims() == cos.dims();
-    let fits = fits && constant;
+    let shapes =
+        per == t * h * d && (rows == 1 || rows == b) && d > 0 && d.is_multiple_of(2) && sin.dims() == cos.dims();
+    let fits = shapes && constant;
     match cpu_backend::<B>(&[x.dtype(), cos.dtype(), sin.dtype()]).filter(|_| fits) {
         Some(CpuBackend::Plain) => {
             let (cos, sin) = (flex(cos.clone()), flex(sin.clone()));
-            Ok(tensor::<B, 4, _>(rope_pass(&flex(x), &cos, &sin, d, kernels::rope)))
+            Ok(tensor::<B, 4, _>(rope_pass(&flex(x), &cos, &sin, d, false)))
         }
         Some(CpuBackend::Autodiff) => {
             let (x, cos, sin) = (ad(x), ad(cos.clone()).primitive, ad(sin.clone()).primitive);
-            let out = rope_pass(&x.primitive, &cos, &sin, d, kernels::rope);
+            let out = rope_pass(&x.primitive, &cos, &sin, d, false);
             // The tables are constants: only x has a gradient.
             let out = match Rope.prepare::<NoCheckpointing>([x.node.clone()]).compute_bound().stateful() {
                 OpsKind::Tracked(prep) => prep.finish((cos, sin, d), out),
@@ -381,12 +382,10 @@ pub fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 2>, sin: &Tensor<B, 2>)
     }
 }
 
-type RopeKernel = fn(&[f32], &[f32], &[f32], usize, &mut [f32]);
-
-/// `kernel` ([`kernels::rope`] or its backward) over `x`'s heads of `d` elements, in parallel
-/// tasks of whole heads, each reading the tables where its elements fall in them (one row of
-/// tables repeats for every row of `x`).
-fn rope_pass(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, d: usize, kernel: RopeKernel) -> FlexTensor {
+/// [`kernels::rope`] (or, `backward`, its gradient) over `x`'s heads of `d` elements, in
+/// parallel tasks of whole heads, each reading the tables where its elements fall in them (one
+/// row of tables repeats for every row of `x`).
+fn rope_pass(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, d: usize, backward: bool) -> FlexTensor {
     let (x, cos, sin) = (contiguous(x), contiguous(cos), contiguous(sin));
     let (xs, cs, ss) = (elems(&x), elems(&cos), elems(&sin));
     let (period, chunk) = (cs.len(), (TASK / d).max(1) * d);
@@ -396,7 +395,7 @@ fn rope_pass(x: &FlexTensor, cos: &FlexTensor, sin: &FlexTensor, d: usize, kerne
             let (g, within) = (task * chunk + at, (task * chunk + at) % period);
             let run = (period - within).min(out.len() - at);
             let (c, s) = (&cs[within..][..run], &ss[within..][..run]);
-            kernel(&xs[g..][..run], c, s, d, &mut out[at..][..run]);
+            kernels::rope(&xs[g..][..run], c, s, d, backward, &mut out[at..][..run]);
             at += run;
         }
     });
@@ -415,7 +414,7 @@ impl Backward<Cpu, 1> for Rope {
         let dy = grads.consume::<Cpu>(&ops.node);
         let [parent] = ops.parents;
         if let Some(node) = parent {
-            grads.register::<Cpu>(node.id, rope_pass(&dy, cos, sin, *d, kernels::rope_backward));
+            grads.register::<Cpu>(node.id, rope_pass(&dy, cos, sin, *d, true));
         }
     }
 }

@@ -126,9 +126,6 @@ impl Paired {
     pub(super) fn paired_rows(&self) -> Vec<u32> {
         const PAIRS_PER_TASK: usize = 64;
         let len = self.rows.div_ceil(2) * self.cols;
-        if self.cols == 0 {
-            return vec![0; len];
-        }
         filled_in_chunks(len, PAIRS_PER_TASK * self.cols, |task, out| {
             let first = task * PAIRS_PER_TASK;
             let pairs = (first, first + out.len() / self.cols);
@@ -141,11 +138,7 @@ impl Paired {
 /// packed in panels ([`kernels::pack_panels`]), one panel per task.
 pub(super) fn packed(src: &[u16], strides: (usize, usize), shared: usize, cols: usize) -> Vec<u32> {
     let pairs = shared.div_ceil(2);
-    let len = kernels::packed_len(pairs, cols);
-    if pairs == 0 {
-        return vec![0; len];
-    }
-    filled_in_chunks(len, kernels::PANEL_COLS * pairs, |panel, out| {
+    filled_in_chunks(kernels::packed_len(pairs, cols), kernels::PANEL_COLS * pairs, |panel, out| {
         kernels::pack_panels(src, strides, (shared, cols), (panel, panel + 1), out);
     })
 }

@@ -18,7 +18,7 @@ use half::bf16;
 use super::Cpu;
 use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
 use super::kernels;
-use super::parallel_fill::filled_in_chunks;
+use super::parallel_fill::mapped_in_chunks;
 use super::primitive::tensor;
 use crate::dtype::{ComputeDtype, cast_to};
 
@@ -67,15 +67,13 @@ fn convert(t: &FlexTensor, to: DType) -> FlexTensor {
 
 /// `values` rounded to bf16 (ties to even), as bits.
 pub(crate) fn bf16_bits(values: &[f32]) -> Vec<u16> {
-    filled_in_chunks(values.len(), TASK, |task, bits| {
-        kernels::bf16_round_bits(&values[task * TASK..][..bits.len()], bits)
-    })
+    mapped_in_chunks(values, TASK, kernels::bf16_round_bits)
 }
 
 /// bf16 bits as f32 numbers (exact: bf16 is f32's upper half).
 pub(crate) fn widen(bits: &[u16]) -> Vec<f32> {
-    filled_in_chunks(bits.len(), TASK, |task, wide| {
-        wide.iter_mut().zip(&bits[task * TASK..]).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
+    mapped_in_chunks(bits, TASK, |bits, wide| {
+        wide.iter_mut().zip(bits).for_each(|(v, &h)| *v = f32::from_bits((h as u32) << 16));
     })
 }
 

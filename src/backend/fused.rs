@@ -22,7 +22,7 @@ use burn_autodiff::ops::{Backward, Ops, OpsKind};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::parallel_fill::filled_in_chunks;
+use super::parallel_fill::{filled_in_chunks, mapped_in_chunks};
 use super::primitive::{primitive, tensor};
 use super::{Cpu, CpuAutodiff, flex_fast, kernels};
 use crate::dtype::{cast_to, f32_weight};
@@ -208,9 +208,7 @@ impl Backward<Cpu, 2> for SwiGlu {
         let dy = contiguous(&grads.consume::<Cpu>(&ops.node));
         let (g, u) = (contiguous(&gate), contiguous(&up));
         // Copied over the threads (a `to_vec` ran on one thread, the other core idle).
-        let copy = |src: &[f32]| {
-            filled_in_chunks(src.len(), TASK, |i, part| part.copy_from_slice(&src[i * TASK..][..part.len()]))
-        };
+        let copy = |src: &[f32]| mapped_in_chunks(src, TASK, |src, part| part.copy_from_slice(src));
         let (mut dg, mut du) = (copy(elems(&g)), copy(elems(&u)));
         let dy_data = elems(&dy);
         dg.par_chunks_mut(TASK)

@@ -53,6 +53,18 @@ where
     filled(&parts, fill)
 }
 
+/// A vector as long as `src`, its chunk `i` of `chunk` elements written by `fill(src's chunk i,
+/// chunk i)` over the threads (zeroed first, as [`filled`]).
+pub(super) fn mapped_in_chunks<S, T, F>(src: &[S], chunk: usize, fill: F) -> Vec<T>
+where
+    S: Sync,
+    T: Copy + bytemuck::Zeroable + Send + Sync,
+    F: Fn(&[S], &mut [T]) + Sync,
+{
+    let chunk = chunk.max(1);
+    filled_in_chunks(src.len(), chunk, |i, out| fill(&src[i * chunk..][..out.len()], out))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +93,9 @@ mod tests {
             part.fill(3);
         });
         assert_eq!(out, [3; 5]);
+        let out: Vec<u32> = mapped_in_chunks(&[1u16, 2, 3, 4, 5], 2, |src, out| {
+            out.iter_mut().zip(src).for_each(|(o, &s)| *o = 10 * s as u32 + src.len() as u32);
+        });
+        assert_eq!(out, [12, 22, 32, 42, 51]);
     }
 }

@@ -708,7 +708,10 @@ impl<B: Backend> Trainer<B> {
         let algorithm = self.algorithm.as_ref();
         let mut policies: Vec<&mut Policy<B>> = self.policies.iter_mut().collect();
         if !(self.config.run.concurrent_updates && policies.len() > 1) {
-            return policies.iter_mut().zip(batches).map(|(p, b)| update_policy(p, algorithm, b, &settings)).collect();
+            let one_by_one = |(p, b): (&mut &mut Policy<B>, &LearnerBatch<'_>)| {
+                crate::backend::training_on_a_cpu_worker::<B, _>(|| update_policy(p, algorithm, b, &settings))
+            };
+            return policies.iter_mut().zip(batches).map(one_by_one).collect();
         }
         let settings = &settings;
         let items = policies.into_iter().zip(batches).map(|(p, b)| (p.index, (p, b)));

@@ -158,8 +158,13 @@ impl<B: Backend> TrainStep<B> {
         TrainStep { model: Some(model), optim, rng: rand_chacha::ChaCha8Rng::seed_from_u64(2), batch, seq_len }
     }
 
-    /// Runs one step and returns the number of tokens trained on.
+    /// Runs one step and returns the number of tokens trained on, on a CPU worker as the
+    /// trainer's updates run ([`crate::backend::training_on_a_cpu_worker`]).
     pub fn step(&mut self) -> usize {
+        crate::backend::training_on_a_cpu_worker::<B, _>(|| self.step_here())
+    }
+
+    fn step_here(&mut self) -> usize {
         let model = self.model.take().expect("model present between steps");
         let vocab = model.config.vocab_size;
         let requests: Vec<(Vec<u32>, Vec<u32>)> = (0..self.batch)

@@ -27,7 +27,7 @@ pub(crate) fn enabled() -> bool {
 use burn::tensor::{Tensor, backend::Backend};
 use burn_flex::FlexTensor;
 
-use super::fused::{CpuBackend, cpu_backend, flex};
+use super::fused::{CpuBackend, cpu_backend, flex, in_row_major_order};
 use super::kernels;
 use super::primitive::tensor;
 
@@ -54,8 +54,11 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
     let [b, h, t, d] = new.dims();
     let cap = buffer.dims()[2];
     assert!(start + t <= cap, "write_slots beyond capacity");
-    let generic =
-        |buffer: Tensor<B, 4>, new: Tensor<B, 4>| buffer.slice_assign([0..b, 0..h, start..start + t, 0..d], new);
+    // A training pass's keys and values (autodiff) come here as views of the projections'
+    // token-major rows, which `slice_assign` would copy element by element on one thread.
+    let generic = |buffer: Tensor<B, 4>, new: Tensor<B, 4>| {
+        buffer.slice_assign([0..b, 0..h, start..start + t, 0..d], in_row_major_order(new))
+    };
     let mut buf = match as_flex(buffer) {
         Ok(f) => f,
         Err(buffer) => return generic(buffer, new),
@@ -156,5 +159,30 @@ mod tests {
         let want = buf.clone().slice_assign([0..2, 0..3, 1..3, 0..4], new.clone()).into_data();
         let got = write_slots(buf, 1, new).into_data();
         assert_eq!(got, want);
+    }
+
+    #[test]
+    fn a_training_pass_writes_strided_keys_with_slice_assigns_values_and_gradients() {
+        type AD = crate::backend::CpuAutodiff;
+        let dev = Default::default();
+        let tensor = |shape: [usize; 4], scale: f32| {
+            let data: Vec<f32> = (0..shape.iter().product()).map(|x| (x as f32 * scale).sin()).collect();
+            Tensor::<AD, 4>::from_data(TensorData::new(data, shape), &dev)
+        };
+        let buffer = tensor([2, 3, 5, 4], 0.3).require_grad();
+        // Token-major rows read with the heads first, as the attention's keys and values.
+        let rows = tensor([2, 2, 3, 4], 0.7).require_grad();
+        let run = |write: &dyn Fn(Tensor<AD, 4>, Tensor<AD, 4>) -> Tensor<AD, 4>| {
+            let out = write(buffer.clone(), rows.clone().swap_dims(1, 2));
+            let grads = (out.clone() * tensor([2, 3, 5, 4], 1.1)).sum().backward();
+            (out.into_data(), buffer.grad(&grads).unwrap().into_data(), rows.grad(&grads).unwrap().into_data())
+        };
+        let want = run(&|b, new| b.slice_assign([0..2, 0..3, 1..3, 0..4], new));
+        assert_eq!(run(&|b, new| write_slots(b, 1, new)), want);
+        // The view reaches `slice_assign` in row-major order.
+        let view = rows.clone().swap_dims(1, 2);
+        let ordered = in_row_major_order(view.clone());
+        let [view, ordered] = [view, ordered].map(|t| crate::backend::fused::ad(t).primitive);
+        assert!(!view.is_contiguous() && ordered.is_contiguous());
     }
 }

@@ -94,6 +94,22 @@ pub(crate) fn contiguous(t: &FlexTensor) -> FlexTensor {
     FlexTensor::from_data(TensorData::new(data, shape))
 }
 
+/// `t` with its elements laid out in row-major order on the CPU backends ([`contiguous`]'s copy
+/// over the threads where it is a strided view), the same tensor to autodiff: only where its
+/// values sit in memory changes. For ops that copy a strided view element by element on one
+/// thread before reading it (burn-flex's `slice_assign`); other backends get `t` back.
+pub(crate) fn in_row_major_order<B: Backend, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
+    match cpu_backend::<B>(&[t.dtype()]) {
+        Some(CpuBackend::Plain) => tensor(contiguous(&flex(t))),
+        Some(CpuBackend::Autodiff) => {
+            let mut t = ad(t);
+            t.primitive = contiguous(&t.primitive);
+            tensor(t)
+        }
+        None => t,
+    }
+}
+
 /// The f32 elements of a contiguous `t` (from [`contiguous`]).
 pub(crate) fn elems(t: &FlexTensor) -> &[f32] {
     &t.storage::<f32>()[t.layout().start_offset()..][..t.layout().num_elements()]

@@ -159,7 +159,8 @@ impl<B: Backend> TrainStep<B> {
     }
 
     /// Runs one step and returns the number of tokens trained on, on a CPU worker as the
-    /// trainer's updates run ([`crate::backend::training_on_a_cpu_worker`]).
+    /// trainer's updates run when its policies update one at a time (the default;
+    /// [`crate::backend::training_on_a_cpu_worker`]).
     pub fn step(&mut self) -> usize {
         crate::backend::training_on_a_cpu_worker::<B, _>(|| self.step_here())
     }

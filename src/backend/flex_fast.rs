@@ -27,7 +27,7 @@ pub(crate) fn enabled() -> bool {
 use burn::tensor::{Tensor, backend::Backend};
 use burn_flex::FlexTensor;
 
-use super::fused::{CpuBackend, cpu_backend, flex, in_row_major_order};
+use super::fused::{CpuBackend, contiguous, cpu_backend, flex, in_row_major_order};
 use super::kernels;
 use super::primitive::tensor;
 
@@ -70,7 +70,7 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
         return generic(from_flex(buf), new);
     }
     let new = match as_flex(new) {
-        Ok(f) => f.to_contiguous(),
+        Ok(f) => contiguous(&f),
         Err(_) => unreachable!("same backend as the buffer"),
     };
     let src: &[f32] = new.storage();
@@ -87,7 +87,7 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
 /// Contiguous f32 data of `t` when `B` is the flex backend.
 fn flex_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> Option<FlexTensor> {
     let f = as_flex(t.clone()).ok()?;
-    (f.dtype() == burn::tensor::DType::F32).then(|| f.to_contiguous())
+    (f.dtype() == burn::tensor::DType::F32).then(|| contiguous(&f))
 }
 
 /// For logits `z: [n, vocab]` and `targets`, the log-probabilities at temperature

@@ -108,6 +108,10 @@ pub fn on_a_cpu_worker<B: burn::tensor::backend::Backend, R: Send>(work: impl Fn
 pub fn training_on_a_cpu_worker<B: burn::tensor::backend::Backend, R: Send>(work: impl FnOnce() -> R + Send) -> R {
     static ONE_PASS: std::sync::Mutex<()> = std::sync::Mutex::new(());
     static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    // Checked first: a GPU run, or a test with the fast paths off, starts no threads here.
+    if !worker_helps::<B>() {
+        return work();
+    }
     let pool = POOL.get_or_init(|| {
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(rayon::current_num_threads())
@@ -115,7 +119,7 @@ pub fn training_on_a_cpu_worker<B: burn::tensor::backend::Backend, R: Send>(work
             .thread_name(|i| format!("{TRAINING_THREAD}{i}"));
         pool.build().ok()
     });
-    let Some(pool) = pool.as_ref().filter(|_| worker_helps::<B>()) else {
+    let Some(pool) = pool.as_ref() else {
         return work();
     };
     // Held until the pass is done; one that panicked leaves nothing to protect.

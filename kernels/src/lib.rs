@@ -106,6 +106,9 @@ macro_rules! simd_kernel {
     };
 }
 
+mod few_queries;
+pub use few_queries::{query_key_scores, query_key_scores_bf16, weighted_values, weighted_values_bf16};
+
 #[inline(always)]
 fn max_of(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; LANES];

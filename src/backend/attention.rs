@@ -18,7 +18,7 @@
 //! `dk = dSᵀ q`, `dv = Pᵀ dO`.
 
 use burn::tensor::activation::softmax;
-use burn::tensor::{Tensor, TensorData, backend::Backend};
+use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
@@ -103,7 +103,7 @@ pub fn attention_read_as<B: Backend>(
     // The fused path's key skipping needs the layout's mask whenever several queries run; an
     // empty pass has nothing to fuse.
     let fusable = t > 0 && (bias.is_some() || t == 1);
-    let backend = if fusable { cpu_backend::<B>(&[q.dtype(), k.dtype(), v.dtype()]) } else { None };
+    let backend = if fusable { fused_backend::<B>(q.dtype(), k.dtype(), v.dtype()) } else { None };
     let out = match backend {
         Some(CpuBackend::Plain) => {
             let bias = bias.map(|x| flex(x.clone()));
@@ -128,6 +128,16 @@ pub fn attention_read_as<B: Backend>(
     match reads {
         Some(dtype) => crate::dtype::cast_to(out, dtype.into()),
         None => out,
+    }
+}
+
+/// Which fused CPU path reads these dtypes, if any: f32 throughout, or for inference f32
+/// queries over a bf16 cache (sampling's, [`crate::model::KvCache::for_sampling`]).
+fn fused_backend<B: Backend>(q: DType, k: DType, v: DType) -> Option<CpuBackend> {
+    match cpu_backend::<B>(&[q]) {
+        Some(CpuBackend::Plain) if k == v && matches!(k, DType::F32 | DType::BF16) => Some(CpuBackend::Plain),
+        Some(CpuBackend::Autodiff) if k == DType::F32 && v == DType::F32 => Some(CpuBackend::Autodiff),
+        _ => None,
     }
 }
 
@@ -202,11 +212,13 @@ fn probabilities<B: Backend>(
 
 // --- the kernels ---------------------------------------------------------------------------
 
-/// A 4-D f32 view `[batch, heads, seq, dim]` with unit stride along `dim`.
+/// A 4-D f32 or bf16 view `[batch, heads, seq, dim]` with unit stride along `dim`.
 struct View {
     tensor: FlexTensor,
     /// Element strides of batch, heads, seq.
     strides: [usize; 3],
+    /// bf16 (a sampling cache's keys or values), read as bits.
+    half: bool,
 }
 
 impl View {
@@ -215,11 +227,17 @@ impl View {
         let tensor = if unit { t.clone() } else { t.to_contiguous() };
         let s = tensor.layout().strides();
         let strides = [s[0] as usize, s[1] as usize, s[2] as usize];
-        View { tensor, strides }
+        let half = tensor.dtype() == DType::BF16;
+        View { tensor, strides, half }
     }
 
     fn ptr(&self) -> *const f32 {
         let data: &[f32] = self.tensor.storage();
+        data[self.tensor.layout().start_offset()..].as_ptr()
+    }
+
+    fn bits(&self) -> *const u16 {
+        let data: &[u16] = bytemuck::cast_slice(self.tensor.storage::<half::bf16>());
         data[self.tensor.layout().start_offset()..].as_ptr()
     }
 }
@@ -388,6 +406,25 @@ unsafe fn matmul_into(
     }
 }
 
+/// `rows` rows of `cols` elements from `ptr`, `stride` elements apart, as one slice.
+///
+/// SAFETY: the caller guarantees the rows are valid for reads.
+unsafe fn rows_of<'a, T>(ptr: *const T, stride: usize, rows: usize, cols: usize) -> &'a [T] {
+    let len = if rows == 0 { 0 } else { (rows - 1) * stride + cols };
+    // SAFETY: forwarded from the caller.
+    unsafe { std::slice::from_raw_parts(ptr, len) }
+}
+
+/// [`rows_of`] for an output, `stride` elements between its rows.
+///
+/// SAFETY: the caller guarantees the rows are valid and that nobody else reads or writes the
+/// slice's elements meanwhile (those between the rows included).
+unsafe fn rows_of_mut<'a>(ptr: *mut f32, stride: usize, rows: usize, cols: usize) -> &'a mut [f32] {
+    let len = if rows == 0 { 0 } else { (rows - 1) * stride + cols };
+    // SAFETY: forwarded from the caller.
+    unsafe { std::slice::from_raw_parts_mut(ptr, len) }
+}
+
 /// Pointers and strides of a segment's operands within block `(batch, kv)`.
 struct SegmentPtrs {
     q: Mat,
@@ -419,6 +456,89 @@ fn kv_ptr(view: &View, batch: usize, kv: usize) -> Mat {
     (unsafe { view.ptr().add(batch * sb + kv * sh) }, ss, 1)
 }
 
+/// A block's keys and values as its segments read them: f32 rows (a row of `dim` elements
+/// every `.1`), or bf16 rows (their bits, a row every `.1`), which only the few-query kernels
+/// read ([`block_kv`] widens them for the GEMMs).
+#[derive(Clone, Copy)]
+enum BlockKv {
+    F32(Mat, Mat),
+    Bf16((*const u16, usize), (*const u16, usize)),
+}
+
+/// Block `(batch, kv)`'s keys and values, in place; bf16 ones for a pass of several queries
+/// widened into `wide` (once for all the block's GEMMs: decoding's single query reads them as
+/// they are).
+fn block_kv(k: &View, v: &View, (batch, kv): (usize, usize), dims: &Dims, wide: &mut Vec<f32>) -> BlockKv {
+    if !k.half {
+        return BlockKv::F32(kv_ptr(k, batch, kv), kv_ptr(v, batch, kv));
+    }
+    let bits = |view: &View| {
+        let [sb, sh, ss] = view.strides;
+        // SAFETY (of the `add`): the start of a block of the view.
+        (unsafe { view.bits().add(batch * sb + kv * sh) }, ss)
+    };
+    let (kb, vb) = (bits(k), bits(v));
+    if dims.t == 1 {
+        return BlockKv::Bf16(kb, vb);
+    }
+    let (keys, d) = (dims.keys, dims.dim);
+    wide.resize(2 * keys * d, 0.0);
+    let (wk, wv) = wide.split_at_mut(keys * d);
+    for ((src, stride), dst) in [(kb, &mut *wk), (vb, &mut *wv)] {
+        for (j, row) in dst.chunks_exact_mut(d).enumerate() {
+            // SAFETY: key `j`'s row of the block, within the view.
+            let bits = unsafe { rows_of(src.add(j * stride), 0, 1, d) };
+            row.iter_mut().zip(bits).for_each(|(x, &b)| *x = f32::from_bits((b as u32) << 16));
+        }
+    }
+    BlockKv::F32((wk.as_ptr(), d, 1), (wv.as_ptr(), d, 1))
+}
+
+/// One segment's scores `p = q kᵀ` (its rows `keys` apart): decoding's few queries (a row
+/// per head of the group) read the keys as stored, longer passes take the GEMM.
+fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, kv: BlockKv, p: &mut [f32]) {
+    let (d, keys) = (dims.dim, dims.keys);
+    // SAFETY (of every block): q and the keys are live views of the shapes in `dims`, `p` is
+    // this block's.
+    match kv {
+        BlockKv::F32(kp, _) if !seg.by_head => unsafe {
+            matmul_into(seg.rows, seg.keys, d, (p.as_mut_ptr(), keys, 1), false, q, (kp.0, 1, kp.1))
+        },
+        BlockKv::F32(kp, _) => {
+            let (qs, ks) = unsafe { (rows_of(q.0, q.1, seg.rows, d), rows_of(kp.0, kp.1, seg.keys, d)) };
+            kernels::query_key_scores(qs, q.1, seg.rows, ks, (seg.keys, kp.1), d, p);
+        }
+        BlockKv::Bf16(kb, _) => {
+            assert!(seg.by_head, "bf16 keys are widened for several queries");
+            let (qs, ks) = unsafe { (rows_of(q.0, q.1, seg.rows, d), rows_of(kb.0, kb.1, seg.keys, d)) };
+            kernels::query_key_scores_bf16(qs, q.1, seg.rows, ks, (seg.keys, kb.1), d, p);
+        }
+    }
+}
+
+/// One segment's output `p v` into its rows from `out` (`stride` apart), as [`segment_scores`].
+///
+/// SAFETY: the caller guarantees the segment's output rows are valid, and that nobody else
+/// reads or writes them (or, for decoding's rows, the elements between them) meanwhile.
+unsafe fn segment_values(dims: &Dims, seg: &Segment, p: &[f32], kv: BlockKv, (out, stride): (*mut f32, usize)) {
+    let (d, keys) = (dims.dim, dims.keys);
+    // SAFETY (of every block): the values are a live view of the shapes in `dims`; `out` is
+    // forwarded from the caller.
+    match kv {
+        BlockKv::F32(_, vp) if !seg.by_head => unsafe {
+            matmul_into(seg.rows, d, seg.keys, (out, stride, 1), false, (p.as_ptr(), keys, 1), vp)
+        },
+        BlockKv::F32(_, vp) => {
+            let (vs, o) = unsafe { (rows_of(vp.0, vp.1, seg.keys, d), rows_of_mut(out, stride, seg.rows, d)) };
+            kernels::weighted_values(p, seg.rows, vs, (seg.keys, vp.1), d, o, stride);
+        }
+        BlockKv::Bf16(_, vb) => {
+            let (vs, o) = unsafe { (rows_of(vb.0, vb.1, seg.keys, d), rows_of_mut(out, stride, seg.rows, d)) };
+            kernels::weighted_values_bf16(p, seg.rows, vs, (seg.keys, vb.1), d, o, stride);
+        }
+    }
+}
+
 /// The forward pass: `[batch, t, heads, dim]`, and the probabilities `[batch, kv_heads,
 /// group·t, keys]` (zero where masked or skipped) when `keep` is given.
 fn forward(
@@ -437,16 +557,14 @@ fn forward(
     let out_ptr = SharedMut(out.as_mut_ptr());
     let blocks = dims.batch * dims.kv_heads;
 
-    let run_block = |block: usize, probs: &mut [f32], keep: bool| {
+    let run_block = |block: usize, probs: &mut [f32], wide: &mut Vec<f32>, keep: bool| {
         let (batch, kv) = (block / dims.kv_heads, block % dims.kv_heads);
-        let (kp, vp) = (kv_ptr(&k, batch, kv), kv_ptr(&v, batch, kv));
-        let kt: Mat = (kp.0, 1, kp.1); // kᵀ: [dim, keys]
+        let block_kv = block_kv(&k, &v, (batch, kv), &dims, wide);
         for seg in &segments {
             let at = if keep { seg.block_row(dims.t) * keys } else { 0 };
             let p = &mut probs[at..at + seg.rows * keys];
             let ptrs = segment_ptrs(&dims, &q, bias.as_ref(), batch, kv, seg);
-            // SAFETY: q, k come from live views of the shapes in `dims`; `p` is this block's.
-            unsafe { matmul_into(seg.rows, seg.keys, d, (p.as_mut_ptr(), keys, 1), false, ptrs.q, kt) };
+            segment_scores(&dims, seg, ptrs.q, block_kv, p);
             for (i, row) in p.chunks_mut(keys).enumerate() {
                 let row = &mut row[..seg.keys];
                 if let Some((first, stride)) = ptrs.bias {
@@ -455,19 +573,9 @@ fn forward(
                 }
                 kernels::softmax(row);
             }
-            // SAFETY: this segment's output rows (one head, its queries) belong to this block
-            // alone; `out` outlives the parallel loop.
-            unsafe {
-                matmul_into(
-                    seg.rows,
-                    d,
-                    seg.keys,
-                    (out_ptr.at(ptrs.out.0), ptrs.out.1, 1),
-                    false,
-                    (p.as_ptr(), keys, 1),
-                    vp,
-                )
-            };
+            // SAFETY: this segment's output rows (one head's queries, or one query's heads of
+            // the group, side by side) belong to this block alone; `out` outlives the loop.
+            unsafe { segment_values(&dims, seg, p, block_kv, (out_ptr.at(ptrs.out.0), ptrs.out.1)) };
         }
     };
 
@@ -476,17 +584,20 @@ fn forward(
     match keep {
         Some(probs) => {
             *probs = vec![0f32; blocks * rows * keys];
-            probs.par_chunks_mut(rows * keys).enumerate().for_each(|(block, p)| run_block(block, p, true));
+            assert!(!k.half, "training reads f32 keys and values");
+            (probs.par_chunks_mut(rows * keys).enumerate())
+                .for_each(|(block, p)| run_block(block, p, &mut Vec::new(), true));
         }
         None => {
             let scratch = scratch_len(&segments, keys);
             if parallel {
-                (0..blocks)
-                    .into_par_iter()
-                    .for_each_init(|| vec![0f32; scratch], |p, block| run_block(block, p, false));
+                (0..blocks).into_par_iter().for_each_init(
+                    || (vec![0f32; scratch], Vec::new()),
+                    |(p, wide), block| run_block(block, p, wide, false),
+                );
             } else {
-                let mut p = vec![0f32; scratch];
-                (0..blocks).for_each(|block| run_block(block, &mut p, false));
+                let (mut p, mut wide) = (vec![0f32; scratch], Vec::new());
+                (0..blocks).for_each(|block| run_block(block, &mut p, &mut wide, false));
             }
         }
     }
@@ -672,6 +783,12 @@ mod tests {
                 4,
             ),
             (Layout { pads: vec![Pad { at: 3, len: 2 }, Pad { at: 1, len: 4 }], start: 7, len: 1 }, 2, 1, 4),
+            // Decoding with whole lane-wide strips of the head (and a part strip), and groups of
+            // one to seven heads: every tile of the few-query kernels.
+            (Layout::left_padded(&[0, 5, 2], 40, 1), 14, 2, 24), // groups of 7: tiles of 4 and 3
+            (Layout::left_padded(&[0, 1], 33, 1), 9, 3, 64),     // SmolLM2's heads
+            (Layout::left_padded(&[0; 2], 20, 1), 10, 2, 16),    // groups of 5: 4 and 1
+            (Layout::left_padded(&[2, 0], 17, 1), 4, 2, 32),     // groups of 2
         ]
     }
 
@@ -685,6 +802,25 @@ mod tests {
             let err = close(fused, reference);
             assert!(err < 1e-5, "{layout:?}: max error {err}");
         }
+    }
+
+    /// A sampling cache's bf16 keys and values: read as stored by decoding's kernels, widened
+    /// for a longer pass's GEMMs; either way the generic ops' result on the same numbers.
+    #[test]
+    fn the_fused_forward_reads_a_bf16_cache_as_the_generic_ops_do() {
+        for (layout, heads, kv, dim) in layouts() {
+            let [q, k, v] = inputs::<Cpu>(&layout, heads, kv, dim);
+            let [k, v] = [k, v].map(|x| x.cast(burn::tensor::DType::BF16));
+            assert_eq!(fused_backend::<Cpu>(q.dtype(), k.dtype(), v.dtype()), Some(CpuBackend::Plain));
+            let bias = bias::<Cpu>(&layout, heads, kv, dim);
+            let fused = attention(q.clone(), k.clone(), v.clone(), bias.as_ref(), F32);
+            let reference = without_fast_paths(|| attention(q, k, v, bias.as_ref(), F32));
+            let err = close(fused, reference);
+            assert!(err < 1e-5, "{layout:?}: max error {err}");
+        }
+        // Training never reads one.
+        let bf16 = burn::tensor::DType::BF16;
+        assert_eq!(fused_backend::<Ad>(burn::tensor::DType::F32, bf16, bf16), None);
     }
 
     #[test]

@@ -24,7 +24,7 @@ pub(crate) fn enabled() -> bool {
     !DISABLED.with(Cell::get)
 }
 
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, Tensor, backend::Backend};
 use burn_flex::FlexTensor;
 
 use super::fused::{CpuBackend, contiguous, cpu_backend, flex, in_row_major_order};
@@ -49,7 +49,7 @@ fn from_flex<B: Backend, const D: usize>(t: FlexTensor) -> Tensor<B, D> {
 ///
 /// burn-flex 0.21's `slice_assign` clones its input's `Arc` before asking for mutable access,
 /// so it copies the whole buffer on every call: a KV cache append would cost O(cache) per
-/// token. Here a uniquely owned f32 buffer is written in place.
+/// token. Here a uniquely owned f32 or bf16 buffer is written in place (`new` in its dtype).
 pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B, 4>) -> Tensor<B, 4> {
     let [b, h, t, d] = new.dims();
     let cap = buffer.dims()[2];
@@ -63,8 +63,10 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
         Ok(f) => f,
         Err(buffer) => return generic(buffer, new),
     };
+    let dtype = buf.dtype();
     let in_place = buf.is_unique()
-        && buf.dtype() == burn::tensor::DType::F32
+        && matches!(dtype, DType::F32 | DType::BF16)
+        && new.dtype() == dtype
         && buf.layout().contiguous_offsets() == Some((0, b * h * cap * d));
     if !in_place {
         return generic(from_flex(buf), new);
@@ -73,15 +75,29 @@ pub fn write_slots<B: Backend>(buffer: Tensor<B, 4>, start: usize, new: Tensor<B
         Ok(f) => contiguous(&f),
         Err(_) => unreachable!("same backend as the buffer"),
     };
-    let src: &[f32] = new.storage();
-    let src = &src[new.layout().start_offset()..];
-    let dst: &mut [f32] = buf.storage_mut();
-    for bh in 0..b * h {
-        let from = &src[bh * t * d..(bh + 1) * t * d];
-        let at = (bh * cap + start) * d;
-        dst[at..at + t * d].copy_from_slice(from);
+    if dtype == DType::F32 {
+        copy_slots::<f32>(&mut buf, &new, [b * h, cap, t, d], start);
+    } else {
+        copy_slots::<half::bf16>(&mut buf, &new, [b * h, cap, t, d], start);
     }
     from_flex(buf)
+}
+
+/// Copies `new`'s `rows × t × d` elements into slots `start..start + t` of each of `buf`'s
+/// `rows` rows of `cap` slots.
+fn copy_slots<T: burn::tensor::Element + bytemuck::Pod>(
+    buf: &mut FlexTensor,
+    new: &FlexTensor,
+    [rows, cap, t, d]: [usize; 4],
+    start: usize,
+) {
+    let src = &new.storage::<T>()[new.layout().start_offset()..];
+    let dst: &mut [T] = buf.storage_mut();
+    for row in 0..rows {
+        let from = &src[row * t * d..(row + 1) * t * d];
+        let at = (row * cap + start) * d;
+        dst[at..at + t * d].copy_from_slice(from);
+    }
 }
 
 /// Contiguous f32 data of `t` when `B` is the flex backend.
@@ -153,12 +169,16 @@ mod tests {
     #[test]
     fn write_slots_matches_slice_assign() {
         let dev = Default::default();
-        let data: Vec<f32> = (0..2 * 3 * 5 * 4).map(|x| x as f32).collect();
-        let buf = Tensor::<Cpu, 4>::from_data(TensorData::new(data, [2, 3, 5, 4]), &dev);
-        let new = Tensor::<Cpu, 4>::from_data(TensorData::new(vec![-1.0f32; 2 * 3 * 2 * 4], [2, 3, 2, 4]), &dev);
-        let want = buf.clone().slice_assign([0..2, 0..3, 1..3, 0..4], new.clone()).into_data();
-        let got = write_slots(buf, 1, new).into_data();
-        assert_eq!(got, want);
+        // f32 (scoring's and training's caches on the CPU) and bf16 (sampling's).
+        for dtype in [DType::F32, DType::BF16] {
+            let data: Vec<f32> = (0..2 * 3 * 5 * 4).map(|x| x as f32 * 0.37).collect();
+            let buf = Tensor::<Cpu, 4>::from_data(TensorData::new(data, [2, 3, 5, 4]), &dev).cast(dtype);
+            let new = Tensor::<Cpu, 4>::from_data(TensorData::new(vec![-1.3f32; 2 * 3 * 2 * 4], [2, 3, 2, 4]), &dev);
+            let new = new.cast(dtype);
+            let want = buf.clone().slice_assign([0..2, 0..3, 1..3, 0..4], new.clone()).into_data();
+            let got = write_slots(buf, 1, new).into_data();
+            assert_eq!(got, want, "{dtype:?}");
+        }
     }
 
     #[test]

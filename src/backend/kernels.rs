@@ -5,8 +5,9 @@
 pub use hacpo_kernels::{
     AdamWStep, PANEL_COLS, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols,
     bf16_matmul_rows, bf16_panel_products, bf16_round, bf16_round_bits, f32_rows_accumulate, neg_scaled_softmax,
-    pack_panels, packed_len, pair_rows, rms_norm, rms_norm_backward, rope, scaled_logsumexp, silu_mul,
-    silu_mul_backward, softmax, softmax_backward, transpose_u16,
+    pack_panels, packed_len, pair_rows, query_key_scores, query_key_scores_bf16, rms_norm, rms_norm_backward, rope,
+    scaled_logsumexp, silu_mul, silu_mul_backward, softmax, softmax_backward, transpose_u16, weighted_values,
+    weighted_values_bf16,
 };
 
 #[cfg(test)]
@@ -15,6 +16,54 @@ mod tests {
 
     fn rows() -> Vec<Vec<f32>> {
         (1..40).map(|n| (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7).collect()).collect()
+    }
+
+    #[test]
+    fn few_query_scores_and_weighted_values_match_the_definitions() {
+        let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) * 0.09;
+        for (rows, keys, d) in [(1, 5, 16), (3, 33, 64), (4, 7, 24), (7, 19, 40), (5, 1, 8), (2, 0, 16), (0, 4, 16)] {
+            // Rows and keys further apart than a row, as in the KV cache's buffers.
+            let (q_stride, kv_stride, out_stride) = (d + 3, d + 5, d + 1);
+            let q: Vec<f32> = (0..rows * q_stride).map(value).collect();
+            let exact: Vec<f32> = (0..keys * kv_stride).map(|i| value(i + 7)).collect();
+            // bf16 keys and values: the same kernels read their bits and widen them.
+            let mut bits = vec![0u16; exact.len()];
+            bf16_round_bits(&exact, &mut bits);
+            let rounded: Vec<f32> = bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+            for bf16 in [false, true] {
+                let k = if bf16 { &rounded } else { &exact };
+                let mut scores = vec![0f32; rows * keys];
+                let mut out = vec![0f32; rows * out_stride];
+                if bf16 {
+                    query_key_scores_bf16(&q, q_stride, rows, &bits, (keys, kv_stride), d, &mut scores);
+                    weighted_values_bf16(&scores, rows, &bits, (keys, kv_stride), d, &mut out, out_stride);
+                } else {
+                    query_key_scores(&q, q_stride, rows, k, (keys, kv_stride), d, &mut scores);
+                    weighted_values(&scores, rows, k, (keys, kv_stride), d, &mut out, out_stride);
+                }
+                for r in 0..rows {
+                    for j in 0..keys {
+                        let want: f64 = (0..d).map(|i| q[r * q_stride + i] as f64 * k[j * kv_stride + i] as f64).sum();
+                        let got = scores[r * keys + j];
+                        assert!(
+                            (got as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
+                            "{rows}x{keys}x{d}: score {got} {want}"
+                        );
+                    }
+                    for i in 0..d {
+                        let want: f64 =
+                            (0..keys).map(|j| scores[r * keys + j] as f64 * k[j * kv_stride + i] as f64).sum();
+                        let got = out[r * out_stride + i];
+                        assert!(
+                            (got as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
+                            "{rows}x{keys}x{d}: value {got} {want}"
+                        );
+                    }
+                    // The gaps between output rows are left alone.
+                    assert!(out[r * out_stride + d..(r + 1) * out_stride].iter().all(|&x| x == 0.0));
+                }
+            }
+        }
     }
 
     #[test]

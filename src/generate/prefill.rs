@@ -67,7 +67,7 @@ pub(super) fn prefill<B: Backend>(
     // Every row ends where the longest prompt does (shorter parts are widened below).
     let limit = distinct.iter().map(|p| p.len()).max().unwrap_or(0) + max_new;
     let reserve_new = max_new.min(super::FIRST_NEW_SLOTS);
-    let new_cache = |reserve| KvCache::new(layers, reserve).with_limit(limit);
+    let new_cache = |reserve| KvCache::new(layers, reserve).with_limit(limit).for_sampling();
     let mut parts: Vec<(KvCache<B>, usize, usize)> = Vec::new();
     let (mut logits, mut pads, mut slots) = (Vec::new(), Vec::new(), 0);
     let mut order = vec![0; distinct.len()];

@@ -10,7 +10,9 @@
 
 use burn::tensor::{Int, Tensor, TensorCreationOptions, TensorData, backend::Backend};
 
+use crate::backend::attention::cache_dtype;
 use crate::backend::flex_fast::write_slots;
+use crate::dtype::{ComputeDtype, Dtype};
 
 #[derive(Debug)]
 struct LayerKv<B: Backend> {
@@ -47,17 +49,32 @@ pub struct KvCache<B: Backend> {
     /// Slots a generation can fill at most: growth stops there (a doubling past it would be
     /// memory no token uses).
     limit: usize,
+    /// Whether only sampling reads it ([`Self::for_sampling`]).
+    sampling: bool,
 }
 
 impl<B: Backend> KvCache<B> {
     /// An empty cache for `num_layers` layers that pre-allocates room for `reserve` slots.
     pub fn new(num_layers: usize, reserve: usize) -> Self {
-        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0, reserve, limit: usize::MAX }
+        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0, reserve, limit: usize::MAX, sampling: false }
     }
 
     /// This cache growing to at most `limit` slots (the longest prompt plus the new tokens).
     pub fn with_limit(self, limit: usize) -> Self {
         KvCache { limit, ..self }
+    }
+
+    /// This cache read only by sampling: its keys and values are kept in the attention's dtype
+    /// on the CPU too (bf16: half the bytes decoding's attention reads), where scoring's and
+    /// training's stay f32 ([`cache_dtype`]). Sampling's tokens are drawn from the rounded
+    /// keys, as on a GPU; no log-probability a loss reads comes from them.
+    pub fn for_sampling(self) -> Self {
+        KvCache { sampling: true, ..self }
+    }
+
+    /// The dtype this cache keeps its keys and values in, for a model computing in `compute`.
+    pub(crate) fn dtype(&self, compute: ComputeDtype) -> Dtype {
+        if self.sampling { compute.attention() } else { cache_dtype::<B>(compute) }
     }
 
     /// Slots already written.
@@ -147,7 +164,7 @@ impl<B: Backend> KvCache<B> {
         }
         let len = caches[0].len;
         assert!(caches.iter().all(|c| c.len == len), "caches must hold the same number of slots");
-        let (reserve, limit) = (caches[0].reserve, caches[0].limit);
+        let (reserve, limit, sampling) = (caches[0].reserve, caches[0].limit, caches[0].sampling);
         let num_layers = caches[0].layers.len();
         let mut layers = Vec::with_capacity(num_layers);
         for l in 0..num_layers {
@@ -166,7 +183,7 @@ impl<B: Backend> KvCache<B> {
                 .unzip();
             layers.push(Some(LayerKv { k: Tensor::cat(ks, 0), v: Tensor::cat(vs, 0) }));
         }
-        KvCache { layers, len, reserve, limit }
+        KvCache { layers, len, reserve, limit, sampling }
     }
 
     /// Keeps only the rows `rows` (in that order; a row may repeat), e.g. to fan one prefilled
@@ -185,7 +202,7 @@ impl<B: Backend> KvCache<B> {
     /// prefilled prefix fanned out to the prompts that continue it, in buffers of their own.
     pub fn copy_rows(&self, rows: &[usize]) -> Self {
         let layers = self.layers.iter().map(|kv| kv.as_ref().map(|kv| kv.rows(rows))).collect();
-        KvCache { layers, len: self.len, reserve: self.reserve, limit: self.limit }
+        KvCache { layers, len: self.len, reserve: self.reserve, limit: self.limit, sampling: self.sampling }
     }
 
     /// Inserts `slots` empty slots before slot `at` in every row (zeros, which the rows' pads
@@ -219,6 +236,31 @@ mod tests {
         let values: Vec<f32> =
             (0..rows).flat_map(|r| (0..slots).flat_map(move |s| [(r * 100 + slot0 + s) as f32; 2])).collect();
         Tensor::from_data(TensorData::new(values, [rows, 1, slots, 2]), &Default::default())
+    }
+
+    /// Sampling's cache keeps bf16 keys and values where the model computes in bf16, on the
+    /// CPU too, written and grown in bf16; scoring's and training's keep f32 there.
+    #[test]
+    fn a_sampling_cache_keeps_the_attentions_dtype_on_the_cpu() {
+        let (bf16, f32) = (ComputeDtype::Bf16, ComputeDtype::F32);
+        assert_eq!(KvCache::<Cpu>::new(1, 4).dtype(bf16), Dtype::F32);
+        assert_eq!(KvCache::<Cpu>::new(1, 4).for_sampling().dtype(f32), Dtype::F32);
+        let mut cache = KvCache::<Cpu>::new(1, 2).with_limit(8).for_sampling();
+        assert_eq!(cache.dtype(bf16), Dtype::Bf16);
+        let half = |x: Tensor<Cpu, 4>| x.cast(bf16.burn());
+        for start in 0..6 {
+            cache.append(0, start, half(keys(2, start, 1)), half(keys(2, start, 1)));
+            cache.advance(1);
+        }
+        let mut fanned = KvCache::concat(vec![cache.copy_rows(&[1, 0])]);
+        assert_eq!(fanned.dtype(bf16), Dtype::Bf16, "copies and stacks stay sampling caches");
+        let (k, v) = fanned.append(0, 6, half(keys(2, 6, 1)), half(keys(2, 6, 1)));
+        assert_eq!((k.dtype(), v.dtype()), (burn::tensor::DType::BF16, burn::tensor::DType::BF16));
+        // The rows swapped, then slot 6 written as given; whole numbers below 256, exact in bf16.
+        let row =
+            |r: usize, last: usize| (0..7).flat_map(move |s| [(if s < 6 { r * 100 + s } else { last }) as f32; 2]);
+        let want: Vec<f32> = row(1, 6).chain(row(0, 106)).collect();
+        assert_eq!(k.cast(burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap(), want);
     }
 
     fn capacity(cache: &KvCache<Cpu>, layer: usize) -> usize {

@@ -205,11 +205,12 @@ mod tests {
     }
 
     /// The last position's logits of `ids` run as a 4-token prefill and then one token at a
-    /// time through the KV cache.
-    fn cached_last_logits(m: &CausalLm<Cpu>, ids: &[i64]) -> Vec<f32> {
+    /// time through the KV cache (a sampling cache's, or scoring's).
+    fn cached_last_logits(m: &CausalLm<Cpu>, ids: &[i64], sampling: bool) -> Vec<f32> {
         use crate::model::{KvCache, Layout};
         use burn::tensor::{Int, TensorData};
-        let mut cache = KvCache::new(m.config.num_hidden_layers, 4);
+        let cache = KvCache::new(m.config.num_hidden_layers, 4);
+        let mut cache = if sampling { cache.for_sampling() } else { cache };
         let mut hidden = None;
         for (start, chunk) in [(0, &ids[..4]), (4, &ids[4..5]), (5, &ids[5..6]), (6, &ids[6..])] {
             let t = chunk.len();
@@ -226,13 +227,16 @@ mod tests {
         let ids = [5i64, 9, 1, 33, 60, 2, 17];
         for (dtype, tolerance) in [(ComputeDtype::F32, 1e-5), (ComputeDtype::Bf16, 5e-2)] {
             let m = rollout_copy(set_compute(model::<Cpu>(false), dtype));
-            // The CPU's own bf16 products with an f32 cache, and burn's generic ops with a
-            // bf16 cache (the GPUs' path).
-            for generic in [false, true] {
-                let run = || (logits(&m), cached_last_logits(&m, &ids));
+            // The CPU's own bf16 products with an f32 cache (scoring's) or a bf16 one
+            // (sampling's), and burn's generic ops with a bf16 cache (the GPUs' path).
+            for (generic, sampling) in [(false, false), (false, true), (true, false)] {
+                let run = || (logits(&m), cached_last_logits(&m, &ids, sampling));
                 let (whole, cached) = if generic { without_fast_paths(run) } else { run() };
                 let d = max_diff(&cached, &whole[6 * 64..]);
-                assert!(d < tolerance, "{dtype:?}, generic ops {generic}: cached decoding differs by {d}");
+                assert!(
+                    d < tolerance,
+                    "{dtype:?}, generic ops {generic}, sampling {sampling}: cached decoding differs by {d}"
+                );
             }
         }
     }

@@ -195,10 +195,10 @@ impl<B: Backend> Attention<B> {
 
         let (k, v) = match cache {
             // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read
-            // (f32 on the CPU, whose attention reads f32).
+            // (f32 on the CPU where scoring or training reads it: see `KvCache::dtype`).
             Some((cache, layer, start)) => {
-                let dtype = crate::backend::attention::cache_dtype::<B>(c);
-                cache.append(layer, start, dtype.cast(k), dtype.cast(v))
+                let dtype = cache.dtype(c).burn();
+                cache.append(layer, start, cast::cast(k, dtype), cast::cast(v, dtype))
             }
             None => (k, v),
         };
@@ -251,7 +251,7 @@ impl<B: Backend> Attention<B> {
         let (q, _) = heads(rounded(queries, c), None, Dest::New(attention_dtype));
         let (k, v) = match cache {
             Some((cache, layer, start)) => {
-                let dtype = crate::backend::attention::cache_dtype::<B>(c).burn().into();
+                let dtype = cache.dtype(c).burn().into();
                 cache.write(layer, start, [b, kvh, t, hd], (&v.device(), dtype), |k_buffer, v_buffer| {
                     let values = Some((v, v_bias));
                     let (k, v) = heads(rounded(keys, c), values, Dest::Cache([k_buffer, v_buffer], start));

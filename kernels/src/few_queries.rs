@@ -1,0 +1,312 @@
+//! Decoding's attention for one (sequence, KV head): a few query rows (the group's heads, one
+//! query each) against every key and value, read in place.
+//!
+//! A GEMM library packs its operands first. With three or four query rows that packing is
+//! most of the work: the keys, read transposed, were copied element by element (15% of a
+//! decoding step at 100-token prompts). Here each key and each value row is read once, in the
+//! order it is stored, for all the rows at once. Keys and values may be f32 or bf16 (a
+//! sampling cache in half precision: half the bytes that decoding's attention waits on),
+//! widened in registers; queries, weights and sums are f32.
+
+use crate::{LANES, Level, bf16_to_f32, level};
+
+/// A key or value element: f32, or bf16 as its bits.
+pub trait KvElement: Copy {
+    const BF16: bool;
+    fn f32(self) -> f32;
+}
+
+impl KvElement for f32 {
+    const BF16: bool = false;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElement for u16 {
+    const BF16: bool = true;
+    #[inline(always)]
+    fn f32(self) -> f32 {
+        bf16_to_f32(self)
+    }
+}
+
+/// The sum of `acc`'s lanes, pairwise (a vector shuffle and add per level).
+#[inline(always)]
+fn lanes_sum(mut acc: [f32; LANES]) -> f32 {
+    let mut width = LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            acc[i] += acc[i + width];
+        }
+        width /= 2;
+    }
+    acc[0]
+}
+
+/// [`query_key_scores`] for `R` rows.
+#[inline(always)]
+fn scores_tile<const R: usize, E: KvElement>(q: &[f32], q_stride: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
+    let (keys, k_stride) = kv;
+    let whole = d - d % LANES;
+    for j in 0..keys {
+        let key = &k[j * k_stride..j * k_stride + d];
+        let mut acc = [[0f32; LANES]; R];
+        for c in (0..whole).step_by(LANES) {
+            let kc: [f32; LANES] = std::array::from_fn(|l| key[c + l].f32());
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let qc: &[f32; LANES] = q[r * q_stride + c..][..LANES].try_into().expect("a whole chunk");
+                for l in 0..LANES {
+                    acc[l] = qc[l].mul_add(kc[l], acc[l]);
+                }
+            }
+        }
+        for (r, acc) in acc.into_iter().enumerate() {
+            let rest: f32 = (whole..d).map(|i| q[r * q_stride + i] * key[i].f32()).sum();
+            out[r * keys + j] = lanes_sum(acc) + rest;
+        }
+    }
+}
+
+/// [`query_key_scores`] for keys of either element type.
+#[inline(always)]
+fn scores_body<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
+    let (keys, k_stride) = kv;
+    assert!(rows == 0 || q.len() >= (rows - 1) * q_stride + d);
+    assert!(keys == 0 || k.len() >= (keys - 1) * k_stride + d);
+    assert!(out.len() >= rows * keys);
+    #[cfg(target_arch = "x86_64")]
+    if d % LANES == 0 && level() == Level::Avx512 {
+        // SAFETY: AVX-512 is there, and the asserts above bound every row the kernel reads
+        // and writes.
+        unsafe { x86::scores(q, q_stride, rows, k, kv, d, out) };
+        return;
+    }
+    let mut r = 0;
+    while r < rows {
+        let (q, out) = (&q[r * q_stride..], &mut out[r * keys..]);
+        r += match rows - r {
+            1 => { scores_tile::<1, E>(q, q_stride, k, kv, d, out); 1 }
+            2 => { scores_tile::<2, E>(q, q_stride, k, kv, d, out); 2 }
+            3 => { scores_tile::<3, E>(q, q_stride, k, kv, d, out); 3 }
+            _ => { scores_tile::<4, E>(q, q_stride, k, kv, d, out); 4 }
+        };
+    }
+}
+
+simd_kernel! {
+    /// `out[r·keys + j] = q_r · k_j` for the `rows` rows `q_r = q[r·q_stride..][..d]` and the
+    /// keys `k_j = k[j·k_stride..][..d]`, `kv = (keys, k_stride)`.
+    pub fn query_key_scores(q: &[f32], q_stride: usize, rows: usize, k: &[f32], kv: (usize, usize), d: usize, out: &mut [f32]) {
+        scores_body(q, q_stride, rows, k, kv, d, out)
+    }
+}
+
+simd_kernel! {
+    /// [`query_key_scores`] for bf16 keys (their bits).
+    pub fn query_key_scores_bf16(q: &[f32], q_stride: usize, rows: usize, k: &[u16], kv: (usize, usize), d: usize, out: &mut [f32]) {
+        scores_body(q, q_stride, rows, k, kv, d, out)
+    }
+}
+
+/// [`weighted_values`] for `R` rows.
+#[inline(always)]
+fn values_tile<const R: usize, E: KvElement>(p: &[f32], keys: usize, v: &[E], v_stride: usize, d: usize, out: &mut [f32], out_stride: usize) {
+    let whole = d - d % LANES;
+    // One lane-wide column strip at a time, its sums in registers.
+    for c in (0..whole).step_by(LANES) {
+        let mut acc = [[0f32; LANES]; R];
+        for j in 0..keys {
+            let vc: [f32; LANES] = std::array::from_fn(|l| v[j * v_stride + c + l].f32());
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let pj = p[r * keys + j];
+                for l in 0..LANES {
+                    acc[l] = pj.mul_add(vc[l], acc[l]);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            out[r * out_stride + c..][..LANES].copy_from_slice(acc);
+        }
+    }
+    for r in 0..R {
+        for i in whole..d {
+            out[r * out_stride + i] = (0..keys).map(|j| p[r * keys + j] * v[j * v_stride + i].f32()).sum();
+        }
+    }
+}
+
+/// [`weighted_values`] for values of either element type.
+#[inline(always)]
+fn values_body<E: KvElement>(p: &[f32], rows: usize, v: &[E], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
+    let (keys, v_stride) = kv;
+    assert!(p.len() >= rows * keys);
+    assert!(keys == 0 || v.len() >= (keys - 1) * v_stride + d);
+    assert!(rows == 0 || out.len() >= (rows - 1) * out_stride + d);
+    #[cfg(target_arch = "x86_64")]
+    if d % LANES == 0 && level() == Level::Avx512 {
+        // SAFETY: as in `scores_body`.
+        unsafe { x86::values(p, rows, v, kv, d, out, out_stride) };
+        return;
+    }
+    let mut r = 0;
+    while r < rows {
+        let (p, out) = (&p[r * keys..], &mut out[r * out_stride..]);
+        r += match rows - r {
+            1 => { values_tile::<1, E>(p, keys, v, v_stride, d, out, out_stride); 1 }
+            2 => { values_tile::<2, E>(p, keys, v, v_stride, d, out, out_stride); 2 }
+            3 => { values_tile::<3, E>(p, keys, v, v_stride, d, out, out_stride); 3 }
+            _ => { values_tile::<4, E>(p, keys, v, v_stride, d, out, out_stride); 4 }
+        };
+    }
+}
+
+simd_kernel! {
+    /// `out[r·out_stride..][..d] = Σ_j p[r·keys + j] · v_j` for the `rows` rows of weights `p`
+    /// and the values `v_j = v[j·v_stride..][..d]`, `kv = (keys, v_stride)`.
+    pub fn weighted_values(p: &[f32], rows: usize, v: &[f32], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
+        values_body(p, rows, v, kv, d, out, out_stride)
+    }
+}
+
+simd_kernel! {
+    /// [`weighted_values`] for bf16 values (their bits).
+    pub fn weighted_values_bf16(p: &[f32], rows: usize, v: &[u16], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
+        values_body(p, rows, v, kv, d, out, out_stride)
+    }
+}
+
+/// The AVX-512 kernels, for heads of whole 16-lane strips: LLVM's own vectorising of the
+/// loops above kept the sums on the stack (and took 128-bit registers for the scores), slower
+/// than the GEMM they replace.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::KvElement;
+
+    /// 16 elements from `p`, as f32 (bf16 widened: its bits are an f32's upper half).
+    #[inline(always)]
+    unsafe fn load16<E: KvElement>(p: *const E) -> __m512 {
+        unsafe {
+            if E::BF16 {
+                let bits = _mm256_loadu_si256(p as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16))
+            } else {
+                _mm512_loadu_ps(p as *const f32)
+            }
+        }
+    }
+
+    /// [`super::query_key_scores`] for `R` rows from `q` (AVX-512, `d` a multiple of 16).
+    #[inline(always)]
+    unsafe fn scores_tile<const R: usize, E: KvElement>(q: *const f32, q_stride: usize, k: *const E, kv: (usize, usize), d: usize, out: *mut f32) {
+        let (keys, k_stride) = kv;
+        unsafe {
+            for j in 0..keys {
+                let key = k.add(j * k_stride);
+                let mut acc = [_mm512_setzero_ps(); R];
+                for c in (0..d).step_by(16) {
+                    let kc = load16(key.add(c));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm512_fmadd_ps(_mm512_loadu_ps(q.add(r * q_stride + c)), kc, *acc);
+                    }
+                }
+                for (r, acc) in acc.into_iter().enumerate() {
+                    *out.add(r * keys + j) = _mm512_reduce_add_ps(acc);
+                }
+            }
+        }
+    }
+
+    /// SAFETY: AVX-512F is there; the slices hold every row the shapes say.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scores<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
+        let keys = kv.0;
+        let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
+        let mut r = 0;
+        while r < rows {
+            let (q, out) = unsafe { (q.add(r * q_stride), out.add(r * keys)) };
+            r += unsafe {
+                match rows - r {
+                    1 => { scores_tile::<1, E>(q, q_stride, k, kv, d, out); 1 }
+                    2 => { scores_tile::<2, E>(q, q_stride, k, kv, d, out); 2 }
+                    3 => { scores_tile::<3, E>(q, q_stride, k, kv, d, out); 3 }
+                    _ => { scores_tile::<4, E>(q, q_stride, k, kv, d, out); 4 }
+                }
+            };
+        }
+    }
+
+    /// [`super::weighted_values`] for `R` rows and a strip of `S` × 16 columns from `c`.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn values_strip<const R: usize, const S: usize, E: KvElement>(
+        p: *const f32,
+        kv: (usize, usize),
+        v: *const E,
+        c: usize,
+        out: *mut f32,
+        out_stride: usize,
+    ) {
+        let (keys, v_stride) = kv;
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); S]; R];
+            for j in 0..keys {
+                let row = v.add(j * v_stride + c);
+                let mut vs = [_mm512_setzero_ps(); S];
+                for (s, vs) in vs.iter_mut().enumerate() {
+                    *vs = load16(row.add(16 * s));
+                }
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let pj = _mm512_set1_ps(*p.add(r * keys + j));
+                    for (acc, &vs) in acc.iter_mut().zip(&vs) {
+                        *acc = _mm512_fmadd_ps(pj, vs, *acc);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                for (s, &acc) in acc.iter().enumerate() {
+                    _mm512_storeu_ps(out.add(r * out_stride + c + 16 * s), acc);
+                }
+            }
+        }
+    }
+
+    /// [`values_strip`] over every strip of `d` columns: four registers a row where they fit
+    /// (a 64- or 128-wide head: 16 sums in registers for four rows), one where they do not.
+    #[inline(always)]
+    unsafe fn values_tile<const R: usize, E: KvElement>(p: *const f32, kv: (usize, usize), v: *const E, d: usize, out: *mut f32, out_stride: usize) {
+        let mut c = 0;
+        unsafe {
+            while c + 64 <= d {
+                values_strip::<R, 4, E>(p, kv, v, c, out, out_stride);
+                c += 64;
+            }
+            while c < d {
+                values_strip::<R, 1, E>(p, kv, v, c, out, out_stride);
+                c += 16;
+            }
+        }
+    }
+
+    /// SAFETY: AVX-512F is there; the slices hold every row the shapes say.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn values<E: KvElement>(p: &[f32], rows: usize, v: &[E], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
+        let keys = kv.0;
+        let (p, v, out) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+        let mut r = 0;
+        while r < rows {
+            let (p, out) = unsafe { (p.add(r * keys), out.add(r * out_stride)) };
+            r += unsafe {
+                match rows - r {
+                    1 => { values_tile::<1, E>(p, kv, v, d, out, out_stride); 1 }
+                    2 => { values_tile::<2, E>(p, kv, v, d, out, out_stride); 2 }
+                    3 => { values_tile::<3, E>(p, kv, v, d, out, out_stride); 3 }
+                    _ => { values_tile::<4, E>(p, kv, v, d, out, out_stride); 4 }
+                }
+            };
+        }
+    }
+}

@@ -10,7 +10,10 @@
 //! block's last slot (they are masked for every layout this project builds: see
 //! [`crate::model::layout`]), and writes the output token-major, ready for `o_proj`. Blocks
 //! run on rayon threads. Inference keeps one query block's scores at a time, so a prefill of
-//! long prompts no longer holds `[batch, heads, t, t]` floats.
+//! long prompts no longer holds `[batch, heads, t, t]` floats. Decoding's single query runs
+//! the group's heads through [`kernels::query_key_scores`] and [`kernels::weighted_values`]
+//! instead of the GEMMs, which read each key and value row once where it is stored, f32 or
+//! bf16 (a sampling cache: [`crate::model::KvCache::for_sampling`]).
 //!
 //! Training on the CPU backend (`Autodiff<Cpu>`) runs the same forward as a custom autodiff
 //! op that keeps the probabilities (as the generic graph does) and returns dq, dk, dv from
@@ -35,9 +38,11 @@ use crate::dtype::ComputeDtype;
 /// and keys after the block's last query are skipped.
 const QUERY_BLOCK: usize = 64;
 
-/// The KV cache's dtype: the attention's ([`ComputeDtype::attention`]), except on the CPU
-/// backend, whose fused kernels read f32 (a bf16 cache sent decoding to burn's generic ops,
-/// which copy the cache to f32 at every step and layer).
+/// The dtype of a KV cache that scoring or training reads: the attention's
+/// ([`ComputeDtype::attention`]), except on the CPU backends, where it is f32: the fused
+/// training kernels read f32, and a scoring pass (the old policy's log-probs) must read the
+/// keys the update's pass reads, for the first update's ratios to be one. Sampling's cache
+/// takes the attention's dtype everywhere ([`crate::model::KvCache::for_sampling`]).
 pub fn cache_dtype<B: Backend>(compute: ComputeDtype) -> crate::dtype::Dtype {
     if cpu_backend::<B>(&[]).is_some() { crate::dtype::Dtype::F32 } else { compute.attention() }
 }
@@ -52,7 +57,8 @@ const PARALLEL_WORK: usize = 1 << 18;
 /// `[batch, t, heads·head_dim]`.
 ///
 /// The generic path multiplies in [`ComputeDtype::attention`] (softmax in f32); the CPU path
-/// computes in f32, and keeps its KV cache in f32 ([`cache_dtype`]); the GPU kernel (up to
+/// computes in f32, reading f32 keys and values or, for inference, a bf16 cache's widened
+/// ([`cache_dtype`]); the GPU kernel (up to
 /// [`super::cube_fused::FEW_QUERIES`] queries a sequence) computes in f32 and returns the
 /// generic path's dtype.
 ///
@@ -271,7 +277,7 @@ impl Dims {
     /// The query segments of one (batch row, KV head) block.
     fn segments(&self) -> Vec<Segment> {
         if self.t == 1 {
-            // Decoding: the group's heads are the rows of one GEMM.
+            // Decoding: the group's heads are the rows of one segment (the few-query kernels').
             return vec![Segment { head: 0, first: 0, rows: self.group(), by_head: true, keys: self.keys }];
         }
         let mut out = Vec::new();
@@ -505,11 +511,13 @@ fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, kv: BlockKv, p: &mut [f32]
             matmul_into(seg.rows, seg.keys, d, (p.as_mut_ptr(), keys, 1), false, q, (kp.0, 1, kp.1))
         },
         BlockKv::F32(kp, _) => {
+            debug_assert_eq!(seg.keys, keys, "a decoding segment sees every key");
             let (qs, ks) = unsafe { (rows_of(q.0, q.1, seg.rows, d), rows_of(kp.0, kp.1, seg.keys, d)) };
             kernels::query_key_scores(qs, q.1, seg.rows, ks, (seg.keys, kp.1), d, p);
         }
         BlockKv::Bf16(kb, _) => {
             assert!(seg.by_head, "bf16 keys are widened for several queries");
+            debug_assert_eq!(seg.keys, keys, "a decoding segment sees every key");
             let (qs, ks) = unsafe { (rows_of(q.0, q.1, seg.rows, d), rows_of(kb.0, kb.1, seg.keys, d)) };
             kernels::query_key_scores_bf16(qs, q.1, seg.rows, ks, (seg.keys, kb.1), d, p);
         }

@@ -21,7 +21,10 @@ mod tests {
     #[test]
     fn few_query_scores_and_weighted_values_match_the_definitions() {
         let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) * 0.09;
-        for (rows, keys, d) in [(1, 5, 16), (3, 33, 64), (4, 7, 24), (7, 19, 40), (5, 1, 8), (2, 0, 16), (0, 4, 16)] {
+        // Every row tile (1–4, and 4 then 1–3), whole 64-wide strips with a 16-wide one after
+        // (d = 80), part strips (24, 40), keys none or one.
+        let shapes = [(1, 5, 16), (3, 33, 64), (4, 7, 24), (7, 19, 40), (5, 1, 8), (2, 0, 16), (0, 4, 16)];
+        for (rows, keys, d) in shapes.into_iter().chain([(4, 9, 80), (6, 12, 128), (8, 3, 64), (2, 21, 32)]) {
             // Rows and keys further apart than a row, as in the KV cache's buffers.
             let (q_stride, kv_stride, out_stride) = (d + 3, d + 5, d + 1);
             let q: Vec<f32> = (0..rows * q_stride).map(value).collect();

@@ -252,7 +252,7 @@ mod tests {
             cache.append(0, start, half(keys(2, start, 1)), half(keys(2, start, 1)));
             cache.advance(1);
         }
-        let mut fanned = KvCache::concat(vec![cache.copy_rows(&[1, 0])]);
+        let mut fanned = KvCache::concat(vec![cache.copy_rows(&[1]), cache.copy_rows(&[0])]);
         assert_eq!(fanned.dtype(bf16), Dtype::Bf16, "copies and stacks stay sampling caches");
         let (k, v) = fanned.append(0, 6, half(keys(2, 6, 1)), half(keys(2, 6, 1)));
         assert_eq!((k.dtype(), v.dtype()), (burn::tensor::DType::BF16, burn::tensor::DType::BF16));

@@ -199,12 +199,50 @@ mod x86 {
         }
     }
 
-    /// [`super::query_key_scores`] for `R` rows from `q` (AVX-512, `d` a multiple of 16).
+    /// The lane sums of `a`, `b`, `c`, `d`, in that order: three rounds of shuffles and adds
+    /// for four sums, where reducing each register alone takes four rounds for one.
+    #[inline(always)]
+    unsafe fn sums_of_four([a, b, c, d]: [__m512; 4]) -> __m128 {
+        unsafe {
+            // Per 128-bit lane: [a0+a2, b0+b2, a1+a3, b1+b3], the same for c and d; then pairs of
+            // those: [a, b, c, d] partial sums in each lane; then the four lanes added.
+            let ab = _mm512_add_ps(_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+            let cd = _mm512_add_ps(_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+            let (ab, cd) = (_mm512_castps_pd(ab), _mm512_castps_pd(cd));
+            let lanes = _mm512_add_ps(
+                _mm512_castpd_ps(_mm512_unpacklo_pd(ab, cd)),
+                _mm512_castpd_ps(_mm512_unpackhi_pd(ab, cd)),
+            );
+            let high = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(lanes), 1));
+            let halves = _mm256_add_ps(_mm512_castps512_ps256(lanes), high);
+            _mm_add_ps(_mm256_castps256_ps128(halves), _mm256_extractf128_ps(halves, 1))
+        }
+    }
+
+    /// [`super::query_key_scores`] for `R` rows from `q` (AVX-512, `d` a multiple of 16): four
+    /// keys at a time, each loaded piece of a key serving every row.
     #[inline(always)]
     unsafe fn scores_tile<const R: usize, E: KvElement>(q: *const f32, q_stride: usize, k: *const E, kv: (usize, usize), d: usize, out: *mut f32) {
         let (keys, k_stride) = kv;
         unsafe {
-            for j in 0..keys {
+            let mut j = 0;
+            while j + 4 <= keys {
+                let mut acc = [[_mm512_setzero_ps(); 4]; R];
+                for c in (0..d).step_by(16) {
+                    let kc: [__m512; 4] = std::array::from_fn(|i| load16(k.add((j + i) * k_stride + c)));
+                    for (r, acc) in acc.iter_mut().enumerate() {
+                        let qc = _mm512_loadu_ps(q.add(r * q_stride + c));
+                        for (acc, &kc) in acc.iter_mut().zip(&kc) {
+                            *acc = _mm512_fmadd_ps(qc, kc, *acc);
+                        }
+                    }
+                }
+                for (r, acc) in acc.into_iter().enumerate() {
+                    _mm_storeu_ps(out.add(r * keys + j), sums_of_four(acc));
+                }
+                j += 4;
+            }
+            for j in j..keys {
                 let key = k.add(j * k_stride);
                 let mut acc = [_mm512_setzero_ps(); R];
                 for c in (0..d).step_by(16) {

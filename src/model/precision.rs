@@ -14,9 +14,10 @@
 //! reach the f32 weights through the casts. Sampling and scoring read [`rollout_copy`], the
 //! policy with every weight stored in the compute dtype once, so decoding does not cast the
 //! whole model per token; the KL reference is stored the same way, and with bf16 the KV
-//! cache too ([`ComputeDtype::attention`]; on the CPU only sampling's, scoring's and training's
-//! staying f32: [`crate::model::KvCache::for_sampling`]). On the CPU the rollout copy's bf16 weights are read as stored by
-//! [`crate::backend::bf16_matmul`]; on a CPU with AVX512-BF16 training's bf16 products
+//! cache too ([`ComputeDtype::attention`]; on the CPU only sampling's, scoring's and
+//! training's staying f32: [`crate::model::KvCache::for_sampling`]). On the CPU the rollout
+//! copy's bf16 weights are read as stored by [`crate::backend::bf16_matmul`]; on a CPU with
+//! AVX512-BF16 training's bf16 products
 //! (forward and backward) run through packed operands (`backend::bf16_trained`).
 //! f16 training scales the loss ([`crate::train::loss_scale`]) so that small gradients stay
 //! within f16's range; bf16 has f32's range and needs no scaling.

@@ -76,17 +76,25 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
     }
     let inv_t = 1.0 / params.temperature;
     let vocab = logits.len();
-
+    if (params.top_k == 0 || params.top_k >= vocab) && params.top_p >= 1.0 {
+        // Every token a candidate: the same numbers as below, without a list of
+        // (token, scaled logit) pairs the size of the vocabulary.
+        let probs = softmax_of(logits.iter().map(|&z| z * inv_t), vocab);
+        let chosen = draw(&probs, rng);
+        return (chosen as u32, probs[chosen].ln());
+    }
     // Candidates after top-k, as (token, scaled logit).
-    let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &z)| (i as u32, z * inv_t)).collect();
-    if params.top_k > 0 && params.top_k < vocab {
+    let cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &z)| (i as u32, z * inv_t)).collect();
+    sample_candidates(cand, params, rng)
+}
+
+/// [`sample`] from `cand` (token, scaled logit): top-k, then top-p, then a draw.
+fn sample_candidates(mut cand: Vec<(u32, f32)>, params: &SamplingParams, rng: &mut ChaCha8Rng) -> (u32, f32) {
+    if params.top_k > 0 && params.top_k < cand.len() {
         cand.select_nth_unstable_by(params.top_k - 1, |a, b| b.1.total_cmp(&a.1));
         cand.truncate(params.top_k);
     }
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f32> = cand.iter().map(|c| fast_exp(c.1 - max)).collect();
-    let total: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|p| *p /= total);
+    let mut probs = softmax_of(cand.iter().map(|c| c.1), cand.len());
 
     if params.top_p < 1.0 {
         // Keep the most likely tokens until their mass reaches top_p (the token crossing it
@@ -108,18 +116,32 @@ pub fn sample(logits: &[f32], params: &SamplingParams, rng: &mut ChaCha8Rng) -> 
         let total: f32 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= total);
     }
+    let chosen = draw(&probs, rng);
+    (cand[chosen].0, probs[chosen].ln())
+}
 
+/// The probabilities of `n` scaled logits: exponentials from the largest, summed in order.
+fn softmax_of(scaled: impl Iterator<Item = f32> + Clone, n: usize) -> Vec<f32> {
+    let max = scaled.clone().fold(f32::NEG_INFINITY, f32::max);
+    let mut probs = Vec::with_capacity(n);
+    probs.extend(scaled.map(|z| fast_exp(z - max)));
+    let total: f32 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= total);
+    probs
+}
+
+/// The index where the running sum of `probs` first passes a uniform draw (the last one if
+/// rounding leaves the sum short of it).
+fn draw(probs: &[f32], rng: &mut ChaCha8Rng) -> usize {
     let u: f32 = rng.random();
     let mut acc = 0.0;
-    let mut chosen = probs.len() - 1;
     for (i, &p) in probs.iter().enumerate() {
         acc += p;
         if u < acc {
-            chosen = i;
-            break;
+            return i;
         }
     }
-    (cand[chosen].0, probs[chosen].ln())
+    probs.len() - 1
 }
 
 /// Index and value of the largest logit; the first one on ties, like `torch.argmax`.
@@ -184,6 +206,22 @@ mod tests {
         let mut rng = sequence_rng(11, 5);
         let ones = (0..6000).filter(|_| sample(&logits, &p, &mut rng).0 == 1).count();
         assert!((3800..4200).contains(&ones), "{ones}");
+    }
+
+    /// Without top-k or top-p every token is a candidate, drawn without the candidates' list:
+    /// the same token and log-probability, to the bit, as through it.
+    #[test]
+    fn sampling_the_whole_vocabulary_draws_what_the_candidates_path_draws() {
+        let logits: Vec<f32> = (0..5000).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 0.013).collect();
+        for (seed, temperature) in [(0, 1.0), (1, 0.6), (2, 1.7)] {
+            let p = SamplingParams { temperature, ..Default::default() };
+            let (mut a, mut b) = (sequence_rng(seed, 3), sequence_rng(seed, 3));
+            for _ in 0..50 {
+                let cand = logits.iter().enumerate().map(|(i, &z)| (i as u32, z * (1.0 / temperature))).collect();
+                let (x, y) = (sample(&logits, &p, &mut a), sample_candidates(cand, &p, &mut b));
+                assert_eq!((x.0, x.1.to_bits()), (y.0, y.1.to_bits()));
+            }
+        }
     }
 
     #[test]

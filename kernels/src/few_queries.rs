@@ -10,6 +10,23 @@
 
 use crate::{LANES, Level, bf16_to_f32, level};
 
+/// Runs `$body` for each tile of up to four of `rows` rows in turn: `$r` is the tile's first
+/// row and `$tile` a constant, its number of rows (the kernels' const generic row counts).
+macro_rules! in_row_tiles {
+    ($rows:expr, |$r:ident, $tile:ident| $body:expr) => {{
+        let rows = $rows;
+        let mut $r = 0;
+        while $r < rows {
+            $r += match rows - $r {
+                1 => { const $tile: usize = 1; $body; $tile }
+                2 => { const $tile: usize = 2; $body; $tile }
+                3 => { const $tile: usize = 3; $body; $tile }
+                _ => { const $tile: usize = 4; $body; $tile }
+            };
+        }
+    }};
+}
+
 /// A key or value element: f32, or bf16 as its bits.
 pub trait KvElement: Copy {
     const BF16: bool;
@@ -83,16 +100,7 @@ fn scores_body<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], k
         unsafe { x86::scores(q, q_stride, rows, k, kv, d, out) };
         return;
     }
-    let mut r = 0;
-    while r < rows {
-        let (q, out) = (&q[r * q_stride..], &mut out[r * keys..]);
-        r += match rows - r {
-            1 => { scores_tile::<1, E>(q, q_stride, k, kv, d, out); 1 }
-            2 => { scores_tile::<2, E>(q, q_stride, k, kv, d, out); 2 }
-            3 => { scores_tile::<3, E>(q, q_stride, k, kv, d, out); 3 }
-            _ => { scores_tile::<4, E>(q, q_stride, k, kv, d, out); 4 }
-        };
-    }
+    in_row_tiles!(rows, |r, R| scores_tile::<R, E>(&q[r * q_stride..], q_stride, k, kv, d, &mut out[r * keys..]));
 }
 
 simd_kernel! {
@@ -150,16 +158,9 @@ fn values_body<E: KvElement>(p: &[f32], rows: usize, v: &[E], kv: (usize, usize)
         unsafe { x86::values(p, rows, v, kv, d, out, out_stride) };
         return;
     }
-    let mut r = 0;
-    while r < rows {
-        let (p, out) = (&p[r * keys..], &mut out[r * out_stride..]);
-        r += match rows - r {
-            1 => { values_tile::<1, E>(p, keys, v, v_stride, d, out, out_stride); 1 }
-            2 => { values_tile::<2, E>(p, keys, v, v_stride, d, out, out_stride); 2 }
-            3 => { values_tile::<3, E>(p, keys, v, v_stride, d, out, out_stride); 3 }
-            _ => { values_tile::<4, E>(p, keys, v, v_stride, d, out, out_stride); 4 }
-        };
-    }
+    in_row_tiles!(rows, |r, R| {
+        values_tile::<R, E>(&p[r * keys..], keys, v, v_stride, d, &mut out[r * out_stride..], out_stride)
+    });
 }
 
 simd_kernel! {
@@ -263,18 +264,10 @@ mod x86 {
     pub(super) unsafe fn scores<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
         let keys = kv.0;
         let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
-        let mut r = 0;
-        while r < rows {
-            let (q, out) = unsafe { (q.add(r * q_stride), out.add(r * keys)) };
-            r += unsafe {
-                match rows - r {
-                    1 => { scores_tile::<1, E>(q, q_stride, k, kv, d, out); 1 }
-                    2 => { scores_tile::<2, E>(q, q_stride, k, kv, d, out); 2 }
-                    3 => { scores_tile::<3, E>(q, q_stride, k, kv, d, out); 3 }
-                    _ => { scores_tile::<4, E>(q, q_stride, k, kv, d, out); 4 }
-                }
-            };
-        }
+        // SAFETY: forwarded from the caller: each tile's rows are within the slices.
+        in_row_tiles!(rows, |r, R| unsafe {
+            scores_tile::<R, E>(q.add(r * q_stride), q_stride, k, kv, d, out.add(r * keys))
+        });
     }
 
     /// [`super::weighted_values`] for `R` rows and a strip of `S` × 16 columns from `c`.
@@ -334,17 +327,9 @@ mod x86 {
     pub(super) unsafe fn values<E: KvElement>(p: &[f32], rows: usize, v: &[E], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
         let keys = kv.0;
         let (p, v, out) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
-        let mut r = 0;
-        while r < rows {
-            let (p, out) = unsafe { (p.add(r * keys), out.add(r * out_stride)) };
-            r += unsafe {
-                match rows - r {
-                    1 => { values_tile::<1, E>(p, kv, v, d, out, out_stride); 1 }
-                    2 => { values_tile::<2, E>(p, kv, v, d, out, out_stride); 2 }
-                    3 => { values_tile::<3, E>(p, kv, v, d, out, out_stride); 3 }
-                    _ => { values_tile::<4, E>(p, kv, v, d, out, out_stride); 4 }
-                }
-            };
-        }
+        // SAFETY: forwarded from the caller: each tile's rows are within the slices.
+        in_row_tiles!(rows, |r, R| unsafe {
+            values_tile::<R, E>(p.add(r * keys), kv, v, d, out.add(r * out_stride), out_stride)
+        });
     }
 }

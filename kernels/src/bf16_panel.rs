@@ -52,19 +52,54 @@ pub fn bf16_panel_products(
     if rows == 0 || cols == 0 {
         return;
     }
+    assert!(out_stride >= cols && out.len() >= (rows - 1) * out_stride + cols, "out is shorter than rows × columns");
+    // SAFETY: `out` holds every element written (asserted above), and the borrow is exclusive.
+    unsafe { bf16_panel_products_to(a, (a_row, a_pair), rows, pairs, b, cols, out.as_mut_ptr(), out_stride, add, round) }
+}
+
+/// [`bf16_panel_products`] storing through a pointer: for tasks that each write their own
+/// columns of one row-major output, which safe slices cannot split between them.
+///
+/// # Safety
+/// `out` must be valid for reads and writes of `out[r·out_stride + c]` for `r < rows` and
+/// `c < cols`, with `out_stride ≥ cols`, must not overlap `a` or `b`, and nothing else may
+/// access those elements during the call. They may be uninitialised when `add` is false (then
+/// they are only written), not when it is true. Elements between them are not touched.
+///
+/// # Panics
+/// As [`bf16_panel_products`], for `a` and `b`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn bf16_panel_products_to(
+    a: &[u32],
+    (a_row, a_pair): (usize, usize),
+    rows: usize,
+    pairs: usize,
+    b: &[u32],
+    cols: usize,
+    out: *mut f32,
+    out_stride: usize,
+    add: bool,
+    round: bool,
+) {
+    assert!(super::bf16_dot_instructions(), "bf16_panel_products needs AVX512-BF16; ask bf16_dot_instructions first");
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(out_stride >= cols, "out's rows are at least cols apart");
     if pairs == 0 {
         if !add {
-            out.chunks_mut(out_stride).take(rows).for_each(|row| row[..cols].fill(0.0));
+            // SAFETY: the caller's contract covers these elements (written, never read).
+            (0..rows).for_each(|r| unsafe { std::ptr::write_bytes(out.add(r * out_stride), 0, cols) });
         }
         return;
     }
     let last = (rows - 1) * a_row + (pairs - 1) * a_pair;
     assert!(a.len() > last, "a is shorter than its rows and pairs");
     assert!(b.len() >= packed_len(pairs, cols), "b is shorter than its packed panels");
-    assert!(out_stride >= cols && out.len() >= (rows - 1) * out_stride + cols, "out is shorter than rows × columns");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the instructions are there and every index read or written is inside the
-    // slices (asserted above; the last panel's columns past `cols` are stored with a mask).
+    // SAFETY: the instructions are there, every index read is inside the slices (asserted
+    // above), and what is stored is the caller's (the last panel's columns past `cols` are
+    // stored with a mask).
     unsafe {
         x86::products(a, (a_row, a_pair), rows, pairs, b, cols, out, out_stride, (add, round))
     }
@@ -166,7 +201,7 @@ mod x86 {
     unsafe fn tile<const R: usize>(
         a: *const u32,
         (a_row, a_pair): (usize, usize),
-        b: *const u32,
+        (b, ahead): (*const u32, *const u32),
         pairs: usize,
         out: *mut f32,
         out_stride: usize,
@@ -177,6 +212,13 @@ mod x86 {
             let mut acc = [[_mm512_setzero_ps(); 3]; R];
             for p in 0..pairs {
                 let panel = b.add(p * PANEL_COLS);
+                // The next panel's three lines of this pair on their way to the cache: the
+                // hardware's prefetcher stops streaming ahead once the tiles after the first
+                // read this panel again, and the next one then comes from memory tile-first.
+                let next = ahead.add(p * PANEL_COLS) as *const i8;
+                _mm_prefetch::<_MM_HINT_T0>(next);
+                _mm_prefetch::<_MM_HINT_T0>(next.add(64));
+                _mm_prefetch::<_MM_HINT_T0>(next.add(128));
                 let w = [
                     bh(_mm512_loadu_si512(panel as *const _)),
                     bh(_mm512_loadu_si512(panel.add(16) as *const _)),
@@ -221,21 +263,23 @@ mod x86 {
         pairs: usize,
         b: &[u32],
         cols: usize,
-        out: &mut [f32],
+        out: *mut f32,
         out_stride: usize,
         (add, round): (bool, bool),
     ) {
-        let (a, b, out) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+        let (a, b) = (a.as_ptr(), b.as_ptr());
         let block = pairs.div_ceil(pairs.div_ceil(PAIR_BLOCK));
         for first in (0..pairs).step_by(block) {
             let len = (pairs - first).min(block);
             // Earlier blocks' sums added, the last block's rounded.
             let store = (add || first > 0, round && first + len == pairs);
-            for panel in 0..cols.div_ceil(PANEL_COLS) {
+            let panels = cols.div_ceil(PANEL_COLS);
+            for panel in 0..panels {
                 let c = panel * PANEL_COLS;
                 let width = (cols - c).min(PANEL_COLS);
-                // SAFETY: inside the panels (the caller's asserts).
+                // SAFETY: inside the panels (the caller's asserts), the next one's too if any.
                 let b = unsafe { b.add(c * pairs + first * PANEL_COLS) };
+                let next = if panel + 1 < panels { unsafe { b.add(PANEL_COLS * pairs) } } else { b };
                 let mut r = 0;
                 while r < rows {
                     let rr = (rows - r).min(TILE_ROWS);
@@ -245,15 +289,18 @@ mod x86 {
                         let a = a.add(r * a_row + first * a_pair);
                         let out = out.add(r * out_stride + c);
                         let s = (a_row, a_pair);
+                        // The first of several tiles reads this panel from memory, streamed by
+                        // the hardware; the next one's prefetches would slow it down.
+                        let ahead = if r == 0 && rows > TILE_ROWS { b } else { next };
                         match rr {
-                            1 => tile::<1>(a, s, b, len, out, out_stride, width, store),
-                            2 => tile::<2>(a, s, b, len, out, out_stride, width, store),
-                            3 => tile::<3>(a, s, b, len, out, out_stride, width, store),
-                            4 => tile::<4>(a, s, b, len, out, out_stride, width, store),
-                            5 => tile::<5>(a, s, b, len, out, out_stride, width, store),
-                            6 => tile::<6>(a, s, b, len, out, out_stride, width, store),
-                            7 => tile::<7>(a, s, b, len, out, out_stride, width, store),
-                            _ => tile::<8>(a, s, b, len, out, out_stride, width, store),
+                            1 => tile::<1>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            2 => tile::<2>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            3 => tile::<3>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            4 => tile::<4>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            5 => tile::<5>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            6 => tile::<6>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            7 => tile::<7>(a, s, (b, ahead), len, out, out_stride, width, store),
+                            _ => tile::<8>(a, s, (b, ahead), len, out, out_stride, width, store),
                         }
                     }
                     r += rr;

@@ -363,6 +363,9 @@ pub fn footprint(
     let base_in_compute_dtype = lora.is_some() && frozen == w.compute;
     let copy = params * w.compute.bytes() as u128;
     let rollout_copy = if w.compute.is_f32() || base_in_compute_dtype { 0 } else { copy };
+    // A bf16 rollout copy on a CPU with AVX512-BF16 keeps its weights packed too, beside them.
+    let packed = if w.compute == ComputeDtype::Bf16 && kernels.packs_rollout_copy() { copy } else { 0 };
+    let rollout_copy = rollout_copy + packed;
     let update_copy = match base_in_compute_dtype || (lora.is_none() && w.compute.is_f32()) {
         true => 0,
         false if w.checkpointing => copy.div_ceil(layers.max(1)),
@@ -1697,6 +1700,12 @@ mod tests {
             Kernels::Generic,
         );
         assert_eq!(other.rollout, f32_lora.rollout + 2 * params);
+        // The CPU's kernels, with AVX512-BF16, keep the bf16 copy packed beside it.
+        let cpu = |w: &Workload| footprint(&shape, w, None, FrozenDtype::F32, Kernels::CpuFused).rollout;
+        let packed = if Kernels::CpuFused.packs_rollout_copy() { 2 * params } else { 0 };
+        let cpu_f16 = Workload { compute: ComputeDtype::F16, ..w };
+        assert_eq!(cpu(&w), cpu(&workload(1024, true)) - f32_cache / 2 + 2 * params + packed);
+        assert_eq!(cpu(&cpu_f16), cpu(&workload(1024, true)) + 2 * params, "f16 is not packed");
     }
 
     #[test]

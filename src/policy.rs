@@ -98,7 +98,7 @@ impl<B: Backend> Policy<B> {
             (Some(_), _) => Some(crate::model::lora::strip(self.inference_model())),
             (None, Some(Reference::Device(model))) => Some(model.clone()),
             // Copied to the device for this use; the caller drops it after.
-            (None, Some(Reference::Host(host))) => Some(crate::model::precision::rollout_copy(host.upload())),
+            (None, Some(Reference::Host(host))) => Some(crate::model::precision::reference_copy(host.upload())),
             (None, None) => None,
         }
     }

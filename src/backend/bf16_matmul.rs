@@ -7,10 +7,12 @@
 //! bf16 operands are read as they are stored, at half f32's bytes:
 //!
 //! - on a CPU with AVX512-BF16, every product runs through `vdpbf16ps`, which multiplies pairs
-//!   of bf16 numbers at twice the rate of f32 FMAs: here prefill and decoding
-//!   (`hacpo_kernels::bf16_dot_products`, which reads the operands as stored); training's
-//!   linear layers (`bf16_trained`) and the log-prob op's LM head (`bf16_panels::Packed`) pack
-//!   their second operand once per product or pass for `hacpo_kernels::bf16_panel_products`;
+//!   of bf16 numbers at twice the rate of f32 FMAs: the rollout copy keeps its weights packed
+//!   for `hacpo_kernels::bf16_panel_products` (`bf16_panels::PackedWeight`, read by
+//!   [`product_with`]: its prefill and decoding); training's linear layers (`bf16_trained`) and
+//!   the log-prob op's LM head (`bf16_panels::Packed`) pack their second operand once per
+//!   product or pass; other bf16 weights (a KL reference's) are read as stored here
+//!   (`hacpo_kernels::bf16_dot_products`);
 //! - elsewhere, decoding's few rows read the weights as bf16 tile by tile, and a prefill's many
 //!   rows and training's products widen them for the f32 GEMM.
 //!
@@ -28,6 +30,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::Cpu;
+use super::bf16_panels::PackedWeight;
 use super::cast::{bf16_bits, widen};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
 use super::parallel_fill::filled_in_chunks;
@@ -70,12 +73,31 @@ pub fn product<B: Backend, const D: usize>(compute: ComputeDtype, a: Tensor<B, D
     }
 }
 
+/// [`product`] for a 2-D `b`, from `packed` where that holds `b` packed (the rollout copy's
+/// weights on a CPU with AVX512-BF16) and the product runs in bf16.
+pub fn product_with<B: Backend>(
+    compute: ComputeDtype,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+    packed: Option<&PackedWeight>,
+) -> Tensor<B, 2> {
+    let a = match packed {
+        Some(packed) if compute == ComputeDtype::Bf16 => match packed.product(a, &b) {
+            Ok(y) => return y,
+            Err(a) => a,
+        },
+        _ => a,
+    };
+    product(compute, a, b)
+}
+
 /// `w` (`[k, n]`) holding the same values, read through the transpose of an `[n, k]` buffer
 /// on the CPU backend: each output's weights are then contiguous, which is how the products
-/// here read them fastest (decoding streams them; the pair products need no copy). The
-/// rollout copy's linear weights (stored `[in, out]`, read 32 bytes per row, decoding
-/// SmolLM2-135M ran no faster in bf16 than in f32) and the LM head's gradient product take
-/// it. Other backends' tensors are returned as they are.
+/// here read them fastest (decoding streams them; the pair products need no copy). The linear
+/// weights of a bf16 copy that is not packed (stored `[in, out]`, read 32 bytes per row,
+/// decoding SmolLM2-135M ran no faster in bf16 than in f32: a KL reference's, any on a CPU
+/// without AVX512-BF16) and the LM head's gradient product take it. Other backends' tensors
+/// are returned as they are.
 pub fn for_decoding<B: Backend>(w: Tensor<B, 2>) -> Tensor<B, 2> {
     if cpu_backend::<B>(&[]) != Some(CpuBackend::Plain) {
         return w;
@@ -110,11 +132,11 @@ pub fn matmul<B: Backend, const D: usize>(
     let b = if bits(&b).is_some() { b } else { contiguous(&b) };
     let (w, rows) = bits(&b).expect("a contiguous tensor is row-major");
     // Decoding one sequence waits on reading the weights, not on multiplying them: there the
-    // one-column-at-a-time f32 kernel read the rollout copy faster (SmolLM2-135M, 80 against
-    // 70 tokens/s on a Zen 4).
+    // one-column-at-a-time f32 kernel read an unpacked bf16 copy faster (SmolLM2-135M, 80
+    // against 70 tokens/s on a Zen 4).
     let one_row_streamed = m == 1 && !rows;
     let out = if pair_products() && !one_row_streamed {
-        // Each output's weights in one contiguous run, as the rollout copy stores them.
+        // Each output's weights in one contiguous run, as an unpacked bf16 copy stores them.
         let transposed;
         let bt = if rows {
             transposed = transpose_bits(w, k, n);

@@ -1,13 +1,14 @@
 //! The operands of `hacpo_kernels::bf16_panel_products` on the CPU backend, and its products
 //! split over the threads: a first operand whose pairs of elements along the shared dimension
 //! are 32-bit words ([`Paired`]), a second packed in panels of 48 columns ([`packed`]). Training's
-//! linear layers (`bf16_trained`) and the LM head's chunks ([`Packed`]) multiply so on a CPU with
-//! AVX512-BF16.
+//! linear layers (`bf16_trained`), the LM head's chunks ([`Packed`]) and the rollout copy's
+//! weights ([`PackedWeight`]) multiply so on a CPU with AVX512-BF16.
 
 use std::borrow::Cow;
 
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_flex::FlexTensor;
+use rayon::prelude::*;
 
 use super::bf16_matmul::{bits, pair_products};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
@@ -16,8 +17,9 @@ use super::parallel_fill::{filled, filled_in_chunks};
 use super::primitive::tensor;
 
 /// A bf16 matrix `b` (`[k, n]`) packed once to be the second operand of several products `a ·
-/// b` (the LM head's chunks): packing the LM head of a 49k vocabulary costs about as much as
-/// one chunk's product, the panels then run it at 1.3–1.9× the pair products' speed.
+/// b` (the LM head's chunks, a rollout copy's weights): packing the LM head of a 49k vocabulary
+/// costs about as much as one chunk's product, the panels then run it at 1.3–1.9× the pair
+/// products' speed.
 #[derive(Debug)]
 pub struct Packed {
     words: Vec<u32>,
@@ -25,11 +27,17 @@ pub struct Packed {
     n: usize,
 }
 
+/// Whether bf16 operands of the backend `B` are packed for the panel products: the plain CPU
+/// backend on a CPU with AVX512-BF16.
+pub fn packs<B: Backend>() -> bool {
+    cpu_backend::<B>(&[]) == Some(CpuBackend::Plain) && pair_products()
+}
+
 impl Packed {
-    /// `b` packed, when it is a bf16 tensor of the plain CPU backend, stored `[k, n]` or as the
-    /// transpose of `[n, k]`, and the CPU has AVX512-BF16; else `None` (multiply as usual).
+    /// `b` packed, when it is a bf16 tensor of a backend that [`packs`], stored `[k, n]` or as
+    /// the transpose of `[n, k]`; else `None` (multiply as usual).
     pub fn of<B: Backend>(b: &Tensor<B, 2>) -> Option<Packed> {
-        if b.dtype() != DType::BF16 || cpu_backend::<B>(&[]) != Some(CpuBackend::Plain) || !pair_products() {
+        if b.dtype() != DType::BF16 || !packs::<B>() {
             return None;
         }
         let b = flex(b.clone());
@@ -39,13 +47,82 @@ impl Packed {
     }
 
     /// `a · b` for `a: [m, k]` in f32 on the plain CPU backend, rounded to bf16 (returned in
-    /// f32).
+    /// f32). Up to [`COLUMN_ROWS`] rows (decoding) the threads split `b`'s panels, each read
+    /// once; more rows (a prefill, scoring's chunks) the rows.
     pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
         assert_eq!(a.dtype(), DType::F32, "the packed products' first operand is f32");
         let x = Paired::round(&flex(a));
         assert_eq!(x.cols, self.k, "a's columns are b's rows");
-        let out = panel_products(&x.words, (x.row_words(), 1), x.rows, self.k, &self.words, self.n);
+        let by = if x.rows <= COLUMN_ROWS { by_panels } else { panel_products };
+        let out = by(&x.words, (x.row_words(), 1), x.rows, self.k, &self.words, self.n);
         tensor::<B, 2, _>(FlexTensor::from_data(TensorData::new(out, [x.rows, self.n])))
+    }
+
+    /// The bytes the packed operand holds.
+    pub fn bytes(&self) -> usize {
+        4 * self.words.len()
+    }
+}
+
+/// Rows up to which [`Packed::product`] splits its work over the threads by columns: each task
+/// then reads its panels once, where tasks of rows would each read all of them (decoding
+/// reads the whole model per token).
+const COLUMN_ROWS: usize = 256;
+
+#[cfg(test)]
+thread_local! {
+    /// How many products [`PackedWeight`]s have served on this thread (tests check that the
+    /// rollout copy's run through them).
+    pub(crate) static PACKED_PRODUCTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// A bf16 weight of the plain CPU backend with its [`Packed`] copy, kept where the same weight
+/// multiplies again and again (the rollout copy's, once per decoding step). The copy serves
+/// only the tensor it was packed from: holding that tensor keeps its buffer alive, so a weight
+/// whose buffer and view are the same is the same weight, and any other (a weight replaced,
+/// cast or loaded since) is multiplied as usual.
+pub struct PackedWeight {
+    weight: FlexTensor,
+    packed: Packed,
+}
+
+impl PackedWeight {
+    /// `weight` (`[k, n]`, stored so or a transposed view of `[n, k]`) packed, where
+    /// [`Packed::of`] packs it.
+    pub fn of<B: Backend>(weight: &Tensor<B, 2>) -> Option<Self> {
+        let packed = Packed::of(weight)?;
+        Some(PackedWeight { weight: flex(weight.clone()), packed })
+    }
+
+    /// `a · weight` rounded to bf16 (in f32) from the packed copy, for an f32 `a: [m, k]` on
+    /// the plain CPU backend and the weight it was packed from; `a` back otherwise.
+    pub fn product<B: Backend>(&self, a: Tensor<B, 2>, weight: &Tensor<B, 2>) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
+        if cpu_backend::<B>(&[a.dtype()]) != Some(CpuBackend::Plain) || !self.packed_from(weight) {
+            return Err(a);
+        }
+        #[cfg(test)]
+        PACKED_PRODUCTS.with(|n| n.set(n.get() + 1));
+        Ok(self.packed.product(a))
+    }
+
+    /// Whether `weight` (of the plain CPU backend) reads the buffer this was packed from,
+    /// through the same view.
+    fn packed_from<B: Backend>(&self, weight: &Tensor<B, 2>) -> bool {
+        let theirs = flex(weight.clone());
+        let same_buffer = std::sync::Arc::ptr_eq(&self.weight.data_arc(), &theirs.data_arc());
+        same_buffer && self.weight.layout() == theirs.layout() && self.weight.dtype() == theirs.dtype()
+    }
+
+    /// The bytes the packed copy adds.
+    pub fn bytes(&self) -> usize {
+        self.packed.bytes()
+    }
+}
+
+impl std::fmt::Debug for PackedWeight {
+    /// The shape only: the words would print the whole weight.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PackedWeight").field("k", &self.packed.k).field("n", &self.packed.n).finish()
     }
 }
 
@@ -143,6 +220,60 @@ pub(super) fn packed(src: &[u16], strides: (usize, usize), shared: usize, cols: 
     })
 }
 
+/// [`panel_products`] with the threads splitting `b`'s panels: tasks of at most
+/// [`TASK_PANELS`] panels, at least two a thread where there are enough panels (so that one
+/// late task does not leave the other threads idle), each writing its columns of its rows
+/// straight into the result. Where the panels are fewer than that (a narrow GQA projection),
+/// the rows are split too, in whole tiles of 8.
+fn by_panels(a: &[u32], strides: (usize, usize), rows: usize, shared: usize, b: &[u32], cols: usize) -> Vec<f32> {
+    /// Panels per task at most: 8 × 48 columns of a 576-wide model's weights are 430 KiB, in L2
+    /// while each of the task's row tiles reads them.
+    const TASK_PANELS: usize = 8;
+    if rows * cols * shared == 0 {
+        return vec![0f32; rows * cols];
+    }
+    let (threads, panels, pairs) =
+        (rayon::current_num_threads(), cols.div_ceil(kernels::PANEL_COLS), shared.div_ceil(2));
+    let wanted = (threads * panels.div_ceil(threads * TASK_PANELS)).max(2 * threads);
+    let (tiles, by_columns) = (rows.div_ceil(8), wanted.min(panels));
+    let by_rows = wanted.div_ceil(by_columns).min(tiles);
+    let mut out: Vec<f32> = Vec::with_capacity(rows * cols);
+    let dst = Block(out.spare_capacity_mut().as_mut_ptr().cast());
+    let task = |t: usize| {
+        let (c, r) = (t % by_columns, t / by_columns);
+        let first = kernels::PANEL_COLS * (c * panels / by_columns);
+        let end = (kernels::PANEL_COLS * ((c + 1) * panels / by_columns)).min(cols);
+        let top = (8 * (r * tiles / by_rows)).min(rows);
+        let bottom = (8 * ((r + 1) * tiles / by_rows)).min(rows);
+        let (a, b) = (&a[top * strides.0..], &b[first * pairs..]);
+        let (out, width) = (dst.at(top * cols + first), end - first);
+        // SAFETY: the tasks' blocks of rows and columns are disjoint and inside the
+        // `rows × cols` buffer, which nothing else reads until they are all done.
+        unsafe { kernels::bf16_panel_products_to(a, strides, bottom - top, pairs, b, width, out, cols, false, true) }
+    };
+    match by_columns * by_rows {
+        1 => task(0),
+        count => (0..count).into_par_iter().for_each(task),
+    }
+    // SAFETY: the tasks wrote every element (not adding, every row and column of its block).
+    unsafe { out.set_len(rows * cols) };
+    out
+}
+
+/// The result buffer of [`by_panels`], shared by tasks that write disjoint blocks of it.
+#[derive(Clone, Copy)]
+struct Block(*mut f32);
+// SAFETY: each task writes only its own block (see `by_panels`).
+unsafe impl Send for Block {}
+unsafe impl Sync for Block {}
+
+impl Block {
+    /// Element `at` of the buffer (a method, so that closures capture the whole wrapper).
+    fn at(self, at: usize) -> *mut f32 {
+        self.0.wrapping_add(at)
+    }
+}
+
 /// `a · b` rounded to bf16 (in f32) through the panel products: `rows` rows of `a` (word
 /// `(r, p)` at `r·strides.0 + p·strides.1`), `shared` elements summed, `b` [`packed`] with
 /// `cols` columns. The rows are split over the threads; the kernel rounds the sums as it
@@ -171,4 +302,68 @@ pub(super) fn panel_products(
         let (first, rows) = (first(task), out.len() / cols);
         kernels::bf16_panel_products(&a[first * strides.0..], strides, rows, pairs, b, cols, out, cols, false, true);
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Cpu;
+    use burn::tensor::{Distribution, FloatDType};
+
+    /// A bf16 weight `[k, n]` stored as the rollout copy stores it: the transpose of `[n, k]`.
+    fn weight(k: usize, n: usize) -> Tensor<Cpu, 2> {
+        Tensor::<Cpu, 2>::random([n, k], Distribution::Uniform(-1.0, 1.0), &Default::default())
+            .cast(FloatDType::BF16)
+            .transpose()
+    }
+
+    fn values(t: Tensor<Cpu, 2>) -> Vec<f32> {
+        t.into_data().to_vec().unwrap()
+    }
+
+    #[test]
+    fn decodings_products_split_by_panels_are_the_row_splits_to_the_bit() {
+        if !pair_products() {
+            assert!(PackedWeight::of(&weight(8, 8)).is_none(), "packed without AVX512-BF16");
+            eprintln!("this CPU has no AVX512-BF16: checked only that no weight is packed");
+            return;
+        }
+        // Rows of one tile, a partial one, several; columns of one panel, a partial last one,
+        // fewer panels than tasks and many; shared sizes odd and past one block of 512 pairs.
+        for (rows, k, n) in [(1, 33, 5), (3, 64, 48), (8, 7, 100), (9, 1030, 97), (32, 64, 1000), (256, 16, 50)] {
+            let a = Tensor::<Cpu, 2>::random([rows, k], Distribution::Uniform(-1.0, 1.0), &Default::default());
+            let packed = Packed::of(&weight(k, n)).expect("packed");
+            let x = Paired::round(&flex(a.clone()));
+            let args = (&x.words[..], (x.row_words(), 1), rows, k, &packed.words[..], n);
+            let by_rows = panel_products(args.0, args.1, args.2, args.3, args.4, args.5);
+            let by_columns = by_panels(args.0, args.1, args.2, args.3, args.4, args.5);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&by_columns), bits(&by_rows), "{rows}x{k}x{n}");
+            assert_eq!(bits(&values(packed.product(a))), bits(&by_rows), "{rows}x{k}x{n}: Packed::product");
+        }
+    }
+
+    #[test]
+    fn a_packed_weight_serves_only_the_weight_it_was_packed_from() {
+        let w = weight(40, 70);
+        let Some(packed) = PackedWeight::of(&w) else {
+            assert!(!pair_products(), "a bf16 CPU weight not packed on a CPU with AVX512-BF16");
+            eprintln!("this CPU has no AVX512-BF16: nothing is packed");
+            return;
+        };
+        let a = Tensor::<Cpu, 2>::random([5, 40], Distribution::Uniform(-1.0, 1.0), &Default::default());
+        let want = values(super::super::bf16_matmul::matmul(a.clone(), w.clone()).unwrap_or_else(|_| panic!("CPU")));
+        let got = values(packed.product(a.clone(), &w.clone()).expect("the weight it was packed from"));
+        let off = want.iter().zip(&got).map(|(w, g)| (w - g).abs() / w.abs().max(1e-3)).fold(0f32, f32::max);
+        assert!(off <= 1.0 / 128.0, "the packed product strays {off} from the pair products' (one bf16 step)");
+        // The same values in another buffer (a weight cast or loaded again), or another view of
+        // the same buffer: multiplied as usual.
+        let copy = Tensor::<Cpu, 2>::from_data(w.to_data(), &Default::default());
+        let view = w.clone().slice([0..40, 0..69]);
+        for (other, what) in [(copy, "a copy"), (view, "another view")] {
+            assert!(packed.product(a.clone(), &other).is_err(), "{what} was served");
+        }
+        // Only f32 inputs, on the plain backend.
+        assert!(packed.product(a.clone().cast(FloatDType::BF16), &w).is_err(), "a bf16 input was served");
+    }
 }

@@ -56,6 +56,12 @@ impl Kernels {
         self == Kernels::CpuFused
     }
 
+    /// Whether a bf16 rollout copy keeps its weights packed for the panel products as well
+    /// (`model::precision::rollout_copy`): the CPU's kernels, on a CPU with AVX512-BF16.
+    pub fn packs_rollout_copy(self) -> bool {
+        self == Kernels::CpuFused && crate::backend::kernels::bf16_dot_instructions()
+    }
+
     /// `floats` as the process holds them, in bytes: on the CPU 3/10 more, for the allocator's
     /// share and a margin (see the module docs).
     fn bytes(self, floats: u128) -> u128 {

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
 use super::transformer::{CausalLm, Linear};
-use super::weights::{HostTensor, ParamVisitor, WeightSource, transposed, walk_params};
+use super::weights::{HostTensor, ParamVisitor, WeightSource, map_linears, transposed, walk_params};
 use crate::error::{Error, Result, write_atomic};
 
 /// The file names PEFT uses.
@@ -127,32 +127,6 @@ impl<B: Backend> LoraAdapter<B> {
     }
 }
 
-/// Rebuilds `model` with every projection passed through `f(name, module, linear)`, where
-/// `name` is the HF prefix (`model.layers.3.self_attn.q_proj`) and `module` its last part.
-fn map_linears<B: Backend>(
-    model: CausalLm<B>,
-    mut f: impl FnMut(&str, &str, Linear<B>) -> Result<Linear<B>>,
-) -> Result<CausalLm<B>> {
-    let mut layers = Vec::with_capacity(model.layers.len());
-    for (i, mut layer) in model.layers.into_iter().enumerate() {
-        let p = format!("model.layers.{i}");
-        let a = &mut layer.self_attn;
-        for (module, l) in
-            [("q_proj", &mut a.q_proj), ("k_proj", &mut a.k_proj), ("v_proj", &mut a.v_proj), ("o_proj", &mut a.o_proj)]
-        {
-            *l = f(&format!("{p}.self_attn.{module}"), module, l.clone())?;
-        }
-        let m = &mut layer.mlp;
-        for (module, l) in
-            [("gate_proj", &mut m.gate_proj), ("up_proj", &mut m.up_proj), ("down_proj", &mut m.down_proj)]
-        {
-            *l = f(&format!("{p}.mlp.{module}"), module, l.clone())?;
-        }
-        layers.push(layer);
-    }
-    Ok(CausalLm { layers, ..model })
-}
-
 /// Every projection of `model` with its HF prefix, in checkpoint order (read-only
 /// [`map_linears`]).
 fn linears<B: Backend>(model: &CausalLm<B>) -> impl Iterator<Item = (String, &Linear<B>)> {
@@ -228,7 +202,12 @@ pub fn merge<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
                 let trainable = linear.weight.is_require_grad();
                 let base = crate::dtype::f32_weight(linear.weight.val());
                 let merged = (base + adapter.delta()).detach().set_require_grad(trainable);
-                Linear { weight: Param::from_tensor(merged).set_require_grad(trainable), lora: None, bias: linear.bias }
+                Linear {
+                    weight: Param::from_tensor(merged).set_require_grad(trainable),
+                    lora: None,
+                    bias: linear.bias,
+                    packed: None,
+                }
             }
         })
     })

@@ -26,6 +26,8 @@
 //! stays in its dtype (the same values, one launch less each way). The forward pass never
 //! materialises `[batch, seq, vocab]` logits (see [`CausalLm::logits`] and `generate::score`).
 
+use std::sync::Arc;
+
 use burn::module::{Module, Param};
 use burn::tensor::{DType, Int, Tensor, backend::Backend};
 
@@ -35,6 +37,7 @@ use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
 use crate::backend::attention::swap_middle;
+use crate::backend::bf16_panels::PackedWeight;
 use crate::backend::{bf16_matmul, cast, gpu_kernels, keeps_half};
 use crate::dtype::{ComputeDtype, f32_weight};
 
@@ -45,6 +48,12 @@ pub struct Linear<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
     pub bias: Option<Param<Tensor<B, 1>>>,
     pub lora: Option<LoraAdapter<B>>,
+    /// The weight packed for the CPU's bf16 panel products, in a bf16 rollout copy on a CPU
+    /// with AVX512-BF16 ([`super::precision::rollout_copy`]) and what keeps its weights (a LoRA
+    /// policy's reference: the copy without adapters); `None` elsewhere. It serves only the
+    /// weight it was packed from.
+    #[module(skip)]
+    pub packed: Option<Arc<PackedWeight>>,
 }
 
 impl<B: Backend> Linear<B> {
@@ -71,7 +80,8 @@ impl<B: Backend> Linear<B> {
         if self.lora.is_none() && keeps_half::<B>(compute) {
             return compute.product(x2, self.weight.val()).reshape(out);
         }
-        let mut y = bf16_matmul::product(compute, x2.clone(), self.weight.val());
+        let packed = self.packed.as_deref();
+        let mut y = bf16_matmul::product_with(compute, x2.clone(), self.weight.val(), packed);
         if let Some(adapter) = &self.lora {
             // In f32 whatever the input: a half-precision one comes from a GPU kernel.
             y = y + adapter.forward(f32_weight(x2));
@@ -395,6 +405,10 @@ pub struct CausalLm<B: Backend> {
     pub norm: RmsNorm<B>,
     /// `[vocab, hidden]`; `None` when tied to `embed_tokens`.
     pub lm_head: Option<Param<Tensor<B, 2>>>,
+    /// The LM head as [`Self::logits`] reads it (`[hidden, vocab]`), packed as
+    /// [`Linear::packed`] is, in the rollout copy.
+    #[module(skip)]
+    pub lm_head_packed: Option<Arc<PackedWeight>>,
     #[module(skip)]
     pub config: ModelConfig,
     /// The matmuls' dtype (`algo.compute_dtype`; set with [`super::precision::set_compute`]).
@@ -464,6 +478,7 @@ impl<B: Backend> CausalLm<B> {
     /// Logits `[n, vocab]` for hidden states `[n, hidden]`. Callers select the rows they need
     /// first: full-sequence logits for a 152k vocabulary would not fit in memory.
     pub fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        bf16_matmul::product(self.compute, hidden, self.lm_head_weight().transpose())
+        let packed = self.lm_head_packed.as_deref();
+        bf16_matmul::product_with(self.compute, hidden, self.lm_head_weight().transpose(), packed)
     }
 }

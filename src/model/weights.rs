@@ -174,6 +174,7 @@ pub fn build<B: Backend>(
                 weight: l.linear_weight(&format!("{p}.{name}.weight"))?,
                 bias: if bias { Some(l.param1(&format!("{p}.{name}.bias"))?) } else { None },
                 lora: None,
+                packed: None,
             })
         };
         let self_attn = Attention {
@@ -203,7 +204,8 @@ pub fn build<B: Backend>(
     let norm = loader.norm("model.norm.weight")?;
     let lm_head = if config.tie_word_embeddings { None } else { Some(loader.param2("lm_head.weight")?) };
     progress.finish();
-    Ok(CausalLm { embed_tokens, layers, norm, lm_head, config: config.clone(), compute: Default::default() })
+    let compute = Default::default();
+    Ok(CausalLm { embed_tokens, layers, norm, lm_head, lm_head_packed: None, config: config.clone(), compute })
 }
 
 struct Loader<'a, B: Backend> {
@@ -309,7 +311,8 @@ pub trait ParamVisitor<B: Backend> {
 /// model. The single traversal that export, optimizers and gradient clipping share, so they
 /// agree on names by construction.
 pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V) -> CausalLm<B> {
-    let CausalLm { embed_tokens, layers, norm, lm_head, config, compute } = model;
+    // A packed copy serves the weights it was packed from, which the visitor may replace.
+    let CausalLm { embed_tokens, layers, norm, lm_head, config, compute, lm_head_packed: _ } = model;
     let embed_tokens = v.matrix("model.embed_tokens.weight", embed_tokens, false);
     // Adapters are visited under PEFT's module names (`…q_proj.lora_A.weight`), stored
     // transposed like the weight they adapt.
@@ -321,6 +324,7 @@ pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V
             b: v.matrix(&format!("{p}.lora_B.weight"), a.b, true),
             scale: a.scale,
         }),
+        packed: None,
     };
     let norm_of = |v: &mut V, name: String, n: RmsNorm<B>| RmsNorm { weight: v.vector(&name, n.weight), eps: n.eps };
     let layers = layers
@@ -354,7 +358,33 @@ pub fn walk_params<B: Backend, V: ParamVisitor<B>>(model: CausalLm<B>, v: &mut V
         .collect();
     let norm = norm_of(v, "model.norm.weight".into(), norm);
     let lm_head = lm_head.map(|w| v.matrix("lm_head.weight", w, false));
-    CausalLm { embed_tokens, layers, norm, lm_head, config, compute }
+    CausalLm { embed_tokens, layers, norm, lm_head, lm_head_packed: None, config, compute }
+}
+
+/// Rebuilds `model` with every projection passed through `f(name, module, linear)`, where
+/// `name` is the HF prefix (`model.layers.3.self_attn.q_proj`) and `module` its last part.
+pub fn map_linears<B: Backend>(
+    model: CausalLm<B>,
+    mut f: impl FnMut(&str, &str, Linear<B>) -> Result<Linear<B>>,
+) -> Result<CausalLm<B>> {
+    let mut layers = Vec::with_capacity(model.layers.len());
+    for (i, mut layer) in model.layers.into_iter().enumerate() {
+        let p = format!("model.layers.{i}");
+        let a = &mut layer.self_attn;
+        for (module, l) in
+            [("q_proj", &mut a.q_proj), ("k_proj", &mut a.k_proj), ("v_proj", &mut a.v_proj), ("o_proj", &mut a.o_proj)]
+        {
+            *l = f(&format!("{p}.self_attn.{module}"), module, l.clone())?;
+        }
+        let m = &mut layer.mlp;
+        for (module, l) in
+            [("gate_proj", &mut m.gate_proj), ("up_proj", &mut m.up_proj), ("down_proj", &mut m.down_proj)]
+        {
+            *l = f(&format!("{p}.mlp.{module}"), module, l.clone())?;
+        }
+        layers.push(layer);
+    }
+    Ok(CausalLm { layers, ..model })
 }
 
 /// All weights of `model` by HF name and in HF layout, in checkpoint order, each downloaded

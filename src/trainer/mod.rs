@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::generate::{FinishReason, SamplingParams};
 use crate::model::lora;
 use crate::model::offload::HostModel;
-use crate::model::precision::{rollout_copy, set_compute, store_frozen};
+use crate::model::precision::{reference_copy, set_compute, store_frozen};
 use crate::policy::{Policy, Reference};
 use crate::rl::algorithm::{ValueModel, ValuedResponse};
 use crate::rl::{Algorithm, BatchShape, PoolSample, Routing};
@@ -936,8 +936,8 @@ fn load_reference<B: Backend>(
         // Offloaded in the dtype the forward reads too; `reference_model` redoes the CPU's
         // bf16 re-layout after each upload (the cast is then a no-op).
         Some(match offload {
-            true => Reference::Host(HostModel::of(rollout_copy(stored))),
-            false => Reference::Device(rollout_copy(stored)),
+            true => Reference::Host(HostModel::of(reference_copy(stored))),
+            false => Reference::Device(reference_copy(stored)),
         })
     } else {
         None

@@ -9,7 +9,7 @@
 //! - on a CPU with AVX512-BF16, every product runs through `vdpbf16ps`, which multiplies pairs
 //!   of bf16 numbers at twice the rate of f32 FMAs: the rollout copy keeps its weights packed
 //!   for `hacpo_kernels::bf16_panel_products` (`bf16_panels::PackedWeight`, read by
-//!   [`product_with`]: its prefill and decoding); training's linear layers (`bf16_trained`) and
+//!   `bf16_panels::product_with`: its prefill and decoding); training's linear layers (`bf16_trained`) and
 //!   the log-prob op's LM head (`bf16_panels::Packed`) pack their second operand once per
 //!   product or pass; other bf16 weights (a KL reference's) are read as stored here
 //!   (`hacpo_kernels::bf16_dot_products`);
@@ -30,7 +30,6 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::Cpu;
-use super::bf16_panels::PackedWeight;
 use super::cast::{bf16_bits, widen};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
 use super::parallel_fill::filled_in_chunks;
@@ -71,24 +70,6 @@ pub fn product<B: Backend, const D: usize>(compute: ComputeDtype, a: Tensor<B, D
         Ok(y) => y,
         Err((a, b)) => compute.matmul(a, b),
     }
-}
-
-/// [`product`] for a 2-D `b`, from `packed` where that holds `b` packed (the rollout copy's
-/// weights on a CPU with AVX512-BF16) and the product runs in bf16.
-pub fn product_with<B: Backend>(
-    compute: ComputeDtype,
-    a: Tensor<B, 2>,
-    b: Tensor<B, 2>,
-    packed: Option<&PackedWeight>,
-) -> Tensor<B, 2> {
-    let a = match packed {
-        Some(packed) if compute == ComputeDtype::Bf16 => match packed.product(a, &b) {
-            Ok(y) => return y,
-            Err(a) => a,
-        },
-        _ => a,
-    };
-    product(compute, a, b)
 }
 
 /// `w` (`[k, n]`) holding the same values, read through the transpose of an `[n, k]` buffer

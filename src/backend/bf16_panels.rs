@@ -10,11 +10,12 @@ use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::bf16_matmul::{bits, pair_products};
+use super::bf16_matmul::{self, bits, pair_products};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
 use super::kernels;
 use super::parallel_fill::{filled, filled_in_chunks};
 use super::primitive::tensor;
+use crate::dtype::ComputeDtype;
 
 /// A bf16 matrix `b` (`[k, n]`) packed once to be the second operand of several products `a ·
 /// b` (the LM head's chunks, a rollout copy's weights): packing the LM head of a 49k vocabulary
@@ -68,6 +69,24 @@ impl Packed {
 /// then reads its panels once, where tasks of rows would each read all of them (decoding
 /// reads the whole model per token).
 const COLUMN_ROWS: usize = 256;
+
+/// [`bf16_matmul::product`] for a 2-D `b`, from `packed` where that holds `b` packed (the rollout copy's
+/// weights on a CPU with AVX512-BF16) and the product runs in bf16.
+pub fn product_with<B: Backend>(
+    compute: ComputeDtype,
+    a: Tensor<B, 2>,
+    b: Tensor<B, 2>,
+    packed: Option<&PackedWeight>,
+) -> Tensor<B, 2> {
+    let a = match packed {
+        Some(packed) if compute == ComputeDtype::Bf16 => match packed.product(a, &b) {
+            Ok(y) => return y,
+            Err(a) => a,
+        },
+        _ => a,
+    };
+    bf16_matmul::product(compute, a, b)
+}
 
 #[cfg(test)]
 thread_local! {

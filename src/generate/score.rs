@@ -32,19 +32,21 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
 }
 
 /// The second operand of a pass's products, one per chunk of rows: packed once for all of them
-/// where the CPU's bf16 panel products apply ([`bf16_panels::Packed`]), else multiplied in its
-/// dtype by [`product_in`].
-struct Operand<B: Backend> {
+/// where the CPU's bf16 panel products apply ([`bf16_panels::Packed`]), or the model's own
+/// packed copy of it (a bf16 rollout copy's LM head), else multiplied in its dtype by
+/// [`product_in`].
+struct Operand<'a, B: Backend> {
     b: Tensor<B, 2>,
     packed: Option<bf16_panels::Packed>,
+    kept: Option<&'a bf16_panels::PackedWeight>,
 }
 
-impl<B: Backend> Operand<B> {
+impl<B: Backend> Operand<'_, B> {
     /// `b` for the products of `rows` rows in all: packed where they are enough to pay for it
     /// (decoding's few rows read it as stored faster than packing it).
     fn new(b: Tensor<B, 2>, rows: usize) -> Self {
         const PACKED_ROWS: usize = 64;
-        Operand { packed: (rows >= PACKED_ROWS).then(|| bf16_panels::Packed::of(&b)).flatten(), b }
+        Operand { packed: (rows >= PACKED_ROWS).then(|| bf16_panels::Packed::of(&b)).flatten(), b, kept: None }
     }
 
     /// The LM head's: logits `rows · weightᵀ` multiplied in the weight's dtype (the model's
@@ -55,9 +57,24 @@ impl<B: Backend> Operand<B> {
 
     /// `a · b` in `b`'s dtype, returned in f32.
     fn product(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
+        let a = match self.kept.map(|kept| kept.product(a.clone(), &self.b)) {
+            Some(Ok(y)) => return y,
+            _ => a,
+        };
         match &self.packed {
             Some(packed) if a.dtype() == DType::F32 => packed.product(a),
             _ => product_in(FloatDType::from(self.b.dtype()), a, self.b.clone()),
+        }
+    }
+}
+
+impl<'a, B: Backend> Operand<'a, B> {
+    /// `model`'s LM head for the products of `rows` rows: from the packed copy the model keeps
+    /// where it keeps one, not packed again.
+    fn head_of(model: &'a crate::model::CausalLm<B>, rows: usize) -> Self {
+        match model.lm_head_packed.as_deref() {
+            Some(kept) => Operand { b: model.lm_head_weight().transpose(), packed: None, kept: Some(kept) },
+            None => Self::head(model.lm_head_weight(), rows),
         }
     }
 }
@@ -118,11 +135,21 @@ pub fn token_logprobs<B: Backend>(
     targets: &[u32],
     inv_temperature: f32,
 ) -> Tensor<B, 1> {
+    let n = hidden.dims()[0];
+    logprobs_through(hidden, Operand::head(weight, n), targets, inv_temperature)
+}
+
+/// [`token_logprobs`] with the LM head as `head` (`[hidden, vocab]`).
+fn logprobs_through<B: Backend>(
+    hidden: Tensor<B, 2>,
+    head: Operand<'_, B>,
+    targets: &[u32],
+    inv_temperature: f32,
+) -> Tensor<B, 1> {
     let [n, d] = hidden.dims();
     assert_eq!(n, targets.len(), "one target per hidden row");
     let device = hidden.device();
-    let rows = chunk_rows(weight.dims()[0]);
-    let head = Operand::head(weight, n);
+    let rows = chunk_rows(head.b.dims()[1]);
     let mut parts = Vec::new();
     for start in (0..n).step_by(rows) {
         let end = (start + rows).min(n);
@@ -176,8 +203,8 @@ impl<B: Backend> Backward<B, 2> for ChunkedLogProbs {
         // The inputs' gradient reads the weight along the vocabulary: a bf16 weight is packed or
         // laid out so once for every chunk (the CPU's bf16 product would transpose it per chunk).
         let down = node_hidden.is_some().then(|| match Operand::new(weight.clone(), n) {
-            Operand { packed: None, b } if dtype == FloatDType::BF16 => {
-                Operand { b: bf16_matmul::for_decoding(b), packed: None }
+            Operand { packed: None, b, .. } if dtype == FloatDType::BF16 => {
+                Operand { b: bf16_matmul::for_decoding(b), packed: None, kept: None }
             }
             down => down,
         });
@@ -367,7 +394,8 @@ pub fn score<B: Backend>(
     temperature: f32,
 ) -> crate::error::Result<Vec<Vec<f32>>> {
     let (hidden, targets, lens) = response_hidden(model, requests)?;
-    let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature);
+    let head = Operand::head_of(model, targets.len());
+    let flat = logprobs_through(hidden, head, &targets, 1.0 / temperature);
     split_rows(flat, &lens)
 }
 
@@ -381,7 +409,8 @@ pub fn score_and_read<B: Backend>(
 ) -> crate::error::Result<(Rows, Rows)> {
     let (hidden, targets, lens) = response_hidden(model, requests)?;
     let readings = read(hidden.clone());
-    let flat = token_logprobs(hidden, model.lm_head_weight(), &targets, 1.0 / temperature);
+    let head = Operand::head_of(model, targets.len());
+    let flat = logprobs_through(hidden, head, &targets, 1.0 / temperature);
     Ok((split_rows(flat, &lens)?, split_rows(readings, &lens)?))
 }
 

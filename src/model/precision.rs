@@ -274,6 +274,17 @@ mod tests {
             // its products are not the panels').
             let d = max_diff(&got, &logits(&training));
             assert!(d < 1e-2, "tied {tied}: the packed copy's logits differ by {d}");
+            // Scoring reads the LM head from the same packed copy, not packed again.
+            let requests = [(vec![5u32, 9, 1], vec![33u32, 60, 2, 17])];
+            let score = |m: &CausalLm<Cpu>| {
+                PACKED_PRODUCTS.with(|n| n.set(0));
+                let scored = crate::generate::score::score(m, &requests, 1.0).unwrap().remove(0);
+                (scored, PACKED_PRODUCTS.with(|n| n.get()))
+            };
+            let ((kept, with_head), (unkept, without)) =
+                (score(&copy), score(&CausalLm { lm_head_packed: None, ..copy.clone() }));
+            assert_eq!(with_head, without + usize::from(packs), "tied {tied}: the head's one chunk");
+            assert!(max_diff(&kept, &unkept) < 1e-2, "tied {tied}: scores");
             // A packed copy does not survive a walk that may replace the weights.
             let walked = walk_params(copy, &mut NoChange);
             assert!(walked.lm_head_packed.is_none() && walked.layers[0].mlp.up_proj.packed.is_none());

@@ -58,11 +58,6 @@ impl Packed {
         let out = by(&x.words, (x.row_words(), 1), x.rows, self.k, &self.words, self.n);
         tensor::<B, 2, _>(FlexTensor::from_data(TensorData::new(out, [x.rows, self.n])))
     }
-
-    /// The bytes the packed operand holds.
-    pub fn bytes(&self) -> usize {
-        4 * self.words.len()
-    }
 }
 
 /// Rows up to which [`Packed::product`] splits its work over the threads by columns: each task
@@ -70,8 +65,8 @@ impl Packed {
 /// reads the whole model per token).
 const COLUMN_ROWS: usize = 256;
 
-/// [`bf16_matmul::product`] for a 2-D `b`, from `packed` where that holds `b` packed (the rollout copy's
-/// weights on a CPU with AVX512-BF16) and the product runs in bf16.
+/// [`bf16_matmul::product`] for a 2-D `b`, from `packed` where that holds `b` packed (the
+/// rollout copy's weights on a CPU with AVX512-BF16) and the product runs in bf16.
 pub fn product_with<B: Backend>(
     compute: ComputeDtype,
     a: Tensor<B, 2>,
@@ -130,11 +125,6 @@ impl PackedWeight {
         let theirs = flex(weight.clone());
         let same_buffer = std::sync::Arc::ptr_eq(&self.weight.data_arc(), &theirs.data_arc());
         same_buffer && self.weight.layout() == theirs.layout() && self.weight.dtype() == theirs.dtype()
-    }
-
-    /// The bytes the packed copy adds.
-    pub fn bytes(&self) -> usize {
-        self.packed.bytes()
     }
 }
 

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::safetensors_io::{SafetensorsSource, SaveDtype, write_safetensors_file};
 use super::transformer::{CausalLm, Linear};
-use super::weights::{HostTensor, ParamVisitor, WeightSource, map_linears, transposed, walk_params};
+use super::weights::{HostTensor, ParamVisitor, WeightSource, linears, map_linears, transposed, walk_params};
 use crate::error::{Error, Result, write_atomic};
 
 /// The file names PEFT uses.
@@ -125,19 +125,6 @@ impl<B: Backend> LoraAdapter<B> {
     fn delta(&self) -> Tensor<B, 2> {
         self.a.val().matmul(self.b.val()).mul_scalar(self.scale)
     }
-}
-
-/// Every projection of `model` with its HF prefix, in checkpoint order (read-only
-/// [`map_linears`]).
-fn linears<B: Backend>(model: &CausalLm<B>) -> impl Iterator<Item = (String, &Linear<B>)> {
-    model.layers.iter().enumerate().flat_map(|(i, l)| {
-        let (a, m) = (&l.self_attn, &l.mlp);
-        let attn = [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
-            .map(|(module, l)| (format!("model.layers.{i}.self_attn.{module}"), l));
-        let mlp = [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)]
-            .map(|(module, l)| (format!("model.layers.{i}.mlp.{module}"), l));
-        attn.into_iter().chain(mlp)
-    })
 }
 
 /// Whether any projection of `model` carries an adapter.

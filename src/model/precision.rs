@@ -150,6 +150,7 @@ mod tests {
     use crate::backend::flex_fast::without_fast_paths;
     use crate::model::lora::tests::{logits, logits_tensor, max_diff, model};
     use crate::model::lora::{LoraConfig, attach};
+    use crate::model::weights::linears;
     use burn::tensor::DType;
 
     /// `‖a − b‖ / ‖b‖`.
@@ -256,13 +257,9 @@ mod tests {
         for tied in [false, true] {
             let training = set_compute(model::<Cpu>(tied), ComputeDtype::Bf16);
             let copy = rollout_copy(training.clone());
-            let all_packed_so = copy.layers.iter().all(|l| {
-                let (a, m) = (&l.self_attn, &l.mlp);
-                [&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj, &m.gate_proj, &m.up_proj, &m.down_proj]
-                    .iter()
-                    .all(|l| l.packed.is_some() == packs)
-            });
-            assert!(all_packed_so, "tied {tied}: packed only with the instructions");
+            for (name, l) in linears(&copy) {
+                assert_eq!(l.packed.is_some(), packs, "tied {tied}, {name}: packed only with the instructions");
+            }
             assert_eq!(copy.lm_head_packed.is_some(), packs, "tied {tied}: the LM head");
             // Every product of a forward from the packed copies (7 a layer and the LM head), none
             // left to the usual path by a weight that no longer matches its copy.

@@ -387,6 +387,19 @@ pub fn map_linears<B: Backend>(
     Ok(CausalLm { layers, ..model })
 }
 
+/// Every projection of `model` with its HF prefix, in checkpoint order (read-only
+/// [`map_linears`]).
+pub fn linears<B: Backend>(model: &CausalLm<B>) -> impl Iterator<Item = (String, &Linear<B>)> {
+    model.layers.iter().enumerate().flat_map(|(i, l)| {
+        let (a, m) = (&l.self_attn, &l.mlp);
+        let attn = [("q_proj", &a.q_proj), ("k_proj", &a.k_proj), ("v_proj", &a.v_proj), ("o_proj", &a.o_proj)]
+            .map(|(module, l)| (format!("model.layers.{i}.self_attn.{module}"), l));
+        let mlp = [("gate_proj", &m.gate_proj), ("up_proj", &m.up_proj), ("down_proj", &m.down_proj)]
+            .map(|(module, l)| (format!("model.layers.{i}.mlp.{module}"), l));
+        attn.into_iter().chain(mlp)
+    })
+}
+
 /// All weights of `model` by HF name and in HF layout, in checkpoint order, each downloaded
 /// only when written. Adapters are folded in first, on the device (an HF directory has no
 /// place for them; training checkpoints keep them apart: [`super::lora::save_adapter`]).

@@ -16,9 +16,11 @@ use std::sync::OnceLock;
 
 mod bf16_dot;
 mod bf16_panel;
+mod f32_panel;
 mod transpose;
 pub use bf16_dot::{bf16_dot_instructions, bf16_dot_products};
 pub use bf16_panel::{PANEL_COLS, bf16_panel_products, bf16_panel_products_to, pack_panels, packed_len, pair_rows};
+pub use f32_panel::{Panels, f32_panel_instructions, f32_panel_products_to, pack_f32_panels};
 pub use transpose::transpose_u16;
 
 /// `exp(x)` for f32, branch-free so loops over slices auto-vectorise (libm's `expf` does not,

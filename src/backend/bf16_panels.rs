@@ -2,20 +2,19 @@
 //! split over the threads: a first operand whose pairs of elements along the shared dimension
 //! are 32-bit words ([`Paired`]), a second packed in panels of 48 columns ([`packed`]). Training's
 //! linear layers (`bf16_trained`), the LM head's chunks ([`Packed`]) and the rollout copy's
-//! weights ([`PackedWeight`]) multiply so on a CPU with AVX512-BF16.
+//! weights (`packed_weight::PackedWeight`) multiply so on a CPU with AVX512-BF16.
 
 use std::borrow::Cow;
 
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_flex::FlexTensor;
-use rayon::prelude::*;
 
-use super::bf16_matmul::{self, bits, pair_products};
+use super::bf16_matmul::{bits, pair_products};
 use super::fused::{CpuBackend, contiguous, cpu_backend, elems, flex};
 use super::kernels;
-use super::parallel_fill::{filled, filled_in_chunks};
+use super::panel_split::{self, Block};
+use super::parallel_fill::filled_in_chunks;
 use super::primitive::tensor;
-use crate::dtype::ComputeDtype;
 
 /// A bf16 matrix `b` (`[k, n]`) packed once to be the second operand of several products `a ·
 /// b` (the LM head's chunks, a rollout copy's weights): packing the LM head of a 49k vocabulary
@@ -48,90 +47,20 @@ impl Packed {
     }
 
     /// `a · b` for `a: [m, k]` in f32 on the plain CPU backend, rounded to bf16 (returned in
-    /// f32). Up to [`COLUMN_ROWS`] rows (decoding) the threads split `b`'s panels, each read
+    /// f32). Up to [`panel_split::PANEL_ROWS`] rows (decoding) the threads split `b`'s panels, each read
     /// once; more rows (a prefill, scoring's chunks) the rows.
     pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
         assert_eq!(a.dtype(), DType::F32, "the packed products' first operand is f32");
         let x = Paired::round(&flex(a));
         assert_eq!(x.cols, self.k, "a's columns are b's rows");
-        let by = if x.rows <= COLUMN_ROWS { by_panels } else { panel_products };
+        let by = if x.rows <= panel_split::PANEL_ROWS { by_panels } else { panel_products };
         let out = by(&x.words, (x.row_words(), 1), x.rows, self.k, &self.words, self.n);
         tensor::<B, 2, _>(FlexTensor::from_data(TensorData::new(out, [x.rows, self.n])))
     }
-}
 
-/// Rows up to which [`Packed::product`] splits its work over the threads by columns: each task
-/// then reads its panels once, where tasks of rows would each read all of them (decoding
-/// reads the whole model per token).
-const COLUMN_ROWS: usize = 256;
-
-/// [`bf16_matmul::product`] for a 2-D `b`, from `packed` where that holds `b` packed (the
-/// rollout copy's weights on a CPU with AVX512-BF16) and the product runs in bf16.
-pub fn product_with<B: Backend>(
-    compute: ComputeDtype,
-    a: Tensor<B, 2>,
-    b: Tensor<B, 2>,
-    packed: Option<&PackedWeight>,
-) -> Tensor<B, 2> {
-    let a = match packed {
-        Some(packed) if compute == ComputeDtype::Bf16 => match packed.product(a, &b) {
-            Ok(y) => return y,
-            Err(a) => a,
-        },
-        _ => a,
-    };
-    bf16_matmul::product(compute, a, b)
-}
-
-#[cfg(test)]
-thread_local! {
-    /// How many products [`PackedWeight`]s have served on this thread (tests check that the
-    /// rollout copy's run through them).
-    pub(crate) static PACKED_PRODUCTS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
-}
-
-/// A bf16 weight of the plain CPU backend with its [`Packed`] copy, kept where the same weight
-/// multiplies again and again (the rollout copy's, once per decoding step). The copy serves
-/// only the tensor it was packed from: holding that tensor keeps its buffer alive, so a weight
-/// whose buffer and view are the same is the same weight, and any other (a weight replaced,
-/// cast or loaded since) is multiplied as usual.
-pub struct PackedWeight {
-    weight: FlexTensor,
-    packed: Packed,
-}
-
-impl PackedWeight {
-    /// `weight` (`[k, n]`, stored so or a transposed view of `[n, k]`) packed, where
-    /// [`Packed::of`] packs it.
-    pub fn of<B: Backend>(weight: &Tensor<B, 2>) -> Option<Self> {
-        let packed = Packed::of(weight)?;
-        Some(PackedWeight { weight: flex(weight.clone()), packed })
-    }
-
-    /// `a · weight` rounded to bf16 (in f32) from the packed copy, for an f32 `a: [m, k]` on
-    /// the plain CPU backend and the weight it was packed from; `a` back otherwise.
-    pub fn product<B: Backend>(&self, a: Tensor<B, 2>, weight: &Tensor<B, 2>) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
-        if cpu_backend::<B>(&[a.dtype()]) != Some(CpuBackend::Plain) || !self.packed_from(weight) {
-            return Err(a);
-        }
-        #[cfg(test)]
-        PACKED_PRODUCTS.with(|n| n.set(n.get() + 1));
-        Ok(self.packed.product(a))
-    }
-
-    /// Whether `weight` (of the plain CPU backend) reads the buffer this was packed from,
-    /// through the same view.
-    fn packed_from<B: Backend>(&self, weight: &Tensor<B, 2>) -> bool {
-        let theirs = flex(weight.clone());
-        let same_buffer = std::sync::Arc::ptr_eq(&self.weight.data_arc(), &theirs.data_arc());
-        same_buffer && self.weight.layout() == theirs.layout() && self.weight.dtype() == theirs.dtype()
-    }
-}
-
-impl std::fmt::Debug for PackedWeight {
-    /// The shape only: the words would print the whole weight.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PackedWeight").field("k", &self.packed.k).field("n", &self.packed.n).finish()
+    /// Rows and columns of `b`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.k, self.n]
     }
 }
 
@@ -229,64 +158,20 @@ pub(super) fn packed(src: &[u16], strides: (usize, usize), shared: usize, cols: 
     })
 }
 
-/// [`panel_products`] with the threads splitting `b`'s panels: tasks of at most
-/// [`TASK_PANELS`] panels, at least two a thread where there are enough panels (so that one
-/// late task does not leave the other threads idle), each writing its columns of its rows
-/// straight into the result. Where the panels are fewer than that (a narrow GQA projection),
-/// the rows are split too, in whole tiles of 8.
+/// [`panel_products`] with the threads splitting `b`'s panels ([`panel_split::by_panels`]):
+/// decoding's products, each panel read from memory by one task.
 fn by_panels(a: &[u32], strides: (usize, usize), rows: usize, shared: usize, b: &[u32], cols: usize) -> Vec<f32> {
-    /// Panels per task at most: 8 × 48 columns of a 576-wide model's weights are 430 KiB, in L2
-    /// while each of the task's row tiles reads them.
-    const TASK_PANELS: usize = 8;
     if rows * cols * shared == 0 {
         return vec![0f32; rows * cols];
     }
-    let (threads, panels, pairs) =
-        (rayon::current_num_threads(), cols.div_ceil(kernels::PANEL_COLS), shared.div_ceil(2));
-    let wanted = (threads * panels.div_ceil(threads * TASK_PANELS)).max(2 * threads);
-    let (tiles, by_columns) = (rows.div_ceil(8), wanted.min(panels));
-    let by_rows = wanted.div_ceil(by_columns).min(tiles);
-    let mut out: Vec<f32> = Vec::with_capacity(rows * cols);
-    let dst = Block(out.spare_capacity_mut().as_mut_ptr().cast());
-    let task = |t: usize| {
-        let (c, r) = (t % by_columns, t / by_columns);
-        let first = kernels::PANEL_COLS * (c * panels / by_columns);
-        let end = (kernels::PANEL_COLS * ((c + 1) * panels / by_columns)).min(cols);
-        let top = (8 * (r * tiles / by_rows)).min(rows);
-        let bottom = (8 * ((r + 1) * tiles / by_rows)).min(rows);
-        let (a, b) = (&a[top * strides.0..], &b[first * pairs..]);
-        let (out, width) = (dst.at(top * cols + first), end - first);
-        // SAFETY: the tasks' blocks of rows and columns are disjoint and inside the
-        // `rows × cols` buffer, which nothing else reads until they are all done.
-        unsafe { kernels::bf16_panel_products_to(a, strides, bottom - top, pairs, b, width, out, cols, false, true) }
-    };
-    match by_columns * by_rows {
-        1 => task(0),
-        count => (0..count).into_par_iter().for_each(task),
-    }
-    // SAFETY: the tasks wrote every element (not adding, every row and column of its block).
-    unsafe { out.set_len(rows * cols) };
-    out
-}
-
-/// The result buffer of [`by_panels`], shared by tasks that write disjoint blocks of it.
-#[derive(Clone, Copy)]
-struct Block(*mut f32);
-// SAFETY: each task writes only its own block (see `by_panels`).
-unsafe impl Send for Block {}
-unsafe impl Sync for Block {}
-
-impl Block {
-    /// Element `at` of the buffer (a method, so that closures capture the whole wrapper).
-    fn at(self, at: usize) -> *mut f32 {
-        self.0.wrapping_add(at)
-    }
+    // SAFETY: `blocks` writes every element of each block it is given.
+    unsafe { panel_split::by_panels(rows, cols, blocks(a, strides, shared, b, cols)) }
 }
 
 /// `a · b` rounded to bf16 (in f32) through the panel products: `rows` rows of `a` (word
 /// `(r, p)` at `r·strides.0 + p·strides.1`), `shared` elements summed, `b` [`packed`] with
-/// `cols` columns. The rows are split over the threads; the kernel rounds the sums as it
-/// stores them.
+/// `cols` columns. The rows are split over the threads ([`panel_split::by_rows`]); the kernel
+/// rounds the sums as it stores them.
 pub(super) fn panel_products(
     a: &[u32],
     strides: (usize, usize),
@@ -299,24 +184,39 @@ pub(super) fn panel_products(
     if rows * cols * shared == 0 {
         return vec![0f32; rows * cols];
     }
-    // Tasks of whole 8-row tiles, as equal as tiles allow and a multiple of the threads in
-    // number (341 rows in tasks of 48 left one thread a sixth of the work to do alone), of at
-    // most 16 tiles so that a task's rows stay in L2.
-    let (threads, tiles) = (rayon::current_num_threads(), rows.div_ceil(8));
-    let count = (4 * threads).max(tiles.div_ceil(16)).next_multiple_of(threads).min(tiles);
-    let first = |task: usize| (8 * (task * tiles / count)).min(rows);
-    let parts: Vec<usize> = (0..count).map(|task| (first(task + 1) - first(task)) * cols).collect();
+    // SAFETY: `blocks` writes every element of each block it is given.
+    unsafe { panel_split::by_rows(rows, cols, blocks(a, strides, shared, b, cols)) }
+}
+
+/// The panel products of a block of the output, written (rounded to bf16) into a buffer of
+/// `cols` columns from its first element.
+fn blocks<'a>(
+    a: &'a [u32],
+    strides: (usize, usize),
+    shared: usize,
+    b: &'a [u32],
+    cols: usize,
+) -> impl Fn(Block, *mut f32) + Sync + 'a {
     let pairs = shared.div_ceil(2);
-    filled(&parts, |task, out| {
-        let (first, rows) = (first(task), out.len() / cols);
-        kernels::bf16_panel_products(&a[first * strides.0..], strides, rows, pairs, b, cols, out, cols, false, true);
-    })
+    move |Block { top, bottom, first, end }, start| {
+        if top == bottom || first == end {
+            return;
+        }
+        let (a, b) = (&a[top * strides.0..], &b[first * pairs..]);
+        // SAFETY: the split hands each task its own block, inside the buffer; it is written
+        // only (`add` false).
+        unsafe {
+            let out = start.add(top * cols + first);
+            kernels::bf16_panel_products_to(a, strides, bottom - top, pairs, b, end - first, out, cols, false, true)
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::Cpu;
+    use crate::backend::packed_weight::PackedWeight;
     use burn::tensor::{Distribution, FloatDType};
 
     /// A bf16 weight `[k, n]` stored as the rollout copy stores it: the transpose of `[n, k]`.

@@ -11,6 +11,11 @@
 //!   output on the calling thread first and meets the threads again for every packed block of
 //!   the shared dimension; on a 2-core AMD EPYC with AVX2 a tiny-5m prefill scaled 1.2× from
 //!   one thread to two (PyTorch's 1.6×).
+//! - **Decoding's rows on a CPU with AVX-512** (5 to 256) run the panel kernel
+//!   (`hacpo_kernels::f32_panel_products_to`) instead of `gemm`, which packs the whole weight
+//!   again for every product: from the rollout copy's packed weights ([`PackedF32`]), else
+//!   reading a row-major weight in place or packing another for the call. Small products take
+//!   one task on the calling thread rather than burn's single-threaded `gemm`.
 
 use burn::tensor::{DType, Tensor, TensorData, backend::Backend};
 use burn_autodiff::checkpoint::{base::Checkpointer, strategy::NoCheckpointing};
@@ -21,7 +26,9 @@ use rayon::prelude::*;
 
 use super::Cpu;
 use super::fused::{CpuBackend, ad, contiguous, cpu_backend, elems, flex};
-use super::kernels;
+use super::kernels::{self, PANEL_COLS, Panels};
+use super::panel_split::{self, Block};
+use super::parallel_fill::{filled_in_chunks, written};
 use super::primitive::tensor;
 
 /// Rows up to which inference splits a product along the shared dimension: each thread's
@@ -47,7 +54,8 @@ pub fn matmul<B: Backend, const D: usize>(
         return Err((a, b));
     };
     if m > FEW_ROWS || backend == CpuBackend::Autodiff {
-        if m * k * n < MIN_BLOCKS || rayon::current_num_threads() < 2 {
+        let split = m * k * n >= MIN_BLOCKS && rayon::current_num_threads() >= 2;
+        if !split && !runs_panels(m) {
             return Err((a, b));
         }
         return Ok(match backend {
@@ -90,10 +98,21 @@ pub fn product<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> 
 /// own threshold for its threaded GEMM).
 const MIN_BLOCKS: usize = 192 * 192 * 192;
 
-/// `a · b` as one single-threaded GEMM per thread, each on a block of the output's rows or,
-/// when the output is wider than tall, of its columns (each thread then reads only its part
-/// of the weight).
+/// Whether an f32 product of `m` rows runs the panel kernel: on a CPU with AVX-512, up to
+/// [`panel_split::PANEL_ROWS`] rows (decoding's products, reading weights that `gemm` would
+/// pack again for each). More rows (a prefill, training) stay with `gemm`, which blocks them
+/// for the caches: the panel kernel in their place made a GRPO step's update 7% slower.
+fn runs_panels(m: usize) -> bool {
+    m <= panel_split::PANEL_ROWS && kernels::f32_panel_instructions()
+}
+
+/// `a · b` through the panel kernel where it runs ([`runs_panels`]), else as one
+/// single-threaded GEMM per thread, each on a block of the output's rows or, when the output is
+/// wider than tall, of its columns (each thread then reads only its part of the weight).
 fn in_blocks(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> FlexTensor {
+    if let Some(out) = runs_panels(m).then(|| panel_kernel(a, b, m, k, n)).flatten() {
+        return out;
+    }
     let tasks = rayon::current_num_threads();
     let by_rows = m >= n;
     let (len, unit) = if by_rows { (m, 8) } else { (n, 16) };
@@ -141,6 +160,114 @@ fn in_blocks(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Fl
     // SAFETY: the tasks wrote every element (their blocks cover all rows or all columns).
     unsafe { out.set_len(m * n) };
     FlexTensor::from_data(TensorData::new(out, [m, n]))
+}
+
+/// `a · b` through `hacpo_kernels::f32_panel_products_to` on a CPU with AVX-512, `b` read in
+/// place when its rows are consecutive floats, else packed first (decoding's LM head is packed
+/// once in the rollout copy, [`PackedF32`]); `None` elsewhere, or for a view that steps back
+/// through its buffer. Its sums do not depend on the split or the layout: a product of so many
+/// rows is the same to the bit from a packed copy, in place or packed for the call. The threads split the output by rows or, up to
+/// [`panel_split::PANEL_ROWS`] rows (decoding), by panels; below [`MIN_BLOCKS`] multiply-adds
+/// it runs as one task on the calling thread.
+fn panel_kernel(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Option<FlexTensor> {
+    let strides = [a.layout().strides(), b.layout().strides()].concat();
+    if !kernels::f32_panel_instructions() || strides.iter().any(|&s| s < 0) {
+        return None;
+    }
+    let [a_rs, a_cs, b_rs, b_cs] = [0, 1, 2, 3].map(|i| strides[i] as usize);
+    let a_data = &a.storage::<f32>()[a.layout().start_offset()..];
+    let b_data = &b.storage::<f32>()[b.layout().start_offset()..];
+    let buffer: Vec<f32>;
+    let (b_data, panels) = if b_cs == 1 || n == 1 {
+        (b_data, Panels::in_place(b_rs))
+    } else {
+        buffer = packed(b_data, (b_rs, b_cs), k, n);
+        (&buffer[..], Panels::packed(k))
+    };
+    let out = panel_products((a_data, (a_rs, a_cs)), m, k, (b_data, panels), n);
+    Some(FlexTensor::from_data(TensorData::new(out, [m, n])))
+}
+
+/// `a · b` (`m × k` by `k × n`) through the panel kernel, `a(r, i)` at `a.0[r·a.1.0 + i·a.1.1]`
+/// and `b` in `panels`, over the threads by rows or, up to [`panel_split::PANEL_ROWS`] rows,
+/// by panels; below [`MIN_BLOCKS`] multiply-adds as one task on the calling thread. Each output
+/// is one tile's sum in the order of the shared dimension, however the work is split and
+/// wherever `b` lies.
+fn panel_products(a: (&[f32], (usize, usize)), m: usize, k: usize, b: (&[f32], Panels), n: usize) -> Vec<f32> {
+    let ((a_data, a_strides), (b_data, panels)) = (a, b);
+    let write = |Block { top, bottom, first, end }: Block, start: *mut f32| {
+        if top == bottom || first == end {
+            return;
+        }
+        let (a, b) = (&a_data[top * a_strides.0..], &b_data[first / PANEL_COLS * panels.panel..]);
+        // SAFETY: the split hands each task its own block of the `m × n` buffer, only written.
+        unsafe {
+            let out = start.add(top * n + first);
+            kernels::f32_panel_products_to(a, a_strides, bottom - top, k, (b, panels), end - first, out, n, false);
+        }
+    };
+    if m * k * n < MIN_BLOCKS {
+        // SAFETY: the one block is the whole output.
+        unsafe { written(m * n, 1, |_, start| write(Block { top: 0, bottom: m, first: 0, end: n }, start)) }
+    } else {
+        // SAFETY: `write` writes every element of each block it is given.
+        unsafe { panel_split::by_rows_or_panels(m, n, write) }
+    }
+}
+
+/// An f32 matrix `b` (`[k, n]`) packed once in panels to be the second operand of several
+/// products `a · b` (an f32 rollout copy's weights, once per decoding step): a panel read in
+/// place is 48 floats a row, rows apart, which the hardware does not stream from memory, and
+/// decoding reads the whole model per token.
+pub struct PackedF32 {
+    values: Vec<f32>,
+    k: usize,
+    n: usize,
+}
+
+impl PackedF32 {
+    /// `b` packed, when it is an f32 matrix of the plain CPU backend on a CPU with AVX-512
+    /// (stored `[k, n]` or as the transpose of `[n, k]`); else `None`.
+    pub fn of<B: Backend>(b: &Tensor<B, 2>) -> Option<Self> {
+        let plain = cpu_backend::<B>(&[b.dtype()]) == Some(CpuBackend::Plain) && b.dtype() == DType::F32;
+        if !plain || !kernels::f32_panel_instructions() {
+            return None;
+        }
+        let b = flex(b.clone());
+        let [k, n] = [b.layout().shape()[0], b.layout().shape()[1]];
+        let [rs, cs] = [b.layout().strides()[0], b.layout().strides()[1]];
+        if rs < 0 || cs < 0 {
+            return None;
+        }
+        let src = &b.storage::<f32>()[b.layout().start_offset()..];
+        Some(PackedF32 { values: packed(src, (rs as usize, cs as usize), k, n), k, n })
+    }
+
+    /// `a · b` for an f32 `a: [m, k]` on the plain CPU backend, where its rows run the panel
+    /// kernel ([`runs_panels`]: the product is then [`matmul`]'s to the bit); `a` back otherwise.
+    pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
+        if !runs_panels(a.dims()[0]) {
+            return Err(a);
+        }
+        let a = contiguous(&flex(a));
+        let m = a.layout().shape()[0];
+        assert_eq!(a.layout().shape()[1], self.k, "a's columns are b's rows");
+        let out = panel_products((elems(&a), (self.k, 1)), m, self.k, (&self.values, Panels::packed(self.k)), self.n);
+        Ok(tensor::<B, 2, _>(FlexTensor::from_data(TensorData::new(out, [m, self.n]))))
+    }
+
+    /// Rows and columns of `b`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.k, self.n]
+    }
+}
+
+/// The operand `k × n` whose element `(i, c)` is `src[i·strides.0 + c·strides.1]` in
+/// [`Panels::packed`]'s layout, a panel per task.
+fn packed(src: &[f32], strides: (usize, usize), k: usize, n: usize) -> Vec<f32> {
+    filled_in_chunks(n.div_ceil(PANEL_COLS) * PANEL_COLS * k, PANEL_COLS * k, |panel, out| {
+        kernels::pack_f32_panels(src, strides, (k, n), (panel, panel + 1), out)
+    })
 }
 
 /// [`in_blocks`] as an autodiff op: the forward and both gradients (`dy · wᵀ`, `xᵀ · dy`, read
@@ -226,9 +353,13 @@ mod tests {
         let u = Distribution::Uniform(-1.0, 1.0);
         // Taller than wide (rows split), wider than tall (columns split), five rows and an LM
         // head's width, sizes that are no multiple of the blocks' units, and one below the
-        // threshold (burn's product).
-        for (m, k, n) in [(300, 257, 190), (37, 300, 1000), (5, 576, 3000), (1024, 64, 33), (40, 40, 40)] {
-            let split = m * k * n >= MIN_BLOCKS;
+        // threshold (burn's product, or the panel kernel in one task). For the panel kernel:
+        // a shared dimension in two blocks, its most rows and one more (`gemm`'s), one column,
+        // and partial panels and tiles.
+        let shapes = [(300, 257, 190), (37, 300, 1000), (5, 576, 3000), (1024, 64, 33), (40, 40, 40)];
+        let panels = [(9, 1100, 97), (256, 48, 49), (257, 48, 49), (6, 700, 1), (13, 1, 50)];
+        for (m, k, n) in shapes.into_iter().chain(panels) {
+            let split = m * k * n >= MIN_BLOCKS || runs_panels(m);
             // Operands stored row-major and read through transposes (a gradient's layouts).
             for transposed in [false, true] {
                 let (a, w) = if transposed {
@@ -284,6 +415,43 @@ mod tests {
             let what = [("product", k), ("inputs' gradient", n), ("weight's gradient", m)];
             for ((want, got), (what, inner)) in want.iter().zip(&got).zip(what) {
                 assert_close(want, got, inner, &format!("{m}x{k}x{n}, transposed {transposed}: {what}"));
+            }
+        }
+    }
+
+    #[test]
+    fn a_packed_f32_weights_products_are_the_unpacked_ones_to_the_bit() {
+        let dev = Default::default();
+        let u = Distribution::Uniform(-1.0, 1.0);
+        let read =
+            |t: Tensor<Cpu, 2>| t.into_data().to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        // A weight stored `[k, n]` and one read through the transpose of `[n, k]` (the LM head),
+        // each multiplied by rows from decoding's one to the panels' most and past them.
+        for (k, n, transposed) in [(576, 200, false), (100, 1000, true), (1030, 49, false)] {
+            let w = match transposed {
+                true => Tensor::<Cpu, 2>::random([n, k], u, &dev).transpose(),
+                false => Tensor::<Cpu, 2>::random([k, n], u, &dev),
+            };
+            let Some(packed) = PackedF32::of(&w) else {
+                assert!(!kernels::f32_panel_instructions(), "an f32 CPU weight not packed on a CPU with AVX-512");
+                eprintln!("this CPU has no AVX-512: nothing is packed");
+                return;
+            };
+            for m in [1, 3, 8, 33, 256, 257] {
+                let a = Tensor::<Cpu, 2>::random([m, k], u, &dev);
+                let what = format!("{m}x{k}x{n}, transposed {transposed}");
+                match packed.product(a.clone()) {
+                    Ok(y) => {
+                        assert!(m <= panel_split::PANEL_ROWS, "{what}: served past the panels' rows");
+                        let usual = match matmul(a.clone(), w.clone()) {
+                            Ok(y) if m > FEW_ROWS => read(y),
+                            // Decoding's few rows sum along the shared dimension's slices.
+                            _ => read(tensor::<Cpu, 2, _>(in_blocks(&flex(a), &flex(w.clone()), m, k, n))),
+                        };
+                        assert_eq!(read(y), usual, "{what}");
+                    }
+                    Err(_) => assert!(m > panel_split::PANEL_ROWS, "{what}: not served"),
+                }
             }
         }
     }

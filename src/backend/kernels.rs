@@ -3,11 +3,11 @@
 //! that test builds, which compile this crate at opt-level 1, still compile them vectorised.
 
 pub use hacpo_kernels::{
-    AdamWStep, PANEL_COLS, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols,
-    bf16_matmul_rows, bf16_panel_products, bf16_panel_products_to, bf16_round, bf16_round_bits, f32_rows_accumulate,
-    neg_scaled_softmax, pack_panels, packed_len, pair_rows, query_key_scores, query_key_scores_bf16, rms_norm,
-    rms_norm_backward, rope, scaled_logsumexp, silu_mul, silu_mul_backward, softmax, softmax_backward, transpose_u16,
-    weighted_values, weighted_values_bf16,
+    AdamWStep, PANEL_COLS, Panels, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols,
+    bf16_matmul_rows, bf16_panel_products, bf16_panel_products_to, bf16_round, bf16_round_bits, f32_panel_instructions,
+    f32_panel_products_to, f32_rows_accumulate, neg_scaled_softmax, pack_f32_panels, pack_panels, packed_len,
+    pair_rows, query_key_scores, query_key_scores_bf16, rms_norm, rms_norm_backward, rope, scaled_logsumexp, silu_mul,
+    silu_mul_backward, softmax, softmax_backward, transpose_u16, weighted_values, weighted_values_bf16,
 };
 
 #[cfg(test)]

@@ -20,6 +20,8 @@ pub mod fused;
 pub mod gather;
 pub mod kernel_cache;
 pub mod kernels;
+pub mod packed_weight;
+mod panel_split;
 mod parallel_fill;
 pub(crate) mod primitive;
 pub mod reduce;

@@ -3,7 +3,9 @@
 //! `vec![0; len]` zeroes the whole buffer on the calling thread before any task starts, the
 //! other cores idle: in a bf16 train step of SmolLM2-135M the zeroing of the products' outputs
 //! and packed operands was the largest piece of one-thread work. Here each task zeroes its own
-//! part right before writing it, in parallel and while the part is in its cache.
+//! part right before writing it, in parallel and while the part is in its cache. Where the
+//! tasks' kernel writes every element anyway (the panel products), [`written`] skips the
+//! zeroing: measured at 4% of a bf16 update of SmolLM2-135M.
 
 use std::mem::MaybeUninit;
 
@@ -65,6 +67,44 @@ where
     filled_in_chunks(src.len(), chunk, |i, out| fill(&src[i * chunk..][..out.len()], out))
 }
 
+/// A vector of `len` elements written by `count` tasks over the threads, never zeroed:
+/// `write(task, start)` gets the buffer's first element and writes its own elements through it
+/// (blocks of rows and columns of one row-major matrix, which slices cannot split between
+/// tasks). One task runs on the calling thread.
+///
+/// # Safety
+/// The tasks together must write each of the `len` elements exactly once, touch nothing outside
+/// them, and read none before writing it.
+pub(super) unsafe fn written<T, F>(len: usize, count: usize, write: F) -> Vec<T>
+where
+    T: Copy + Send + Sync,
+    F: Fn(usize, *mut T) + Sync,
+{
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    let start = Start(out.spare_capacity_mut().as_mut_ptr().cast());
+    match count {
+        0 => {}
+        1 => write(0, start.get()),
+        _ => (0..count).into_par_iter().for_each(|task| write(task, start.get())),
+    }
+    // SAFETY: the caller's tasks wrote every one of the `len` elements.
+    unsafe { out.set_len(len) };
+    out
+}
+
+/// The buffer's first element, shared by the tasks of [`written`].
+struct Start<T>(*mut T);
+// SAFETY: the tasks write disjoint elements through it ([`written`]'s contract).
+unsafe impl<T: Send> Send for Start<T> {}
+unsafe impl<T: Send> Sync for Start<T> {}
+
+impl<T> Start<T> {
+    /// A method, so that closures capture the whole wrapper rather than its pointer.
+    fn get(&self) -> *mut T {
+        self.0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +137,28 @@ mod tests {
             out.iter_mut().zip(src).for_each(|(o, &s)| *o = 10 * s as u32 + src.len() as u32);
         });
         assert_eq!(out, [12, 22, 32, 42, 51]);
+    }
+
+    #[test]
+    fn written_buffers_hold_what_each_task_wrote() {
+        // Three tasks, each writing every third element of 10.
+        // SAFETY: task t writes elements t, t + 3, … below 10, each once.
+        let out: Vec<u32> = unsafe {
+            written(10, 3, |task, start: *mut u32| {
+                (task..10).step_by(3).for_each(|i| *start.add(i) = 100 * task as u32 + i as u32)
+            })
+        };
+        assert_eq!(out, [0, 101, 202, 3, 104, 205, 6, 107, 208, 9]);
+        let caller = std::thread::current().id();
+        // SAFETY: the one task writes both elements.
+        let out: Vec<f32> = unsafe {
+            written(2, 1, |_, start: *mut f32| {
+                assert_eq!(std::thread::current().id(), caller, "one task runs on the calling thread");
+                (0..2).for_each(|i| *start.add(i) = 0.5);
+            })
+        };
+        assert_eq!(out, [0.5, 0.5]);
+        // SAFETY: nothing to write.
+        assert!(unsafe { written::<u8, _>(0, 0, |_, _| unreachable!()) }.is_empty());
     }
 }

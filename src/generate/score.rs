@@ -16,7 +16,7 @@ use burn_autodiff::checkpoint::{base::Checkpointer, strategy::CheckpointStrategy
 use burn_autodiff::grads::Gradients;
 use burn_autodiff::ops::{Backward, Ops, OpsKind};
 
-use crate::backend::{bf16_matmul, bf16_panels, cast, f32_matmul, flex_fast};
+use crate::backend::{bf16_matmul, bf16_panels, cast, f32_matmul, flex_fast, packed_weight};
 use crate::dtype::{cast_to, f32_weight};
 
 /// Upper bound on logits alive at once (64 MiB of f32).
@@ -32,13 +32,13 @@ fn targets_tensor<B: Backend>(targets: &[u32], device: &B::Device) -> Tensor<B, 
 }
 
 /// The second operand of a pass's products, one per chunk of rows: packed once for all of them
-/// where the CPU's bf16 panel products apply ([`bf16_panels::Packed`]), or the model's own
-/// packed copy of it (a bf16 rollout copy's LM head), else multiplied in its dtype by
-/// [`product_in`].
+/// where the CPU's panel products apply ([`packed_weight::PackedPanels`]: bf16 with
+/// AVX512-BF16, f32 with AVX-512), or the model's own packed copy of it (a rollout copy's LM
+/// head), else multiplied in its dtype by [`product_in`].
 struct Operand<'a, B: Backend> {
     b: Tensor<B, 2>,
-    packed: Option<bf16_panels::Packed>,
-    kept: Option<&'a bf16_panels::PackedWeight>,
+    packed: Option<packed_weight::PackedPanels>,
+    kept: Option<&'a packed_weight::PackedWeight>,
 }
 
 impl<B: Backend> Operand<'_, B> {
@@ -46,7 +46,7 @@ impl<B: Backend> Operand<'_, B> {
     /// (decoding's few rows read it as stored faster than packing it).
     fn new(b: Tensor<B, 2>, rows: usize) -> Self {
         const PACKED_ROWS: usize = 64;
-        Operand { packed: (rows >= PACKED_ROWS).then(|| bf16_panels::Packed::of(&b)).flatten(), b, kept: None }
+        Operand { packed: (rows >= PACKED_ROWS).then(|| packed_weight::PackedPanels::of(&b)).flatten(), b, kept: None }
     }
 
     /// The LM head's: logits `rows · weightᵀ` multiplied in the weight's dtype (the model's
@@ -61,10 +61,14 @@ impl<B: Backend> Operand<'_, B> {
             Some(Ok(y)) => return y,
             _ => a,
         };
-        match &self.packed {
-            Some(packed) if a.dtype() == DType::F32 => packed.product(a),
-            _ => product_in(FloatDType::from(self.b.dtype()), a, self.b.clone()),
-        }
+        let a = match &self.packed {
+            Some(packed) if a.dtype() == DType::F32 => match packed.product(a) {
+                Ok(y) => return y,
+                Err(a) => a,
+            },
+            _ => a,
+        };
+        product_in(FloatDType::from(self.b.dtype()), a, self.b.clone())
     }
 }
 

@@ -18,6 +18,7 @@
 
 use super::{F32W, Workload};
 use crate::backend::DeviceSpec;
+use crate::dtype::ComputeDtype;
 use crate::generate::score::CHUNK_ELEMENTS;
 use crate::model::ModelConfig;
 use crate::model::lora::{LoraConfig, PROJECTIONS};
@@ -56,10 +57,17 @@ impl Kernels {
         self == Kernels::CpuFused
     }
 
-    /// Whether a bf16 rollout copy keeps its weights packed for the panel products as well
-    /// (`model::precision::rollout_copy`): the CPU's kernels, on a CPU with AVX512-BF16.
-    pub fn packs_rollout_copy(self) -> bool {
-        self == Kernels::CpuFused && crate::backend::kernels::bf16_dot_instructions()
+    /// Whether a rollout copy computing in `compute` keeps its weights packed for the panel
+    /// products as well (`model::precision::rollout_copy`): the CPU's kernels, bf16 on a CPU
+    /// with AVX512-BF16, f32 on a CPU with AVX-512.
+    pub fn packs_rollout_copy(self, compute: ComputeDtype) -> bool {
+        use crate::backend::kernels::{bf16_dot_instructions, f32_panel_instructions};
+        self == Kernels::CpuFused
+            && match compute {
+                ComputeDtype::Bf16 => bf16_dot_instructions(),
+                ComputeDtype::F32 => f32_panel_instructions(),
+                ComputeDtype::F16 => false,
+            }
     }
 
     /// `floats` as the process holds them, in bytes: on the CPU 3/10 more, for the allocator's

@@ -37,7 +37,7 @@ use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
 use crate::backend::attention::swap_middle;
-use crate::backend::bf16_panels::{self, PackedWeight};
+use crate::backend::packed_weight::{self, PackedWeight};
 use crate::backend::{cast, gpu_kernels, keeps_half};
 use crate::dtype::{ComputeDtype, f32_weight};
 
@@ -81,7 +81,7 @@ impl<B: Backend> Linear<B> {
             return compute.product(x2, self.weight.val()).reshape(out);
         }
         let packed = self.packed.as_deref();
-        let mut y = bf16_panels::product_with(compute, x2.clone(), self.weight.val(), packed);
+        let mut y = packed_weight::product_with(compute, x2.clone(), self.weight.val(), packed);
         if let Some(adapter) = &self.lora {
             // In f32 whatever the input: a half-precision one comes from a GPU kernel.
             y = y + adapter.forward(f32_weight(x2));
@@ -479,6 +479,6 @@ impl<B: Backend> CausalLm<B> {
     /// first: full-sequence logits for a 152k vocabulary would not fit in memory.
     pub fn logits(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
         let packed = self.lm_head_packed.as_deref();
-        bf16_panels::product_with(self.compute, hidden, self.lm_head_weight().transpose(), packed)
+        packed_weight::product_with(self.compute, hidden, self.lm_head_weight().transpose(), packed)
     }
 }

@@ -8,8 +8,8 @@
 //!
 //! - on a CPU with AVX512-BF16, every product runs through `vdpbf16ps`, which multiplies pairs
 //!   of bf16 numbers at twice the rate of f32 FMAs: the rollout copy keeps its weights packed
-//!   for `hacpo_kernels::bf16_panel_products` (`bf16_panels::PackedWeight`, read by
-//!   `bf16_panels::product_with`: its prefill and decoding); training's linear layers
+//!   for `hacpo_kernels::bf16_panel_products` (`packed_weight::PackedWeight`, read by
+//!   `packed_weight::product_with`: its prefill and decoding); training's linear layers
 //!   (`bf16_trained`) and the log-prob op's LM head (`bf16_panels::Packed`) pack their second
 //!   operand once per product or pass; other bf16 weights (a KL reference's) are read as
 //!   stored here (`hacpo_kernels::bf16_dot_products`);

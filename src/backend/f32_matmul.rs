@@ -243,10 +243,13 @@ impl PackedF32 {
         Some(PackedF32 { values: packed(src, (rs as usize, cs as usize), k, n), k, n })
     }
 
-    /// `a · b` for an f32 `a: [m, k]` on the plain CPU backend, where its rows run the panel
-    /// kernel ([`runs_panels`]: the product is then [`matmul`]'s to the bit); `a` back otherwise.
+    /// `a · b` for an f32 `a: [m, k]` on the plain CPU backend, where [`matmul`] runs its rows
+    /// on the panels ([`runs_panels`], past [`FEW_ROWS`]: the product is then [`matmul`]'s to the
+    /// bit); `a` back otherwise. Decoding one sequence streams the weight along the shared
+    /// dimension faster (71 against 59 tokens/s on SmolLM2-135M).
     pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
-        if !runs_panels(a.dims()[0]) {
+        let m = a.dims()[0];
+        if m <= FEW_ROWS || !runs_panels(m) {
             return Err(a);
         }
         let a = contiguous(&flex(a));
@@ -437,20 +440,19 @@ mod tests {
                 eprintln!("this CPU has no AVX-512: nothing is packed");
                 return;
             };
-            for m in [1, 3, 8, 33, 256, 257] {
+            for m in [1, 4, 5, 8, 33, 256, 257] {
                 let a = Tensor::<Cpu, 2>::random([m, k], u, &dev);
                 let what = format!("{m}x{k}x{n}, transposed {transposed}");
+                // Decoding's few rows sum along the shared dimension's slices, and more rows than
+                // the panels take run `gemm`: both from the weight as stored.
+                let served = m > FEW_ROWS && m <= panel_split::PANEL_ROWS;
                 match packed.product(a.clone()) {
                     Ok(y) => {
-                        assert!(m <= panel_split::PANEL_ROWS, "{what}: served past the panels' rows");
-                        let usual = match matmul(a.clone(), w.clone()) {
-                            Ok(y) if m > FEW_ROWS => read(y),
-                            // Decoding's few rows sum along the shared dimension's slices.
-                            _ => read(tensor::<Cpu, 2, _>(in_blocks(&flex(a), &flex(w.clone()), m, k, n))),
-                        };
-                        assert_eq!(read(y), usual, "{what}");
+                        assert!(served, "{what}: served");
+                        let usual = matmul(a, w.clone()).unwrap_or_else(|_| panic!("{what}: the panels"));
+                        assert_eq!(read(y), read(usual), "{what}");
                     }
-                    Err(_) => assert!(m > panel_split::PANEL_ROWS, "{what}: not served"),
+                    Err(_) => assert!(!served, "{what}: not served"),
                 }
             }
         }

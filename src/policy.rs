@@ -80,8 +80,8 @@ impl<B: Backend> Policy<B> {
     }
 
     /// The model without autodiff, for sampling and scoring: it shares the weights, or with a
-    /// half-precision `algo.compute_dtype` is their copy in that dtype
-    /// ([`crate::model::precision::rollout_copy`]).
+    /// half-precision `algo.compute_dtype` is their copy in that dtype, packed for the CPU's
+    /// panel products where they run ([`crate::model::precision::rollout_copy`]).
     pub fn inference_model(&self) -> CausalLm<B> {
         crate::model::precision::rollout_copy(self.model.valid())
     }
@@ -95,7 +95,9 @@ impl<B: Backend> Policy<B> {
     /// without its adapters (the same weights, not a copy).
     pub fn reference_model(&self) -> Option<CausalLm<B>> {
         match (&self.lora, &self.reference) {
-            (Some(_), _) => Some(crate::model::lora::strip(self.inference_model())),
+            (Some(_), _) => {
+                Some(crate::model::lora::strip(crate::model::precision::lora_reference_copy(self.model.valid())))
+            }
             (None, Some(Reference::Device(model))) => Some(model.clone()),
             // Copied to the device for this use; the caller drops it after.
             (None, Some(Reference::Host(host))) => Some(crate::model::precision::reference_copy(host.upload())),

@@ -1,15 +1,15 @@
 //! Products of f32 matrices through AVX-512 FMAs, the second operand read in panels of 48
 //! columns: a tile of 8 output rows × 48 columns keeps its 24 registers of sums across the
 //! whole shared dimension, and each step of it loads 3 registers of the panel and broadcasts 8
-//! elements of the rows for 24 FMAs. The layout of [`super::bf16_panel`], one element a lane
-//! instead of a pair.
+//! elements of the rows for 24 FMAs: the bf16 panels' tiles (`bf16_panel.rs`), one f32 a lane
+//! instead of a pair of bf16 numbers.
 //!
 //! The panel is read where it lies, as long as each of its rows is 48 consecutive floats: a
 //! row-major matrix in place (a weight `[k, n]`), or a copy packed by [`pack_f32_panels`] from
 //! any other layout (a transposed weight), which decoding keeps for every step. Measured on one
-//! core of an AMD EPYC Zen 5 at decoding's shapes (32–64 rows by SmolLM2-135M's weights): about
-//! AVX-512's f32 peak, 250–285 GFLOP/s, with the weights in cache; with 40 weights read from
-//! memory in turn, 216–248 from packed panels and 151–193 from weights in place.
+//! core of an AMD EPYC Zen 5 at decoding's shapes (32–64 rows by SmolLM2-135M's weights):
+//! 250–285 GFLOP/s with the weights in cache, `gemm`'s AVX-512 kernels' speed; with 40 weights
+//! read from memory in turn, 216–248 from packed panels and 151–193 from weights in place.
 
 use super::PANEL_COLS;
 
@@ -72,6 +72,7 @@ pub unsafe fn f32_panel_products_to(
         return;
     }
     assert!(out_stride >= cols, "out's rows are at least cols apart");
+    assert!(cols <= PANEL_COLS || panels.panel >= PANEL_COLS, "panels do not overlap");
     if shared == 0 {
         if !add {
             // SAFETY: the caller's contract covers these elements (written, never read).
@@ -113,7 +114,7 @@ pub fn pack_f32_panels(
     for (panel, out) in (panels.0..panels.1).zip(out.chunks_exact_mut(PANEL_COLS * shared)) {
         let first = panel * PANEL_COLS;
         let width = cols.saturating_sub(first).min(PANEL_COLS);
-        if strides.1 == 1 {
+        if strides.1 == 1 && width > 0 {
             for (i, row) in out.chunks_exact_mut(PANEL_COLS).enumerate() {
                 row[..width].copy_from_slice(&src[i * strides.0 + first..][..width]);
                 row[width..].fill(0.0);

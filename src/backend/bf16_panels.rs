@@ -47,8 +47,8 @@ impl Packed {
     }
 
     /// `a · b` for `a: [m, k]` in f32 on the plain CPU backend, rounded to bf16 (returned in
-    /// f32). Up to [`panel_split::PANEL_ROWS`] rows (decoding) the threads split `b`'s panels, each read
-    /// once; more rows (a prefill, scoring's chunks) the rows.
+    /// f32). Up to [`panel_split::PANEL_ROWS`] rows (decoding) the threads split `b`'s panels,
+    /// each read once; more rows (a prefill, scoring's chunks) the rows.
     pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Tensor<B, 2> {
         assert_eq!(a.dtype(), DType::F32, "the packed products' first operand is f32");
         let x = Paired::round(&flex(a));

@@ -5,9 +5,9 @@
 //!   layer's weight: every layer's product read its weight at one core's memory bandwidth while
 //!   the other cores waited. Here each thread reads a contiguous slice of the weight's rows, one
 //!   sequential stream, into partial sums of every output, added at the end.
-//! - **More rows** (prefill, decoding many sequences, training's forward and both gradients as
-//!   a custom autodiff op): one single-threaded GEMM per thread on a block of the output's rows,
-//!   or of its columns when the output is wider than tall. burn-flex's threaded GEMM zeroes the
+//! - **More rows** (prefill, decoding many sequences without AVX-512, training's forward and
+//!   both gradients as a custom autodiff op): one single-threaded GEMM per thread on a block of
+//!   the output's rows, or of its columns when the output is wider than tall. burn-flex's threaded GEMM zeroes the
 //!   output on the calling thread first and meets the threads again for every packed block of
 //!   the shared dimension; on a 2-core AMD EPYC with AVX2 a tiny-5m prefill scaled 1.2× from
 //!   one thread to two (PyTorch's 1.6×).
@@ -40,9 +40,10 @@ const FEW_ROWS: usize = 4;
 const MIN_SPLIT: usize = 1 << 18;
 
 /// `a · b` for f32 `a: [m, k]` and `b: [k, n]` on the CPU backend (with autodiff or not), by
-/// the shared dimension for up to [`FEW_ROWS`] rows and a row-major `b` (inference), else in
-/// blocks of the output from [`MIN_BLOCKS`] multiply-adds; the operands back otherwise (other
-/// backends, ranks or dtypes, one thread, small products).
+/// the shared dimension for up to [`FEW_ROWS`] rows and a row-major `b` (inference), else
+/// through the panel kernel where it runs ([`runs_panels`]) or in blocks of the output from
+/// [`MIN_BLOCKS`] multiply-adds; the operands back otherwise (other backends, ranks or dtypes,
+/// one thread, small products `gemm` would run).
 #[allow(clippy::type_complexity)]
 pub fn matmul<B: Backend, const D: usize>(
     a: Tensor<B, D>,
@@ -100,8 +101,9 @@ const MIN_BLOCKS: usize = 192 * 192 * 192;
 
 /// Whether an f32 product of `m` rows runs the panel kernel: on a CPU with AVX-512, up to
 /// [`panel_split::PANEL_ROWS`] rows (decoding's products, reading weights that `gemm` would
-/// pack again for each). More rows (a prefill, training) stay with `gemm`, which blocks them
-/// for the caches: the panel kernel in their place made a GRPO step's update 7% slower.
+/// pack again for each; a training pass that short too, so that its products are scoring's).
+/// More rows (a prefill, training's micro-batches) stay with `gemm`, which blocks them for the
+/// caches: the panel kernel in their place made a GRPO step's update 7% slower.
 fn runs_panels(m: usize) -> bool {
     m <= panel_split::PANEL_ROWS && kernels::f32_panel_instructions()
 }
@@ -166,9 +168,7 @@ fn in_blocks(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Fl
 /// place when its rows are consecutive floats, else packed first (decoding's LM head is packed
 /// once in the rollout copy, [`PackedF32`]); `None` elsewhere, or for a view that steps back
 /// through its buffer. Its sums do not depend on the split or the layout: a product of so many
-/// rows is the same to the bit from a packed copy, in place or packed for the call. The threads split the output by rows or, up to
-/// [`panel_split::PANEL_ROWS`] rows (decoding), by panels; below [`MIN_BLOCKS`] multiply-adds
-/// it runs as one task on the calling thread.
+/// rows is the same to the bit from a packed copy, in place or packed for the call.
 fn panel_kernel(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Option<FlexTensor> {
     let strides = [a.layout().strides(), b.layout().strides()].concat();
     if !kernels::f32_panel_instructions() || strides.iter().any(|&s| s < 0) {
@@ -188,11 +188,11 @@ fn panel_kernel(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) ->
     Some(FlexTensor::from_data(TensorData::new(out, [m, n])))
 }
 
-/// `a · b` (`m × k` by `k × n`) through the panel kernel, `a(r, i)` at `a.0[r·a.1.0 + i·a.1.1]`
-/// and `b` in `panels`, over the threads by rows or, up to [`panel_split::PANEL_ROWS`] rows,
-/// by panels; below [`MIN_BLOCKS`] multiply-adds as one task on the calling thread. Each output
-/// is one tile's sum in the order of the shared dimension, however the work is split and
-/// wherever `b` lies.
+/// `a · b` (`m × k` by `k × n`, at most [`panel_split::PANEL_ROWS`] rows) through the panel
+/// kernel, `a(r, i)` at `a.0[r·a.1.0 + i·a.1.1]` and `b` in `panels`, the threads splitting
+/// the panels (each read from memory once); below [`MIN_BLOCKS`] multiply-adds as one task on
+/// the calling thread. Each output is one tile's sum in the order of the shared dimension,
+/// however the work is split and wherever `b` lies.
 fn panel_products(a: (&[f32], (usize, usize)), m: usize, k: usize, b: (&[f32], Panels), n: usize) -> Vec<f32> {
     let ((a_data, a_strides), (b_data, panels)) = (a, b);
     let write = |Block { top, bottom, first, end }: Block, start: *mut f32| {
@@ -211,7 +211,7 @@ fn panel_products(a: (&[f32], (usize, usize)), m: usize, k: usize, b: (&[f32], P
         unsafe { written(m * n, 1, |_, start| write(Block { top: 0, bottom: m, first: 0, end: n }, start)) }
     } else {
         // SAFETY: `write` writes every element of each block it is given.
-        unsafe { panel_split::by_rows_or_panels(m, n, write) }
+        unsafe { panel_split::by_panels(m, n, write) }
     }
 }
 
@@ -249,7 +249,7 @@ impl PackedF32 {
     /// dimension faster (71 against 59 tokens/s on SmolLM2-135M).
     pub fn product<B: Backend>(&self, a: Tensor<B, 2>) -> Result<Tensor<B, 2>, Tensor<B, 2>> {
         let m = a.dims()[0];
-        if m <= FEW_ROWS || !runs_panels(m) {
+        if !Self::serves(m) {
             return Err(a);
         }
         let a = contiguous(&flex(a));
@@ -262,6 +262,11 @@ impl PackedF32 {
     /// Rows and columns of `b`.
     pub fn shape(&self) -> [usize; 2] {
         [self.k, self.n]
+    }
+
+    /// Whether [`Self::product`] serves products of `rows` rows.
+    pub fn serves(rows: usize) -> bool {
+        rows > FEW_ROWS && runs_panels(rows)
     }
 }
 

@@ -318,4 +318,54 @@ mod tests {
             assert_eq!(r.to_bits(), want.to_f32().to_bits(), "{v:e} ({:#x})", v.to_bits());
         }
     }
+
+    #[test]
+    fn f32_panel_products_add_or_write_their_block_and_nothing_between() {
+        if !f32_panel_instructions() {
+            eprintln!("this CPU has no AVX-512: the f32 panel products do not run");
+            return;
+        }
+        let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) / 8.0;
+        // Partial tiles and panels, two blocks of the shared dimension, nothing to sum.
+        for (rows, shared, cols) in [(9, 1030, 50), (3, 5, 97), (8, 0, 20), (1, 1, 1)] {
+            let a: Vec<f32> = (0..rows * shared).map(value).collect();
+            let b: Vec<f32> = (0..shared * cols).map(|i| value(i + 7)).collect();
+            let want = |r: usize, c: usize| {
+                (0..shared).map(|i| a[r * shared + i] as f64 * b[i * cols + c] as f64).sum::<f64>()
+            };
+            let mut packed = vec![f32::NAN; cols.div_ceil(PANEL_COLS) * PANEL_COLS * shared];
+            pack_f32_panels(&b, (cols, 1), (shared, cols), (0, cols.div_ceil(PANEL_COLS)), &mut packed);
+            let stride = cols + 3;
+            for (operand, panels) in [(&b[..], Panels::in_place(cols)), (&packed[..], Panels::packed(shared))] {
+                for add in [false, true] {
+                    let mut out = vec![0.5f32; rows * stride];
+                    // SAFETY: `out` holds `rows` rows `stride` apart, initialised.
+                    unsafe {
+                        f32_panel_products_to(
+                            &a,
+                            (shared, 1),
+                            rows,
+                            shared,
+                            (operand, panels),
+                            cols,
+                            out.as_mut_ptr(),
+                            stride,
+                            add,
+                        )
+                    };
+                    for (r, row) in out.chunks(stride).enumerate() {
+                        let what = format!("{rows}x{shared}x{cols}, {panels:?}, add {add}, row {r}");
+                        assert!(row[cols..].iter().all(|&x| x == 0.5), "{what}: wrote between the rows");
+                        for (c, &got) in row[..cols].iter().enumerate() {
+                            let want = want(r, c) + if add { 0.5 } else { 0.0 };
+                            assert!(
+                                (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                                "{what}, column {c}: {got} against {want}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
 }

@@ -9,7 +9,8 @@
 
 use super::parallel_fill::written;
 
-/// Rows up to which [`by_rows_or_panels`] splits by panels.
+/// Rows up to which the panel products split by panels (decoding's products, the bf16 rollout
+/// copy's and the f32 panel products').
 pub(super) const PANEL_ROWS: usize = 256;
 
 /// Columns of a panel (both kernels').
@@ -74,18 +75,6 @@ where
     };
     // SAFETY: the tasks' blocks are disjoint and together cover every row and column.
     unsafe { written(rows * cols, by_columns * by_rows, task) }
-}
-
-/// [`by_panels`] up to [`PANEL_ROWS`] rows, else [`by_rows`].
-///
-/// # Safety
-/// As [`by_rows`].
-pub(super) unsafe fn by_rows_or_panels<F>(rows: usize, cols: usize, write: F) -> Vec<f32>
-where
-    F: Fn(Block, *mut f32) + Sync,
-{
-    // SAFETY: the caller's `write` keeps the contract both share.
-    unsafe { if rows <= PANEL_ROWS { by_panels(rows, cols, write) } else { by_rows(rows, cols, write) } }
 }
 
 #[cfg(test)]

@@ -43,10 +43,16 @@ struct Operand<'a, B: Backend> {
 
 impl<B: Backend> Operand<'_, B> {
     /// `b` for the products of `rows` rows in all: packed where they are enough to pay for it
-    /// (decoding's few rows read it as stored faster than packing it).
+    /// (decoding's few rows read it as stored faster than packing it), and, f32, where its
+    /// chunks run on the panels (`f32_matmul::PackedF32::serves`: a 49k vocabulary's chunks of
+    /// 341 rows do not).
     fn new(b: Tensor<B, 2>, rows: usize) -> Self {
         const PACKED_ROWS: usize = 64;
-        Operand { packed: (rows >= PACKED_ROWS).then(|| packed_weight::PackedPanels::of(&b)).flatten(), b, kept: None }
+        // An LM head's larger side is its vocabulary.
+        let chunk = rows.min(chunk_rows(b.dims()[0].max(b.dims()[1])));
+        let served = b.dtype() != DType::F32 || f32_matmul::PackedF32::serves(chunk);
+        let packed = (rows >= PACKED_ROWS && served).then(|| packed_weight::PackedPanels::of(&b)).flatten();
+        Operand { packed, b, kept: None }
     }
 
     /// The LM head's: logits `rows · weightᵀ` multiplied in the weight's dtype (the model's

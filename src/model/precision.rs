@@ -17,7 +17,8 @@
 //! with bf16 the KV cache too ([`ComputeDtype::attention`]; on the CPU only sampling's,
 //! scoring's and training's staying f32: [`crate::model::KvCache::for_sampling`]). On a CPU
 //! with AVX512-BF16 the rollout copy keeps its weights packed for the panel products as well
-//! (`Linear::packed`, as many bytes again), and training's bf16 products (forward and
+//! (`Linear::packed`, as many bytes again; an f32 copy too on a CPU with AVX-512, for
+//! decoding's f32 panel products), and training's bf16 products (forward and
 //! backward) pack theirs once per product (`backend::bf16_trained`); elsewhere the rollout
 //! copy's bf16 weights are read as stored by [`crate::backend::bf16_matmul`].
 //! f16 training scales the loss ([`crate::train::loss_scale`]) so that small gradients stay
@@ -32,7 +33,7 @@
 use std::sync::Arc;
 
 use burn::module::Param;
-use burn::tensor::{Tensor, backend::Backend};
+use burn::tensor::{DType, Tensor, backend::Backend};
 
 use crate::backend::bf16_matmul;
 use crate::backend::cast::cast;
@@ -61,6 +62,13 @@ pub fn rollout_copy<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
         Dtype::Bf16 => relaid_out(model),
         _ => model,
     }
+}
+
+/// What a LoRA policy's KL reference reads before its adapters are stripped: the rollout copy,
+/// packed in bf16 (whose packed products serve scoring's passes of any length) but not in f32
+/// (whose serve decoding's rows only, so that packing would cost a model's bytes for nothing).
+pub fn lora_reference_copy<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
+    if model.compute.is_f32() { model } else { rollout_copy(model) }
 }
 
 /// What a KL reference loaded apart keeps: [`rollout_copy`]'s values, never packed (that
@@ -105,8 +113,12 @@ fn relaid_out<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
 /// and f32 ones are streamed from memory where a panel read in place is not.
 fn packed_for_decoding<B: Backend>(model: CausalLm<B>) -> CausalLm<B> {
     let bf16 = model.compute == Dtype::Bf16;
-    let pack = |w: &Tensor<B, 2>| PackedWeight::of(w).map(Arc::new);
-    let lm_head_packed = pack(&model.lm_head_weight().transpose());
+    // Only weights stored in the compute dtype: an f32 copy over a bf16 LoRA base reads its
+    // base through casts (new buffers each time, which no packed copy serves).
+    let dtype = DType::from(model.compute.burn());
+    let pack = |w: &Tensor<B, 2>| (w.dtype() == dtype).then(|| PackedWeight::of(w).map(Arc::new)).flatten();
+    let stored_head = model.lm_head.as_ref().map(|head| head.val()).unwrap_or_else(|| model.embed_tokens.val());
+    let lm_head_packed = (stored_head.dtype() == dtype).then(|| pack(&model.lm_head_weight().transpose())).flatten();
     let model = map_linears(model, |_, _, l| {
         Ok(match pack(&l.weight.val()) {
             Some(packed) => Linear { packed: Some(packed), ..l },
@@ -155,7 +167,6 @@ mod tests {
     use crate::model::lora::tests::{logits, logits_tensor, max_diff, model};
     use crate::model::lora::{LoraConfig, attach};
     use crate::model::weights::linears;
-    use burn::tensor::DType;
 
     /// `‖a − b‖ / ‖b‖`.
     fn relative(a: &[f32], b: &[f32]) -> f64 {

@@ -48,10 +48,11 @@ pub struct Linear<B: Backend> {
     pub weight: Param<Tensor<B, 2>>,
     pub bias: Option<Param<Tensor<B, 1>>>,
     pub lora: Option<LoraAdapter<B>>,
-    /// The weight packed for the CPU's bf16 panel products, in a bf16 rollout copy on a CPU
-    /// with AVX512-BF16 ([`super::precision::rollout_copy`]) and what keeps its weights (a LoRA
-    /// policy's reference: the copy without adapters); `None` elsewhere. It serves only the
-    /// weight it was packed from.
+    /// The weight packed for the CPU's panel products, in a rollout copy on a CPU that has them
+    /// in its compute dtype (bf16 with AVX512-BF16, f32 with AVX-512:
+    /// [`super::precision::rollout_copy`]) and what keeps its weights (a bf16 LoRA policy's
+    /// reference: the copy without adapters); `None` elsewhere. It serves only the weight it
+    /// was packed from.
     #[module(skip)]
     pub packed: Option<Arc<PackedWeight>>,
 }

@@ -7,10 +7,10 @@
 //!   sequential stream, into partial sums of every output, added at the end.
 //! - **More rows** (prefill, decoding many sequences without AVX-512, training's forward and
 //!   both gradients as a custom autodiff op): one single-threaded GEMM per thread on a block of
-//!   the output's rows, or of its columns when the output is wider than tall. burn-flex's threaded GEMM zeroes the
-//!   output on the calling thread first and meets the threads again for every packed block of
-//!   the shared dimension; on a 2-core AMD EPYC with AVX2 a tiny-5m prefill scaled 1.2× from
-//!   one thread to two (PyTorch's 1.6×).
+//!   the output's rows, or of its columns when the output is wider than tall. burn-flex's
+//!   threaded GEMM zeroes the output on the calling thread first and meets the threads again
+//!   for every packed block of the shared dimension; on a 2-core AMD EPYC with AVX2 a tiny-5m
+//!   prefill scaled 1.2× from one thread to two (PyTorch's 1.6×).
 //! - **Decoding's rows on a CPU with AVX-512** (5 to 256) run the panel kernel
 //!   (`hacpo_kernels::f32_panel_products_to`) instead of `gemm`, which packs the whole weight
 //!   again for every product: from the rollout copy's packed weights ([`PackedF32`]), else
@@ -170,13 +170,10 @@ fn in_blocks(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Fl
 /// through its buffer. Its sums do not depend on the split or the layout: a product of so many
 /// rows is the same to the bit from a packed copy, in place or packed for the call.
 fn panel_kernel(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Option<FlexTensor> {
-    let strides = [a.layout().strides(), b.layout().strides()].concat();
-    if !kernels::f32_panel_instructions() || strides.iter().any(|&s| s < 0) {
+    if !kernels::f32_panel_instructions() {
         return None;
     }
-    let [a_rs, a_cs, b_rs, b_cs] = [0, 1, 2, 3].map(|i| strides[i] as usize);
-    let a_data = &a.storage::<f32>()[a.layout().start_offset()..];
-    let b_data = &b.storage::<f32>()[b.layout().start_offset()..];
+    let ((a_data, (a_rs, a_cs)), (b_data, (b_rs, b_cs))) = (strided(a)?, strided(b)?);
     let buffer: Vec<f32>;
     let (b_data, panels) = if b_cs == 1 || n == 1 {
         (b_data, Panels::in_place(b_rs))
@@ -186,6 +183,14 @@ fn panel_kernel(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) ->
     };
     let out = panel_products((a_data, (a_rs, a_cs)), m, k, (b_data, panels), n);
     Some(FlexTensor::from_data(TensorData::new(out, [m, n])))
+}
+
+/// A 2-D f32 tensor's elements from its first, and its row and column strides; `None` for a
+/// view that steps back through its buffer (the kernels read forward from a slice).
+fn strided(t: &FlexTensor) -> Option<(&[f32], (usize, usize))> {
+    let [rs, cs] = [t.layout().strides()[0], t.layout().strides()[1]];
+    let strides = (usize::try_from(rs).ok()?, usize::try_from(cs).ok()?);
+    Some((&t.storage::<f32>()[t.layout().start_offset()..], strides))
 }
 
 /// `a · b` (`m × k` by `k × n`, at most [`panel_split::PANEL_ROWS`] rows) through the panel
@@ -215,6 +220,12 @@ fn panel_products(a: (&[f32], (usize, usize)), m: usize, k: usize, b: (&[f32], P
     }
 }
 
+/// Whether f32 weights of the backend `B` are packed for the panel products: the plain CPU
+/// backend on a CPU with AVX-512.
+pub fn packs<B: Backend>() -> bool {
+    cpu_backend::<B>(&[]) == Some(CpuBackend::Plain) && kernels::f32_panel_instructions()
+}
+
 /// An f32 matrix `b` (`[k, n]`) packed once in panels to be the second operand of several
 /// products `a · b` (an f32 rollout copy's weights, once per decoding step): a panel read in
 /// place is 48 floats a row, rows apart, which the hardware does not stream from memory, and
@@ -229,18 +240,13 @@ impl PackedF32 {
     /// `b` packed, when it is an f32 matrix of the plain CPU backend on a CPU with AVX-512
     /// (stored `[k, n]` or as the transpose of `[n, k]`); else `None`.
     pub fn of<B: Backend>(b: &Tensor<B, 2>) -> Option<Self> {
-        let plain = cpu_backend::<B>(&[b.dtype()]) == Some(CpuBackend::Plain) && b.dtype() == DType::F32;
-        if !plain || !kernels::f32_panel_instructions() {
+        if b.dtype() != DType::F32 || !packs::<B>() {
             return None;
         }
         let b = flex(b.clone());
         let [k, n] = [b.layout().shape()[0], b.layout().shape()[1]];
-        let [rs, cs] = [b.layout().strides()[0], b.layout().strides()[1]];
-        if rs < 0 || cs < 0 {
-            return None;
-        }
-        let src = &b.storage::<f32>()[b.layout().start_offset()..];
-        Some(PackedF32 { values: packed(src, (rs as usize, cs as usize), k, n), k, n })
+        let (src, strides) = strided(&b)?;
+        Some(PackedF32 { values: packed(src, strides, k, n), k, n })
     }
 
     /// `a · b` for an f32 `a: [m, k]` on the plain CPU backend, where [`matmul`] runs its rows
@@ -253,7 +259,6 @@ impl PackedF32 {
             return Err(a);
         }
         let a = contiguous(&flex(a));
-        let m = a.layout().shape()[0];
         assert_eq!(a.layout().shape()[1], self.k, "a's columns are b's rows");
         let out = panel_products((elems(&a), (self.k, 1)), m, self.k, (&self.values, Panels::packed(self.k)), self.n);
         Ok(tensor::<B, 2, _>(FlexTensor::from_data(TensorData::new(out, [m, self.n]))))

@@ -11,9 +11,8 @@ use burn_flex::FlexTensor;
 
 use super::bf16_matmul;
 use super::bf16_panels::{self, Packed};
-use super::f32_matmul::PackedF32;
+use super::f32_matmul::{self, PackedF32};
 use super::fused::{CpuBackend, cpu_backend, flex};
-use super::kernels;
 use crate::dtype::ComputeDtype;
 
 #[cfg(test)]
@@ -28,7 +27,7 @@ thread_local! {
 pub fn packs<B: Backend>(compute: ComputeDtype) -> bool {
     match compute {
         ComputeDtype::Bf16 => bf16_panels::packs::<B>(),
-        ComputeDtype::F32 => cpu_backend::<B>(&[]) == Some(CpuBackend::Plain) && kernels::f32_panel_instructions(),
+        ComputeDtype::F32 => f32_matmul::packs::<B>(),
         ComputeDtype::F16 => false,
     }
 }

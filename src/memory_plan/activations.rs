@@ -58,16 +58,10 @@ impl Kernels {
     }
 
     /// Whether a rollout copy computing in `compute` keeps its weights packed for the panel
-    /// products as well (`model::precision::rollout_copy`): the CPU's kernels, bf16 on a CPU
-    /// with AVX512-BF16, f32 on a CPU with AVX-512.
+    /// products as well (`model::precision::rollout_copy`): the CPU's kernels, where the plain
+    /// CPU backend packs (bf16 on a CPU with AVX512-BF16, f32 on a CPU with AVX-512).
     pub fn packs_rollout_copy(self, compute: ComputeDtype) -> bool {
-        use crate::backend::kernels::{bf16_dot_instructions, f32_panel_instructions};
-        self == Kernels::CpuFused
-            && match compute {
-                ComputeDtype::Bf16 => bf16_dot_instructions(),
-                ComputeDtype::F32 => f32_panel_instructions(),
-                ComputeDtype::F16 => false,
-            }
+        self == Kernels::CpuFused && crate::backend::packed_weight::packs::<crate::backend::Cpu>(compute)
     }
 
     /// `floats` as the process holds them, in bytes: on the CPU 3/10 more, for the allocator's

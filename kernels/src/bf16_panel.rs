@@ -292,16 +292,7 @@ mod x86 {
                         // The first of several tiles reads this panel from memory, streamed by
                         // the hardware; the next one's prefetches would slow it down.
                         let ahead = if r == 0 && rows > TILE_ROWS { b } else { next };
-                        match rr {
-                            1 => tile::<1>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            2 => tile::<2>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            3 => tile::<3>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            4 => tile::<4>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            5 => tile::<5>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            6 => tile::<6>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            7 => tile::<7>(a, s, (b, ahead), len, out, out_stride, width, store),
-                            _ => tile::<8>(a, s, (b, ahead), len, out, out_stride, width, store),
-                        }
+                        tile_of_rows!(rr, tile(a, s, (b, ahead), len, out, out_stride, width, store))
                     }
                     r += rr;
                 }

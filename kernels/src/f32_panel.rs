@@ -259,16 +259,7 @@ mod x86 {
                         let first_read = if rows > TILE_ROWS { r == 0 } else { panels.row != PANEL_COLS };
                         let ahead = if first_read { b } else { next };
                         let b = (b, ahead, panels.row);
-                        match rr {
-                            1 => tile::<1>(a, s, b, len, out, out_stride, masks, add),
-                            2 => tile::<2>(a, s, b, len, out, out_stride, masks, add),
-                            3 => tile::<3>(a, s, b, len, out, out_stride, masks, add),
-                            4 => tile::<4>(a, s, b, len, out, out_stride, masks, add),
-                            5 => tile::<5>(a, s, b, len, out, out_stride, masks, add),
-                            6 => tile::<6>(a, s, b, len, out, out_stride, masks, add),
-                            7 => tile::<7>(a, s, b, len, out, out_stride, masks, add),
-                            _ => tile::<8>(a, s, b, len, out, out_stride, masks, add),
-                        }
+                        tile_of_rows!(rr, tile(a, s, b, len, out, out_stride, masks, add))
                     }
                     r += rr;
                 }

@@ -14,6 +14,23 @@
 
 use std::sync::OnceLock;
 
+/// `$tile::<R>($args…)` for the `R` of `$rows` rows (1 to 8): the panel kernels' last tile of
+/// a panel has fewer rows than a whole one, and a tile's row count sizes its registers.
+macro_rules! tile_of_rows {
+    ($rows:expr, $tile:ident($($arg:expr),* $(,)?)) => {
+        match $rows {
+            1 => $tile::<1>($($arg),*),
+            2 => $tile::<2>($($arg),*),
+            3 => $tile::<3>($($arg),*),
+            4 => $tile::<4>($($arg),*),
+            5 => $tile::<5>($($arg),*),
+            6 => $tile::<6>($($arg),*),
+            7 => $tile::<7>($($arg),*),
+            _ => $tile::<8>($($arg),*),
+        }
+    };
+}
+
 mod bf16_dot;
 mod bf16_panel;
 mod f32_panel;

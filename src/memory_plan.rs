@@ -1542,7 +1542,7 @@ mod tests {
             let generic = footprint(&shape, &w, None, FrozenDtype::F32, Kernels::Generic);
             assert!(2 * generic.activations > 3 * cpu.activations, "{batch} × {len}");
             // The fused attention holds one block of queries' scores in a prefill (beside the
-            // weights packed for decoding, on a CPU with AVX-512).
+            // weights packed for decoding, on a CPU with AVX2).
             let packed =
                 Kernels::CpuFused.packs_rollout_copy(ComputeDtype::F32) as u64 * 4 * shape.num_parameters() as u64;
             assert!(cpu.rollout - packed < generic.rollout, "{batch} × {len}");
@@ -1708,7 +1708,7 @@ mod tests {
         );
         assert_eq!(other.rollout, f32_lora.rollout + 2 * params);
         // The CPU's kernels keep the copy packed beside it: bf16 with AVX512-BF16, and f32 (the
-        // policy's own weights otherwise) with AVX-512.
+        // policy's own weights otherwise) with AVX2.
         let cpu = |w: &Workload| footprint(&shape, w, None, FrozenDtype::F32, Kernels::CpuFused).rollout;
         let packs = |dtype| Kernels::CpuFused.packs_rollout_copy(dtype) as u64;
         let (packed_bf16, packed_f32) = (packs(ComputeDtype::Bf16) * 2 * params, packs(ComputeDtype::F32) * 4 * params);

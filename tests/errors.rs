@@ -214,6 +214,25 @@ fn cuda_device_without_cuda_build_and_bad_sampling_values() {
 }
 
 #[test]
+fn a_cpu_kernels_level_that_names_none_is_refused_and_the_others_run() {
+    let dir = tiny_model_dir("qwen3-tiny");
+    let args = ["-v", "generate", "--model", dir.path().to_str().unwrap(), "--prompt", "hi", "--max-new-tokens", "2"];
+    assert_user_error(
+        &hacpo(&args, &[("HACPO_CPU_KERNELS", "avx3")]),
+        &["HACPO_CPU_KERNELS", "avx512, avx2, baseline"],
+    );
+    // Every level runs (one above the CPU's caps nothing), and -v says which kernels do.
+    for (value, says) in
+        [("baseline", "CPU kernels: baseline"), (" AVX2 ", "CPU kernels: "), ("avx512", "CPU kernels: ")]
+    {
+        let out = hacpo(&args, &[("HACPO_CPU_KERNELS", value)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{value}: {stderr}");
+        assert!(stderr.contains(says), "{value}: {stderr}");
+    }
+}
+
+#[test]
 fn generate_without_chat_template() {
     let dir = tiny_model_dir("qwen3-tiny");
     std::fs::write(dir.path().join("tokenizer_config.json"), "{}").unwrap();

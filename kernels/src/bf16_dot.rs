@@ -19,13 +19,14 @@
 //! instruction's fixed DAZ/FTZ), as in every library that uses it.
 
 /// Whether this CPU has `vdpbf16ps` (AVX512-BF16, with AVX512-BW for the masked loads of a
-/// row's last elements): [`bf16_dot_products`] runs only where it is.
+/// row's last elements), and [`super::level`] is not capped below AVX-512:
+/// [`bf16_dot_products`] runs only where it is.
 pub fn bf16_dot_instructions() -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *HAS.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            std::arch::is_x86_feature_detected!("avx512f")
+            super::level() == super::Level::Avx512
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512bf16")
         }

@@ -1,21 +1,26 @@
-//! Products of f32 matrices through AVX-512 FMAs, the second operand read in panels of 48
-//! columns: a tile of 8 output rows × 48 columns keeps its 24 registers of sums across the
-//! whole shared dimension, and each step of it loads 3 registers of the panel and broadcasts 8
-//! elements of the rows for 24 FMAs: the bf16 panels' tiles (`bf16_panel.rs`), one f32 a lane
-//! instead of a pair of bf16 numbers.
+//! Products of f32 matrices through FMAs, the second operand read in panels of 48 columns: a
+//! tile of rows × columns keeps its sums in registers across the whole shared dimension, and
+//! each step of it loads the panel's registers once and broadcasts one element of each row
+//! against them. With AVX-512 a tile is 8 rows × the whole panel (24 registers of 16 sums),
+//! the bf16 panels' tiles (`bf16_panel.rs`) with one f32 a lane instead of a pair of bf16
+//! numbers; with AVX2, 4 rows × half a panel (12 registers of 8 sums, of AVX2's 16).
 //!
 //! The panel is read where it lies, as long as each of its rows is 48 consecutive floats: a
 //! row-major matrix in place (a weight `[k, n]`), or a copy packed by [`pack_f32_panels`] from
 //! any other layout (a transposed weight), which decoding keeps for every step. Measured on one
 //! core of an AMD EPYC Zen 5 at decoding's shapes (32–64 rows by SmolLM2-135M's weights):
-//! 250–285 GFLOP/s with the weights in cache, `gemm`'s AVX-512 kernels' speed; with 40 weights
-//! read from memory in turn, 216–248 from packed panels and 151–193 from weights in place.
+//! with AVX-512, 250–285 GFLOP/s with the weights in cache, `gemm`'s AVX-512 kernels' speed;
+//! with 40 weights read from memory in turn, 216–248 from packed panels and 151–193 from
+//! weights in place. With AVX2 from packed panels read from memory, 111–119 GFLOP/s at 32–64
+//! rows against `gemm`'s AVX2 kernels' 70–100 (which pack each weight again), 70 against 32 at
+//! 8 rows, and 87 against 33 for the LM head (49,152 columns).
 
 use super::PANEL_COLS;
 
-/// Whether the CPU has the instructions of [`f32_panel_products_to`] (AVX-512F).
+/// Whether the CPU has the instructions of [`f32_panel_products_to`] (AVX-512F, or AVX2 and
+/// FMA), as far as [`super::level`] allows.
 pub fn f32_panel_instructions() -> bool {
-    super::level() == super::Level::Avx512
+    super::level() >= super::Level::Avx2
 }
 
 /// Where the panels of a product's second operand `b` (`shared × cols`) lie: element `(i, c)`
@@ -44,7 +49,7 @@ impl Panels {
 /// cols`, where `a(r, i)` is `a[r·a_row + i·a_shared]` and `b(i, c)` lies as `panels` says;
 /// written when `add` is false, added to `out` when true. The sums are f32 FMAs in the order
 /// of `i`, in blocks of at most 512 (a longer shared dimension in equal blocks, each later
-/// block's sums added to the earlier ones').
+/// block's sums added to the earlier ones'): the same bits with AVX-512 and with AVX2.
 ///
 /// # Safety
 /// `out` must be valid for reads and writes of `out[r·out_stride + c]` for `r < rows` and
@@ -67,7 +72,7 @@ pub unsafe fn f32_panel_products_to(
     out_stride: usize,
     add: bool,
 ) {
-    assert!(f32_panel_instructions(), "f32_panel_products needs AVX-512; ask f32_panel_instructions first");
+    assert!(f32_panel_instructions(), "f32_panel_products needs AVX2; ask f32_panel_instructions first");
     if rows == 0 || cols == 0 {
         return;
     }
@@ -84,10 +89,15 @@ pub unsafe fn f32_panel_products_to(
     let last = (cols - 1) / PANEL_COLS * panels.panel + (shared - 1) * panels.row + (cols - 1) % PANEL_COLS;
     assert!(b.len() > last, "b is shorter than its panels");
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: the instructions are there, and every element read is inside the slices: the
-    // kernel loads a panel's columns past `cols` with a mask, and prefetches stay inside `b`.
+    // SAFETY: the instructions are there (`level`), and every element read is inside the
+    // slices: the kernels load a panel's columns past `cols` with a mask, and prefetches never
+    // fault.
     unsafe {
-        x86::products(a, (a_row, a_shared), rows, shared, (b, panels), cols, out, out_stride, add)
+        let args = (a, (a_row, a_shared), rows, shared, (b, panels), cols, out, out_stride, add);
+        match super::level() {
+            super::Level::Avx512 => x86::products_avx512(args),
+            _ => x86::products_avx2(args),
+        }
     }
 }
 
@@ -145,33 +155,86 @@ mod x86 {
     use super::{PANEL_COLS, Panels};
     use std::arch::x86_64::*;
 
-    /// Rows of a tile.
-    const TILE_ROWS: usize = 8;
+    /// [`super::f32_panel_products_to`]'s arguments.
+    pub(super) type Args<'a> =
+        (&'a [f32], (usize, usize), usize, usize, (&'a [f32], Panels), usize, *mut f32, usize, bool);
+
     /// Steps of the shared dimension at most per block, the blocks equal: a panel's block (96
     /// KiB) and a task's rows stay in L2 while every tile of the task reads them.
     const SHARED_BLOCK: usize = 512;
     /// Steps of the shared dimension a first tile prefetches ahead of those it multiplies.
     const AHEAD: usize = 12;
 
-    /// The lanes of a panel's three registers inside its first `width` columns.
-    fn masks(width: usize) -> [__mmask16; 3] {
+    /// One instruction set's tiles, which [`products`] runs over a product's blocks, panels
+    /// and rows.
+    trait Tiles {
+        /// Columns of a tile; a panel holds `PANEL_COLS / COLS` tiles side by side.
+        const COLS: usize;
+        /// Rows of a whole tile.
+        const ROWS: usize;
+        /// One tile of `rows` (≤ `ROWS`) rows from `a` (rows and steps `a_steps` apart) against
+        /// `width` (≤ `COLS`) columns of a panel's block at `b.0` (`shared` steps, `b.2`
+        /// apart), into `out.0` (rows `out.1` apart); `b.1` is prefetched the same way (at
+        /// `b.0`: `AHEAD` steps ahead).
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn tile(
+            rows: usize,
+            a: *const f32,
+            a_steps: (usize, usize),
+            b: (*const f32, *const f32, usize),
+            shared: usize,
+            out: (*mut f32, usize),
+            width: usize,
+            add: bool,
+        );
+    }
+
+    /// The line of a panel's step `i` to prefetch: `ahead`'s (the next panel's, or later tiles'
+    /// lines), or this block's own `AHEAD` steps on where `ahead` is the block. The hardware
+    /// stops streaming a panel once later tiles reread it, and does not follow a panel read in
+    /// place (48 floats a row, rows apart). Wrapping: a prefetch past the end never faults.
+    #[inline(always)]
+    fn next_line(b: *const f32, ahead: *const f32, i: usize, row: usize) -> *const i8 {
+        let next = if ahead == b { b.wrapping_add((i + AHEAD) * row) } else { ahead.wrapping_add(i * row) };
+        next as *const i8
+    }
+
+    struct Avx512;
+
+    impl Tiles for Avx512 {
+        const COLS: usize = PANEL_COLS;
+        const ROWS: usize = 8;
+
+        #[inline(always)]
+        unsafe fn tile(
+            rows: usize,
+            a: *const f32,
+            a_steps: (usize, usize),
+            b: (*const f32, *const f32, usize),
+            shared: usize,
+            out: (*mut f32, usize),
+            width: usize,
+            add: bool,
+        ) {
+            unsafe { tile_of_rows!(rows, tile_512(a, a_steps, b, shared, out, masks_512(width), add)) }
+        }
+    }
+
+    /// The lanes of a panel's three AVX-512 registers inside its first `width` columns.
+    fn masks_512(width: usize) -> [__mmask16; 3] {
         std::array::from_fn(|j| {
             let left = width.saturating_sub(16 * j).min(16);
             if left == 16 { !0 } else { ((1u32 << left) - 1) as __mmask16 }
         })
     }
 
-    /// One tile: `R` rows from `a` against one panel's block `b` (`shared` steps, `row` apart),
-    /// into `out` (the columns `masks` keeps). `ahead` is prefetched the same way.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn tile<const R: usize>(
+    unsafe fn tile_512<const R: usize>(
         a: *const f32,
         (a_row, a_shared): (usize, usize),
         (b, ahead, row): (*const f32, *const f32, usize),
         shared: usize,
-        out: *mut f32,
-        out_stride: usize,
+        (out, out_stride): (*mut f32, usize),
         masks: [__mmask16; 3],
         add: bool,
     ) {
@@ -179,22 +242,14 @@ mod x86 {
             let mut acc = [[_mm512_setzero_ps(); 3]; R];
             for i in 0..shared {
                 // Wrapping: a last panel read in place may end before its third register, whose
-                // lanes past the end the mask leaves unread (and a prefetch never faults).
+                // lanes past the end the mask leaves unread.
                 let panel = b.wrapping_add(i * row);
-                // The next panel's lines of this step on their way to the cache, as the bf16
-                // panels do (the prefetcher stops streaming once later tiles reread a panel);
-                // the first tile, reading this panel from memory, takes its lines 12 steps
-                // ahead (the hardware does not follow a panel read in place, 48 floats a row).
-                let next = if ahead == b { b.wrapping_add((i + AHEAD) * row) } else { ahead.wrapping_add(i * row) };
-                let next = next as *const i8;
+                let next = next_line(b, ahead, i, row);
                 _mm_prefetch::<_MM_HINT_T0>(next);
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64));
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(128));
-                let w = [
-                    _mm512_maskz_loadu_ps(masks[0], panel),
-                    _mm512_maskz_loadu_ps(masks[1], panel.wrapping_add(16)),
-                    _mm512_maskz_loadu_ps(masks[2], panel.wrapping_add(32)),
-                ];
+                let w: [__m512; 3] =
+                    std::array::from_fn(|j| _mm512_maskz_loadu_ps(masks[j], panel.wrapping_add(16 * j)));
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let x = _mm512_set1_ps(*a.add(r * a_row + i * a_shared));
                     for (acc, w) in acc.iter_mut().zip(w) {
@@ -216,18 +271,109 @@ mod x86 {
         }
     }
 
-    #[target_feature(enable = "avx512f")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn products(
-        a: &[f32],
+    /// Half a panel a tile: 4 rows × 24 columns keep 12 of AVX2's 16 registers for sums, 3 for
+    /// the panel and one for the broadcast. Measured against 6 rows × 16 columns (`gemm`'s
+    /// shape), it reads each row's element once per 24 columns instead of 16: 111–119 against
+    /// 104–118 GFLOP/s from packed panels in memory, 70 against 55 at 8 rows.
+    struct Avx2;
+
+    impl Tiles for Avx2 {
+        const COLS: usize = PANEL_COLS / 2;
+        const ROWS: usize = 4;
+
+        #[inline(always)]
+        unsafe fn tile(
+            rows: usize,
+            a: *const f32,
+            a_steps: (usize, usize),
+            b: (*const f32, *const f32, usize),
+            shared: usize,
+            out: (*mut f32, usize),
+            width: usize,
+            add: bool,
+        ) {
+            // A whole tile loads without masks: AVX2's masked loads cost more than plain ones.
+            unsafe {
+                if width == Self::COLS {
+                    tile_of_rows!(at most 4: rows, tile_256<true>(a, a_steps, b, shared, out, width, add))
+                } else {
+                    tile_of_rows!(at most 4: rows, tile_256<false>(a, a_steps, b, shared, out, width, add))
+                }
+            }
+        }
+    }
+
+    /// The lanes of a half panel's three AVX2 registers inside its first `width` columns, all
+    /// bits set in a lane that is.
+    #[inline(always)]
+    unsafe fn masks_256(width: usize) -> [__m256i; 3] {
+        unsafe {
+            let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+            std::array::from_fn(|j| _mm256_cmpgt_epi32(_mm256_set1_epi32(width as i32 - 8 * j as i32), lanes))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile_256<const R: usize, const WHOLE: bool>(
+        a: *const f32,
         (a_row, a_shared): (usize, usize),
-        rows: usize,
+        (b, ahead, row): (*const f32, *const f32, usize),
         shared: usize,
-        (b, panels): (&[f32], Panels),
-        cols: usize,
-        out: *mut f32,
-        out_stride: usize,
+        (out, out_stride): (*mut f32, usize),
+        width: usize,
         add: bool,
+    ) {
+        unsafe {
+            let masks = masks_256(width);
+            let mut acc = [[_mm256_setzero_ps(); 3]; R];
+            for i in 0..shared {
+                let panel = b.wrapping_add(i * row);
+                // 96 bytes: two lines, or three where they straddle both ends of one.
+                let next = next_line(b, ahead, i, row);
+                _mm_prefetch::<_MM_HINT_T0>(next);
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64));
+                _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(95));
+                let w: [__m256; 3] = std::array::from_fn(|j| {
+                    let at = panel.wrapping_add(8 * j);
+                    if WHOLE { _mm256_loadu_ps(at) } else { _mm256_maskload_ps(at, masks[j]) }
+                });
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let x = _mm256_set1_ps(*a.add(r * a_row + i * a_shared));
+                    for (acc, w) in acc.iter_mut().zip(w) {
+                        *acc = _mm256_fmadd_ps(x, w, *acc);
+                    }
+                }
+            }
+            for (r, acc) in acc.iter().enumerate() {
+                let o = out.add(r * out_stride);
+                for (j, (&acc, mask)) in acc.iter().zip(masks).enumerate().take(width.div_ceil(8)) {
+                    let o = o.add(8 * j);
+                    if WHOLE {
+                        _mm256_storeu_ps(o, if add { _mm256_add_ps(_mm256_loadu_ps(o), acc) } else { acc });
+                    } else {
+                        let v = if add { _mm256_add_ps(_mm256_maskload_ps(o, mask), acc) } else { acc };
+                        _mm256_maskstore_ps(o, mask, v);
+                    }
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn products_avx512(args: Args) {
+        unsafe { products::<Avx512>(args) }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn products_avx2(args: Args) {
+        unsafe { products::<Avx2>(args) }
+    }
+
+    /// The product over blocks of the shared dimension, panels, tiles across a panel and tiles
+    /// of rows, in that order.
+    #[inline(always)]
+    unsafe fn products<T: Tiles>(
+        (a, (a_row, a_shared), rows, shared, (b, panels), cols, out, out_stride, add): Args,
     ) {
         let (a, b) = (a.as_ptr(), b.as_ptr());
         let block = shared.div_ceil(shared.div_ceil(SHARED_BLOCK));
@@ -237,31 +383,36 @@ mod x86 {
             // Earlier blocks' sums added.
             let add = add || first > 0;
             for panel in 0..count {
-                let c = panel * PANEL_COLS;
-                let masks = masks((cols - c).min(PANEL_COLS));
-                // SAFETY: inside `b` (the caller's asserts): this panel's block, and the next
-                // panel's when there is one (a full panel before it, so its first lines are).
+                // SAFETY: inside `b` (the caller's asserts): this panel's block. The next
+                // panel's is only prefetched.
                 let b = unsafe { b.add(panel * panels.panel + first * panels.row) };
-                let next = if panel + 1 < count { unsafe { b.add(panels.panel) } } else { b };
-                let mut r = 0;
-                while r < rows {
-                    let rr = (rows - r).min(TILE_ROWS);
-                    // SAFETY: rows r..r + rr, steps first..first + len, columns c..c + 48
-                    // (masked past `cols`) are inside (the caller's asserts).
-                    unsafe {
-                        let a = a.add(r * a_row + first * a_shared);
-                        let out = out.add(r * out_stride + c);
-                        let s = (a_row, a_shared);
-                        // The first of several tiles reads this panel from memory and prefetches
-                        // ahead in it (`ahead == b`): the next panel's prefetches would slow it.
-                        // So does a lone tile of a panel read in place, which the hardware
-                        // streams only when packed.
-                        let first_read = if rows > TILE_ROWS { r == 0 } else { panels.row != PANEL_COLS };
-                        let ahead = if first_read { b } else { next };
-                        let b = (b, ahead, panels.row);
-                        tile_of_rows!(rr, tile(a, s, b, len, out, out_stride, masks, add))
+                let next = if panel + 1 < count { b.wrapping_add(panels.panel) } else { b };
+                for across in (0..PANEL_COLS).step_by(T::COLS) {
+                    let c = panel * PANEL_COLS + across;
+                    if c >= cols {
+                        break;
                     }
-                    r += rr;
+                    // SAFETY: column `c` of this panel is inside `b`, as above.
+                    let (b, next) = (unsafe { b.add(across) }, next.wrapping_add(across));
+                    let mut r = 0;
+                    while r < rows {
+                        let rr = (rows - r).min(T::ROWS);
+                        // The first of several tiles reads this panel from memory and
+                        // prefetches ahead in it (`ahead == b`): the next panel's prefetches
+                        // would slow it. So does a lone tile of a panel read in place, which the
+                        // hardware streams only when packed.
+                        let first_read = if rows > T::ROWS { r == 0 } else { panels.row != PANEL_COLS };
+                        let ahead = if first_read { b } else { next };
+                        // SAFETY: rows r..r + rr, steps first..first + len, columns c..c + width
+                        // (masked past `cols`) are inside (the caller's asserts).
+                        unsafe {
+                            let a = a.add(r * a_row + first * a_shared);
+                            let out = (out.add(r * out_stride + c), out_stride);
+                            let width = (cols - c).min(T::COLS);
+                            T::tile(rr, a, (a_row, a_shared), (b, ahead, panels.row), len, out, width, add);
+                        }
+                        r += rr;
+                    }
                 }
             }
         }

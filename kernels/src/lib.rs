@@ -14,19 +14,28 @@
 
 use std::sync::OnceLock;
 
-/// `$tile::<R>($args…)` for the `R` of `$rows` rows (1 to 8): the panel kernels' last tile of
-/// a panel has fewer rows than a whole one, and a tile's row count sizes its registers.
+/// `$tile::<R>($args…)` for the `R` of `$rows` rows (1 to 8, or 1 to 4 after `at most 4:`,
+/// with more const parameters after `R` in `<…>`): the panel kernels' last tile of a panel has
+/// fewer rows than a whole one, and a tile's row count sizes its registers.
 macro_rules! tile_of_rows {
-    ($rows:expr, $tile:ident($($arg:expr),* $(,)?)) => {
+    ($rows:expr, $tile:ident $(<$($g:tt),*>)? ($($arg:expr),* $(,)?)) => {
         match $rows {
-            1 => $tile::<1>($($arg),*),
-            2 => $tile::<2>($($arg),*),
-            3 => $tile::<3>($($arg),*),
-            4 => $tile::<4>($($arg),*),
-            5 => $tile::<5>($($arg),*),
-            6 => $tile::<6>($($arg),*),
-            7 => $tile::<7>($($arg),*),
-            _ => $tile::<8>($($arg),*),
+            1 => $tile::<1 $($(, $g)*)?>($($arg),*),
+            2 => $tile::<2 $($(, $g)*)?>($($arg),*),
+            3 => $tile::<3 $($(, $g)*)?>($($arg),*),
+            4 => $tile::<4 $($(, $g)*)?>($($arg),*),
+            5 => $tile::<5 $($(, $g)*)?>($($arg),*),
+            6 => $tile::<6 $($(, $g)*)?>($($arg),*),
+            7 => $tile::<7 $($(, $g)*)?>($($arg),*),
+            _ => $tile::<8 $($(, $g)*)?>($($arg),*),
+        }
+    };
+    (at most 4: $rows:expr, $tile:ident $(<$($g:tt),*>)? ($($arg:expr),* $(,)?)) => {
+        match $rows {
+            1 => $tile::<1 $($(, $g)*)?>($($arg),*),
+            2 => $tile::<2 $($(, $g)*)?>($($arg),*),
+            3 => $tile::<3 $($(, $g)*)?>($($arg),*),
+            _ => $tile::<4 $($(, $g)*)?>($($arg),*),
         }
     };
 }
@@ -74,29 +83,62 @@ pub fn fast_exp(x: f32) -> f32 {
 /// Partial sums per reduction: one AVX-512 register of f32.
 const LANES: usize = 16;
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Level {
+/// The instruction sets hacpo's own CPU kernels are compiled for, in order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// x86-64's baseline (SSE2), or another architecture: plain loops the compiler vectorises.
     Baseline,
+    /// AVX2 and FMA.
     Avx2,
+    /// AVX-512F (with AVX2 and FMA); AVX512-BF16 where the CPU has it too.
     Avx512,
 }
 
-fn level() -> Level {
+/// The variable that caps [`level`] below what the CPU has: `avx2` or `baseline` runs the
+/// kernels a CPU without AVX-512 (or without AVX2) runs, on this one. It does not reach burn's
+/// or `gemm`'s own kernels, which pick theirs at build and run time.
+pub const LEVEL_VARIABLE: &str = "HACPO_CPU_KERNELS";
+
+impl Level {
+    /// The value [`LEVEL_VARIABLE`] takes for this level.
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Baseline => "baseline",
+            Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
+        }
+    }
+
+    /// The level a value of [`LEVEL_VARIABLE`] names (any case, spaces around ignored).
+    pub fn parse(value: &str) -> Option<Level> {
+        let value = value.trim().to_ascii_lowercase();
+        [Level::Baseline, Level::Avx2, Level::Avx512].into_iter().find(|l| l.name() == value)
+    }
+}
+
+/// The best level this CPU has, whatever [`LEVEL_VARIABLE`] says.
+pub fn detected_level() -> Level {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let has_avx2 = std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma");
+        if has_avx2 && std::arch::is_x86_feature_detected!("avx512f") {
+            return Level::Avx512;
+        }
+        if has_avx2 {
+            return Level::Avx2;
+        }
+    }
+    Level::Baseline
+}
+
+/// The level the kernels run at: [`detected_level`], capped by [`LEVEL_VARIABLE`] where it
+/// names a lower one (a value it does not name caps nothing; hacpo's command line refuses it
+/// before any kernel runs).
+pub fn level() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx512f")
-                && std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Level::Avx512;
-            }
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                return Level::Avx2;
-            }
-        }
-        Level::Baseline
+        let cap = std::env::var(LEVEL_VARIABLE).ok().and_then(|v| Level::parse(&v));
+        detected_level().min(cap.unwrap_or(Level::Avx512))
     })
 }
 

@@ -5,13 +5,13 @@
 //!   layer's weight: every layer's product read its weight at one core's memory bandwidth while
 //!   the other cores waited. Here each thread reads a contiguous slice of the weight's rows, one
 //!   sequential stream, into partial sums of every output, added at the end.
-//! - **More rows** (prefill, decoding many sequences without AVX-512, training's forward and
+//! - **More rows** (prefill, decoding many sequences without AVX2, training's forward and
 //!   both gradients as a custom autodiff op): one single-threaded GEMM per thread on a block of
 //!   the output's rows, or of its columns when the output is wider than tall. burn-flex's
 //!   threaded GEMM zeroes the output on the calling thread first and meets the threads again
 //!   for every packed block of the shared dimension; on a 2-core AMD EPYC with AVX2 a tiny-5m
 //!   prefill scaled 1.2× from one thread to two (PyTorch's 1.6×).
-//! - **Decoding's rows on a CPU with AVX-512** (5 to 256) run the panel kernel
+//! - **Decoding's rows on a CPU with AVX-512 or AVX2** (5 to 256) run the panel kernel
 //!   (`hacpo_kernels::f32_panel_products_to`) instead of `gemm`, which packs the whole weight
 //!   again for every product: from the rollout copy's packed weights ([`PackedF32`]), else
 //!   reading a row-major weight in place or packing another for the call. Small products take
@@ -99,7 +99,7 @@ pub fn product<B: Backend, const D: usize>(a: Tensor<B, D>, b: Tensor<B, D>) -> 
 /// own threshold for its threaded GEMM).
 const MIN_BLOCKS: usize = 192 * 192 * 192;
 
-/// Whether an f32 product of `m` rows runs the panel kernel: on a CPU with AVX-512, up to
+/// Whether an f32 product of `m` rows runs the panel kernel: on a CPU with AVX-512 or AVX2, up to
 /// [`panel_split::PANEL_ROWS`] rows (decoding's products, reading weights that `gemm` would
 /// pack again for each; a training pass that short too, so that its products are scoring's).
 /// More rows (a prefill, training's micro-batches) stay with `gemm`, which blocks them for the
@@ -164,7 +164,7 @@ fn in_blocks(a: &FlexTensor, b: &FlexTensor, m: usize, k: usize, n: usize) -> Fl
     FlexTensor::from_data(TensorData::new(out, [m, n]))
 }
 
-/// `a · b` through `hacpo_kernels::f32_panel_products_to` on a CPU with AVX-512, `b` read in
+/// `a · b` through `hacpo_kernels::f32_panel_products_to` on a CPU with AVX-512 or AVX2, `b` read in
 /// place when its rows are consecutive floats, else packed first (decoding's LM head is packed
 /// once in the rollout copy, [`PackedF32`]); `None` elsewhere, or for a view that steps back
 /// through its buffer. Its sums do not depend on the split or the layout: a product of so many
@@ -221,7 +221,7 @@ fn panel_products(a: (&[f32], (usize, usize)), m: usize, k: usize, b: (&[f32], P
 }
 
 /// Whether f32 weights of the backend `B` are packed for the panel products: the plain CPU
-/// backend on a CPU with AVX-512.
+/// backend on a CPU with AVX-512 or AVX2.
 pub fn packs<B: Backend>() -> bool {
     cpu_backend::<B>(&[]) == Some(CpuBackend::Plain) && kernels::f32_panel_instructions()
 }
@@ -237,7 +237,7 @@ pub struct PackedF32 {
 }
 
 impl PackedF32 {
-    /// `b` packed, when it is an f32 matrix of the plain CPU backend on a CPU with AVX-512
+    /// `b` packed, when it is an f32 matrix of the plain CPU backend on a CPU with AVX-512 or AVX2
     /// (stored `[k, n]` or as the transpose of `[n, k]`); else `None`.
     pub fn of<B: Backend>(b: &Tensor<B, 2>) -> Option<Self> {
         if b.dtype() != DType::F32 || !packs::<B>() {
@@ -446,8 +446,8 @@ mod tests {
                 false => Tensor::<Cpu, 2>::random([k, n], u, &dev),
             };
             let Some(packed) = PackedF32::of(&w) else {
-                assert!(!kernels::f32_panel_instructions(), "an f32 CPU weight not packed on a CPU with AVX-512");
-                eprintln!("this CPU has no AVX-512: nothing is packed");
+                assert!(!kernels::f32_panel_instructions(), "an f32 CPU weight not packed on a CPU with AVX2");
+                eprintln!("this CPU has no AVX2 (or HACPO_CPU_KERNELS=baseline): nothing is packed");
                 return;
             };
             for m in [1, 4, 5, 8, 33, 256, 257] {

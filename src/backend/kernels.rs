@@ -1,6 +1,7 @@
 //! The slice kernels of the fused CPU ops (AVX-512, AVX2 and baseline, picked at run time) and
 //! their tests. The kernels live in the crate `hacpo-kernels` (`kernels/`), a dependency, so
 //! that test builds, which compile this crate at opt-level 1, still compile them vectorised.
+//! `HACPO_CPU_KERNELS` (`avx2`, `baseline`) caps their instructions below what the CPU has.
 
 pub use hacpo_kernels::{
     AdamWStep, PANEL_COLS, Panels, adamw, add_into, bf16_dot_instructions, bf16_dot_products, bf16_matmul_cols,
@@ -9,6 +10,30 @@ pub use hacpo_kernels::{
     pair_rows, query_key_scores, query_key_scores_bf16, rms_norm, rms_norm_backward, rope, scaled_logsumexp, silu_mul,
     silu_mul_backward, softmax, softmax_backward, transpose_u16, weighted_values, weighted_values_bf16,
 };
+pub use hacpo_kernels::{LEVEL_VARIABLE, Level, detected_level, level};
+
+use crate::{Error, Result};
+
+/// The instructions the kernels run ([`level`]), after checking [`LEVEL_VARIABLE`]: a value
+/// that names no level is an error the command line reports before anything loads, rather than
+/// a cap silently ignored. Logs the level (`-v`).
+pub fn checked_level() -> Result<Level> {
+    if let Some(value) = std::env::var_os(LEVEL_VARIABLE) {
+        let names = [Level::Avx512, Level::Avx2, Level::Baseline].map(Level::name).join(", ");
+        if value.to_str().and_then(Level::parse).is_none() {
+            return Err(Error::InvalidArgument(format!(
+                "{LEVEL_VARIABLE}={value:?} names no instruction set of hacpo's CPU kernels: use one of {names} \
+                 (it caps them below what the CPU has), or unset it"
+            )));
+        }
+    }
+    let (level, detected) = (level(), detected_level());
+    match level == detected {
+        true => tracing::info!("CPU kernels: {} (the best this CPU has)", level.name()),
+        false => tracing::info!("CPU kernels: {} ({LEVEL_VARIABLE}; this CPU has {})", level.name(), detected.name()),
+    }
+    Ok(level)
+}
 
 #[cfg(test)]
 mod tests {
@@ -319,20 +344,33 @@ mod tests {
         }
     }
 
+    /// `Σ_i a(r, i)·b(i, c)` as [`f32_panel_products_to`] sums it, an FMA chain in the order of
+    /// `i` in equal blocks of at most 512, each block's sum added to what came before (`start`).
+    fn panel_sum(start: Option<f32>, shared: usize, term: impl Fn(usize) -> (f32, f32)) -> f32 {
+        let block = shared.div_ceil(shared.div_ceil(512).max(1)).max(1);
+        let sums = (0..shared).step_by(block).map(|first| {
+            (first..(first + block).min(shared)).fold(0f32, |s, i| {
+                let (x, w) = term(i);
+                x.mul_add(w, s)
+            })
+        });
+        sums.fold(start, |total, s| Some(total.map_or(s, |t| t + s))).unwrap_or(0.0)
+    }
+
     #[test]
     fn f32_panel_products_add_or_write_their_block_and_nothing_between() {
         if !f32_panel_instructions() {
-            eprintln!("this CPU has no AVX-512: the f32 panel products do not run");
+            eprintln!("this CPU has no AVX2 (or HACPO_CPU_KERNELS=baseline): the f32 panel products do not run");
             return;
         }
-        let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) / 8.0;
-        // Partial tiles and panels, two blocks of the shared dimension, nothing to sum.
-        for (rows, shared, cols) in [(9, 1030, 50), (3, 5, 97), (8, 0, 20), (1, 1, 1)] {
+        let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) / 8.0 + (i % 7) as f32 * 1e-3;
+        // Partial tiles, panels and half panels (AVX2's tiles), two and three blocks of the
+        // shared dimension, nothing to sum. The sums' bits are the instruction sets' own order's,
+        // so AVX-512 and AVX2 (`HACPO_CPU_KERNELS=avx2`) agree to the bit.
+        let shapes = [(9, 1030, 50), (3, 5, 97), (8, 0, 20), (1, 1, 1), (5, 1100, 24), (13, 7, 71), (4, 3, 30)];
+        for (rows, shared, cols) in shapes {
             let a: Vec<f32> = (0..rows * shared).map(value).collect();
             let b: Vec<f32> = (0..shared * cols).map(|i| value(i + 7)).collect();
-            let want = |r: usize, c: usize| {
-                (0..shared).map(|i| a[r * shared + i] as f64 * b[i * cols + c] as f64).sum::<f64>()
-            };
             let mut packed = vec![f32::NAN; cols.div_ceil(PANEL_COLS) * PANEL_COLS * shared];
             pack_f32_panels(&b, (cols, 1), (shared, cols), (0, cols.div_ceil(PANEL_COLS)), &mut packed);
             let stride = cols + 3;
@@ -357,15 +395,40 @@ mod tests {
                         let what = format!("{rows}x{shared}x{cols}, {panels:?}, add {add}, row {r}");
                         assert!(row[cols..].iter().all(|&x| x == 0.5), "{what}: wrote between the rows");
                         for (c, &got) in row[..cols].iter().enumerate() {
-                            let want = want(r, c) + if add { 0.5 } else { 0.0 };
-                            assert!(
-                                (got as f64 - want).abs() <= 1e-4 * (1.0 + want.abs()),
-                                "{what}, column {c}: {got} against {want}"
-                            );
+                            let want = panel_sum(add.then_some(0.5), shared, |i| (a[r * shared + i], b[i * cols + c]));
+                            assert_eq!(got.to_bits(), want.to_bits(), "{what}, column {c}: {got} against {want}");
                         }
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod capped_tests {
+    use super::{LEVEL_VARIABLE, Level, detected_level};
+
+    /// A CPU with AVX-512 (CI's) would never run the AVX2 or baseline kernels, which a CPU
+    /// without it runs: this test binary runs the kernels' tests, and those of what picks them
+    /// (the products, the packed rollout copy, the memory plan's count of it), again at each
+    /// level below this CPU's.
+    #[test]
+    fn the_kernels_tests_pass_at_each_level_below_this_cpus() {
+        let lower = [Level::Baseline, Level::Avx2].into_iter().filter(|&l| l < detected_level());
+        for level in lower {
+            let out = std::process::Command::new(std::env::current_exe().unwrap())
+                .args(["--test-threads=2", "--skip", "capped_tests", "backend::", "model::precision", "memory_plan"])
+                .env(LEVEL_VARIABLE, level.name())
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let what =
+                format!("{LEVEL_VARIABLE}={}:\n{stdout}\n{}", level.name(), String::from_utf8_lossy(&out.stderr));
+            assert!(out.status.success(), "{what}");
+            let passed =
+                stdout.lines().find_map(|l| l.strip_prefix("test result: ok. ")?.split(' ').next()?.parse().ok());
+            assert!(passed.is_some_and(|n: usize| n > 40), "{what}");
         }
     }
 }

@@ -1,7 +1,7 @@
 //! A weight kept packed for the CPU's panel products where the same weight multiplies again
 //! and again: a rollout copy's, once per decoding step (`model::precision::rollout_copy`). A
 //! bf16 weight on a CPU with AVX512-BF16 ([`bf16_panels::Packed`]), an f32 weight on a CPU
-//! with AVX-512 ([`f32_matmul::PackedF32`]). The copy serves only the tensor it was packed
+//! with AVX-512 or AVX2 ([`f32_matmul::PackedF32`]). The copy serves only the tensor it was packed
 //! from: holding that tensor keeps its buffer alive, so a weight whose buffer and view are the
 //! same is the same weight, and any other (a weight replaced, cast or loaded since) is
 //! multiplied as usual.

@@ -76,6 +76,7 @@ pub enum Command {
 }
 
 pub fn run(cli: Cli) -> Result<()> {
+    hacpo::backend::kernels::checked_level()?;
     match cli.command {
         Command::Generate(a) => generate::run(a),
         Command::Score(a) => score::run(a),

@@ -17,7 +17,7 @@
 //! with bf16 the KV cache too ([`ComputeDtype::attention`]; on the CPU only sampling's,
 //! scoring's and training's staying f32: [`crate::model::KvCache::for_sampling`]). On a CPU
 //! with AVX512-BF16 the rollout copy keeps its weights packed for the panel products as well
-//! (`Linear::packed`, as many bytes again; an f32 copy too on a CPU with AVX-512, for
+//! (`Linear::packed`, as many bytes again; an f32 copy too on a CPU with AVX-512 or AVX2, for
 //! decoding's f32 panel products), and training's bf16 products (forward and
 //! backward) pack theirs once per product (`backend::bf16_trained`); elsewhere the rollout
 //! copy's bf16 weights are read as stored by [`crate::backend::bf16_matmul`].

@@ -222,9 +222,12 @@ fn a_cpu_kernels_level_that_names_none_is_refused_and_the_others_run() {
         &["HACPO_CPU_KERNELS", "avx512, avx2, baseline"],
     );
     // Every level runs (one above the CPU's caps nothing), and -v says which kernels do.
-    for (value, says) in
-        [("baseline", "CPU kernels: baseline"), (" AVX2 ", "CPU kernels: "), ("avx512", "CPU kernels: ")]
-    {
+    for (value, says) in [
+        ("baseline", "CPU kernels: baseline"),
+        (" AVX2 ", "CPU kernels: "),
+        ("avx512", "CPU kernels: "),
+        ("", "CPU kernels: "),
+    ] {
         let out = hacpo(&args, &[("HACPO_CPU_KERNELS", value)]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "{value}: {stderr}");

@@ -85,9 +85,14 @@ pub unsafe fn f32_panel_products_to(
         }
         return;
     }
-    assert!(a.len() > (rows - 1) * a_row + (shared - 1) * a_shared, "a is shorter than its rows");
-    let last = (cols - 1) / PANEL_COLS * panels.panel + (shared - 1) * panels.row + (cols - 1) % PANEL_COLS;
-    assert!(b.len() > last, "b is shorter than its panels");
+    let inside = |len: usize, terms: [(usize, usize); 3]| {
+        // Checked: strides so large that the offset overflows must fail the assert, not wrap.
+        let last = terms.iter().try_fold(0usize, |sum, &(n, stride)| sum.checked_add(n.checked_mul(stride)?));
+        last.is_some_and(|last| len > last)
+    };
+    assert!(inside(a.len(), [(rows - 1, a_row), (shared - 1, a_shared), (0, 0)]), "a is shorter than its rows");
+    let b_terms = [((cols - 1) / PANEL_COLS, panels.panel), (shared - 1, panels.row), ((cols - 1) % PANEL_COLS, 1)];
+    assert!(inside(b.len(), b_terms), "b is shorter than its panels");
     #[cfg(target_arch = "x86_64")]
     // SAFETY: the instructions are there (`level`), and every element read is inside the
     // slices: the kernels load a panel's columns past `cols` with a mask, and prefetches never
@@ -248,8 +253,13 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_T0>(next);
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64));
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(128));
-                let w: [__m512; 3] =
-                    std::array::from_fn(|j| _mm512_maskz_loadu_ps(masks[j], panel.wrapping_add(16 * j)));
+                // Written out rather than `array::from_fn`: a closure has no target features of
+                // its own, and these must run inlined in the `target_feature` body.
+                let w = [
+                    _mm512_maskz_loadu_ps(masks[0], panel),
+                    _mm512_maskz_loadu_ps(masks[1], panel.wrapping_add(16)),
+                    _mm512_maskz_loadu_ps(masks[2], panel.wrapping_add(32)),
+                ];
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let x = _mm512_set1_ps(*a.add(r * a_row + i * a_shared));
                     for (acc, w) in acc.iter_mut().zip(w) {
@@ -309,7 +319,12 @@ mod x86 {
     unsafe fn masks_256(width: usize) -> [__m256i; 3] {
         unsafe {
             let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-            std::array::from_fn(|j| _mm256_cmpgt_epi32(_mm256_set1_epi32(width as i32 - 8 * j as i32), lanes))
+            let width = width as i32;
+            [
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(width), lanes),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(width - 8), lanes),
+                _mm256_cmpgt_epi32(_mm256_set1_epi32(width - 16), lanes),
+            ]
         }
     }
 
@@ -333,10 +348,16 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_T0>(next);
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(64));
                 _mm_prefetch::<_MM_HINT_T0>(next.wrapping_add(95));
-                let w: [__m256; 3] = std::array::from_fn(|j| {
-                    let at = panel.wrapping_add(8 * j);
-                    if WHOLE { _mm256_loadu_ps(at) } else { _mm256_maskload_ps(at, masks[j]) }
-                });
+                let (p1, p2) = (panel.wrapping_add(8), panel.wrapping_add(16));
+                let w = if WHOLE {
+                    [_mm256_loadu_ps(panel), _mm256_loadu_ps(p1), _mm256_loadu_ps(p2)]
+                } else {
+                    [
+                        _mm256_maskload_ps(panel, masks[0]),
+                        _mm256_maskload_ps(p1, masks[1]),
+                        _mm256_maskload_ps(p2, masks[2]),
+                    ]
+                };
                 for (r, acc) in acc.iter_mut().enumerate() {
                     let x = _mm256_set1_ps(*a.add(r * a_row + i * a_shared));
                     for (acc, w) in acc.iter_mut().zip(w) {

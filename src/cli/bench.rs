@@ -257,8 +257,10 @@ fn run_on<B: burn::tensor::backend::Backend>(
     // What sampling reads: the weights stored in the compute dtype.
     let model = rollout_copy(load::<B>(args, compute, device)?);
     let params = model.config.num_parameters();
+    // A figure depends on the instructions the kernels ran (HACPO_CPU_KERNELS may cap them).
+    let kernels = hacpo::backend::kernels::level().name();
     eprintln!(
-        "benchmarking {name} ({params} parameters) on {}, {} matmuls, with {} threads",
+        "benchmarking {name} ({params} parameters) on {}, {} matmuls, with {} threads, hacpo's CPU kernels at {kernels}",
         args.device,
         args.compute_dtype,
         rayon::current_num_threads()
@@ -276,8 +278,8 @@ fn run_on<B: burn::tensor::backend::Backend>(
     match args.format {
         Format::Json => {
             let out = serde_json::json!({"model": name, "parameters": params, "device": args.device,
-                "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "results": results,
-                "memory": memory});
+                "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "cpu_kernels": kernels,
+                "results": results, "memory": memory});
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }
         Format::Text => {

@@ -170,6 +170,28 @@ mod x86 {
     /// Steps of the shared dimension a first tile prefetches ahead of those it multiplies.
     const AHEAD: usize = 12;
 
+    /// What one tile multiplies: its rows of `a` against `width` columns of a panel's block
+    /// at `b`, into `out`.
+    #[derive(Clone, Copy)]
+    struct Tile {
+        /// The tile's first row, and the elements from one row (and one step) to the next.
+        a: *const f32,
+        a_steps: (usize, usize),
+        /// The block's first step, the lines prefetched the same way (at `b`: `AHEAD` steps
+        /// ahead) and the elements from one step to the next.
+        b: *const f32,
+        ahead: *const f32,
+        row: usize,
+        /// Steps of the shared dimension.
+        shared: usize,
+        out: *mut f32,
+        out_stride: usize,
+        /// Columns, at most a tile's.
+        width: usize,
+        /// Whether the sums are added to `out` rather than written.
+        add: bool,
+    }
+
     /// One instruction set's tiles, which [`products`] runs over a product's blocks, panels
     /// and rows.
     trait Tiles {
@@ -177,21 +199,8 @@ mod x86 {
         const COLS: usize;
         /// Rows of a whole tile.
         const ROWS: usize;
-        /// One tile of `rows` (≤ `ROWS`) rows from `a` (rows and steps `a_steps` apart) against
-        /// `width` (≤ `COLS`) columns of a panel's block at `b.0` (`shared` steps, `b.2`
-        /// apart), into `out.0` (rows `out.1` apart); `b.1` is prefetched the same way (at
-        /// `b.0`: `AHEAD` steps ahead).
-        #[allow(clippy::too_many_arguments)]
-        unsafe fn tile(
-            rows: usize,
-            a: *const f32,
-            a_steps: (usize, usize),
-            b: (*const f32, *const f32, usize),
-            shared: usize,
-            out: (*mut f32, usize),
-            width: usize,
-            add: bool,
-        );
+        /// One tile of `rows` (≤ `ROWS`) rows.
+        unsafe fn tile(rows: usize, tile: Tile);
     }
 
     /// The line of a panel's step `i` to prefetch: `ahead`'s (the next panel's, or later tiles'
@@ -211,17 +220,8 @@ mod x86 {
         const ROWS: usize = 8;
 
         #[inline(always)]
-        unsafe fn tile(
-            rows: usize,
-            a: *const f32,
-            a_steps: (usize, usize),
-            b: (*const f32, *const f32, usize),
-            shared: usize,
-            out: (*mut f32, usize),
-            width: usize,
-            add: bool,
-        ) {
-            unsafe { tile_of_rows!(rows, tile_512(a, a_steps, b, shared, out, masks_512(width), add)) }
+        unsafe fn tile(rows: usize, tile: Tile) {
+            unsafe { tile_of_rows!(rows, tile_512(tile, masks_512(tile.width))) }
         }
     }
 
@@ -234,15 +234,8 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn tile_512<const R: usize>(
-        a: *const f32,
-        (a_row, a_shared): (usize, usize),
-        (b, ahead, row): (*const f32, *const f32, usize),
-        shared: usize,
-        (out, out_stride): (*mut f32, usize),
-        masks: [__mmask16; 3],
-        add: bool,
-    ) {
+    unsafe fn tile_512<const R: usize>(tile: Tile, masks: [__mmask16; 3]) {
+        let Tile { a, a_steps: (a_row, a_shared), b, ahead, row, shared, out, out_stride, add, .. } = tile;
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); 3]; R];
             for i in 0..shared {
@@ -292,22 +285,13 @@ mod x86 {
         const ROWS: usize = 4;
 
         #[inline(always)]
-        unsafe fn tile(
-            rows: usize,
-            a: *const f32,
-            a_steps: (usize, usize),
-            b: (*const f32, *const f32, usize),
-            shared: usize,
-            out: (*mut f32, usize),
-            width: usize,
-            add: bool,
-        ) {
+        unsafe fn tile(rows: usize, tile: Tile) {
             // A whole tile loads without masks: AVX2's masked loads cost more than plain ones.
             unsafe {
-                if width == Self::COLS {
-                    tile_of_rows!(at most 4: rows, tile_256<true>(a, a_steps, b, shared, out, width, add))
+                if tile.width == Self::COLS {
+                    tile_of_rows!(at most 4: rows, tile_256<true>(tile))
                 } else {
-                    tile_of_rows!(at most 4: rows, tile_256<false>(a, a_steps, b, shared, out, width, add))
+                    tile_of_rows!(at most 4: rows, tile_256<false>(tile))
                 }
             }
         }
@@ -329,15 +313,8 @@ mod x86 {
     }
 
     #[inline(always)]
-    unsafe fn tile_256<const R: usize, const WHOLE: bool>(
-        a: *const f32,
-        (a_row, a_shared): (usize, usize),
-        (b, ahead, row): (*const f32, *const f32, usize),
-        shared: usize,
-        (out, out_stride): (*mut f32, usize),
-        width: usize,
-        add: bool,
-    ) {
+    unsafe fn tile_256<const R: usize, const WHOLE: bool>(tile: Tile) {
+        let Tile { a, a_steps: (a_row, a_shared), b, ahead, row, shared, out, out_stride, width, add } = tile;
         unsafe {
             let masks = masks_256(width);
             let mut acc = [[_mm256_setzero_ps(); 3]; R];
@@ -428,9 +405,11 @@ mod x86 {
                         // (masked past `cols`) are inside (the caller's asserts).
                         unsafe {
                             let a = a.add(r * a_row + first * a_shared);
-                            let out = (out.add(r * out_stride + c), out_stride);
+                            let out = out.add(r * out_stride + c);
                             let width = (cols - c).min(T::COLS);
-                            T::tile(rr, a, (a_row, a_shared), (b, ahead, panels.row), len, out, width, add);
+                            let (a_steps, row, shared) = ((a_row, a_shared), panels.row, len);
+                            let tile = Tile { a, a_steps, b, ahead, row, shared, out, out_stride, width, add };
+                            T::tile(rr, tile);
                         }
                         r += rr;
                     }

@@ -27,7 +27,7 @@ fn model_core(c: &mut Criterion) {
         let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_ids(&mut rng, 32, config.vocab_size)).collect();
         group.throughput(Throughput::Elements(batch as u64 * 64));
         group.bench_function(format!("generate {batch}x64 (prefill 32)"), |b| {
-            b.iter(|| decode_once(&model, &prompts, 64))
+            b.iter(|| decode_once(&model, &prompts, 1, 64))
         });
     }
 

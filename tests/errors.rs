@@ -288,6 +288,8 @@ fn oversized_and_empty_requests_are_refused_up_front() {
     assert_user_error(&bench(&["--prefill-len", "65"]), &["--prefill-len", "context of 64"]);
     assert_user_error(&bench(&["--reps", "0"]), &["--reps"]);
     assert_user_error(&bench(&["--decode-batch", "0"]), &["--decode-batch"]);
+    assert_user_error(&bench(&["--decode-samples", "0"]), &["--decode-samples"]);
+    assert_user_error(&bench(&["--decode-batch", "8,12", "--decode-samples", "8"]), &["--decode-batch 12", "multiple"]);
 }
 
 /// A GGUF header: magic, version 3, tensor and key-value counts.

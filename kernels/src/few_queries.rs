@@ -64,8 +64,8 @@ fn lanes_sum(mut acc: [f32; LANES]) -> f32 {
 
 /// [`query_key_scores`] for `R` rows.
 #[inline(always)]
-fn scores_tile<const R: usize, E: KvElement>(q: &[f32], q_stride: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
-    let (keys, k_stride) = kv;
+fn scores_tile<const R: usize, E: KvElement>(q: &[f32], q_stride: usize, k: &[E], kv: (usize, usize), d: usize, out: (&mut [f32], usize)) {
+    let ((keys, k_stride), (out, out_stride)) = (kv, out);
     let whole = d - d % LANES;
     for j in 0..keys {
         let key = &k[j * k_stride..j * k_stride + d];
@@ -81,54 +81,63 @@ fn scores_tile<const R: usize, E: KvElement>(q: &[f32], q_stride: usize, k: &[E]
         }
         for (r, acc) in acc.into_iter().enumerate() {
             let rest: f32 = (whole..d).map(|i| q[r * q_stride + i] * key[i].f32()).sum();
-            out[r * keys + j] = lanes_sum(acc) + rest;
+            out[r * out_stride + j] = lanes_sum(acc) + rest;
         }
     }
 }
 
 /// [`query_key_scores`] for keys of either element type.
 #[inline(always)]
-fn scores_body<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
-    let (keys, k_stride) = kv;
+fn scores_body<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: (&mut [f32], usize)) {
+    let ((keys, k_stride), (out, out_stride)) = (kv, out);
     assert!(rows == 0 || q.len() >= (rows - 1) * q_stride + d);
     assert!(keys == 0 || k.len() >= (keys - 1) * k_stride + d);
-    assert!(out.len() >= rows * keys);
+    assert!(rows == 0 || (out_stride >= keys && out.len() >= (rows - 1) * out_stride + keys));
     #[cfg(target_arch = "x86_64")]
     if d % LANES == 0 && level() == Level::Avx512 {
         // SAFETY: AVX-512 is there, and the asserts above bound every row the kernel reads
         // and writes.
-        unsafe { x86::scores(q, q_stride, rows, k, kv, d, out) };
+        unsafe { x86::scores(q, q_stride, rows, k, kv, d, (out, out_stride)) };
         return;
     }
-    in_row_tiles!(rows, |r, R| scores_tile::<R, E>(&q[r * q_stride..], q_stride, k, kv, d, &mut out[r * keys..]));
+    in_row_tiles!(rows, |r, R| {
+        scores_tile::<R, E>(&q[r * q_stride..], q_stride, k, kv, d, (&mut out[r * out_stride..], out_stride))
+    });
 }
 
 simd_kernel! {
-    /// `out[r·keys + j] = q_r · k_j` for the `rows` rows `q_r = q[r·q_stride..][..d]` and the
-    /// keys `k_j = k[j·k_stride..][..d]`, `kv = (keys, k_stride)`.
-    pub fn query_key_scores(q: &[f32], q_stride: usize, rows: usize, k: &[f32], kv: (usize, usize), d: usize, out: &mut [f32]) {
+    /// `out.0[r·out.1 + j] = q_r · k_j` for the `rows` rows `q_r = q[r·q_stride..][..d]` and
+    /// the keys `k_j = k[j·k_stride..][..d]`, `kv = (keys, k_stride)`. Keys split at a multiple
+    /// of four into two calls give the bits of one call.
+    pub fn query_key_scores(q: &[f32], q_stride: usize, rows: usize, k: &[f32], kv: (usize, usize), d: usize, out: (&mut [f32], usize)) {
         scores_body(q, q_stride, rows, k, kv, d, out)
     }
 }
 
 simd_kernel! {
     /// [`query_key_scores`] for bf16 keys (their bits).
-    pub fn query_key_scores_bf16(q: &[f32], q_stride: usize, rows: usize, k: &[u16], kv: (usize, usize), d: usize, out: &mut [f32]) {
+    pub fn query_key_scores_bf16(q: &[f32], q_stride: usize, rows: usize, k: &[u16], kv: (usize, usize), d: usize, out: (&mut [f32], usize)) {
         scores_body(q, q_stride, rows, k, kv, d, out)
     }
 }
 
 /// [`weighted_values`] for `R` rows.
 #[inline(always)]
-fn values_tile<const R: usize, E: KvElement>(p: &[f32], keys: usize, v: &[E], v_stride: usize, d: usize, out: &mut [f32], out_stride: usize) {
+fn values_tile<const R: usize, E: KvElement>(p: (&[f32], usize), v: (&[E], (usize, usize)), d: usize, out: (&mut [f32], usize), accumulate: bool) {
+    let ((p, p_stride), (v, (keys, v_stride)), (out, out_stride)) = (p, v, out);
     let whole = d - d % LANES;
     // One lane-wide column strip at a time, its sums in registers.
     for c in (0..whole).step_by(LANES) {
         let mut acc = [[0f32; LANES]; R];
+        if accumulate {
+            for (r, acc) in acc.iter_mut().enumerate() {
+                acc.copy_from_slice(&out[r * out_stride + c..][..LANES]);
+            }
+        }
         for j in 0..keys {
             let vc: [f32; LANES] = std::array::from_fn(|l| v[j * v_stride + c + l].f32());
             for (r, acc) in acc.iter_mut().enumerate() {
-                let pj = p[r * keys + j];
+                let pj = p[r * p_stride + j];
                 for l in 0..LANES {
                     acc[l] = pj.mul_add(vc[l], acc[l]);
                 }
@@ -140,41 +149,46 @@ fn values_tile<const R: usize, E: KvElement>(p: &[f32], keys: usize, v: &[E], v_
     }
     for r in 0..R {
         for i in whole..d {
-            out[r * out_stride + i] = (0..keys).map(|j| p[r * keys + j] * v[j * v_stride + i].f32()).sum();
+            let terms = (0..keys).map(|j| p[r * p_stride + j] * v[j * v_stride + i].f32());
+            let at = r * out_stride + i;
+            out[at] = if accumulate { terms.fold(out[at], |sum, x| sum + x) } else { terms.sum() };
         }
     }
 }
 
 /// [`weighted_values`] for values of either element type.
 #[inline(always)]
-fn values_body<E: KvElement>(p: &[f32], rows: usize, v: &[E], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
-    let (keys, v_stride) = kv;
-    assert!(p.len() >= rows * keys);
+fn values_body<E: KvElement>(p: (&[f32], usize), rows: usize, v: (&[E], (usize, usize)), d: usize, out: (&mut [f32], usize), accumulate: bool) {
+    let ((p, p_stride), (v, (keys, v_stride)), (out, out_stride)) = (p, v, out);
+    assert!(rows == 0 || (p_stride >= keys && p.len() >= (rows - 1) * p_stride + keys));
     assert!(keys == 0 || v.len() >= (keys - 1) * v_stride + d);
     assert!(rows == 0 || out.len() >= (rows - 1) * out_stride + d);
     #[cfg(target_arch = "x86_64")]
     if d % LANES == 0 && level() == Level::Avx512 {
         // SAFETY: as in `scores_body`.
-        unsafe { x86::values(p, rows, v, kv, d, out, out_stride) };
+        unsafe { x86::values((p, p_stride), rows, (v, (keys, v_stride)), d, (out, out_stride), accumulate) };
         return;
     }
     in_row_tiles!(rows, |r, R| {
-        values_tile::<R, E>(&p[r * keys..], keys, v, v_stride, d, &mut out[r * out_stride..], out_stride)
+        let (p, out) = ((&p[r * p_stride..], p_stride), (&mut out[r * out_stride..], out_stride));
+        values_tile::<R, E>(p, (v, (keys, v_stride)), d, out, accumulate)
     });
 }
 
 simd_kernel! {
-    /// `out[r·out_stride..][..d] = Σ_j p[r·keys + j] · v_j` for the `rows` rows of weights `p`
-    /// and the values `v_j = v[j·v_stride..][..d]`, `kv = (keys, v_stride)`.
-    pub fn weighted_values(p: &[f32], rows: usize, v: &[f32], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
-        values_body(p, rows, v, kv, d, out, out_stride)
+    /// `out.0[r·out.1..][..d] (+)= Σ_j p.0[r·p.1 + j] · v_j` for the `rows` rows of weights
+    /// and the values `v_j = v.0[j·v_stride..][..d]`, `v.1 = (keys, v_stride)`; with
+    /// `accumulate`, the sums go on from `out`'s, so that keys split into two calls give the
+    /// bits of one.
+    pub fn weighted_values(p: (&[f32], usize), rows: usize, v: (&[f32], (usize, usize)), d: usize, out: (&mut [f32], usize), accumulate: bool) {
+        values_body(p, rows, v, d, out, accumulate)
     }
 }
 
 simd_kernel! {
     /// [`weighted_values`] for bf16 values (their bits).
-    pub fn weighted_values_bf16(p: &[f32], rows: usize, v: &[u16], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
-        values_body(p, rows, v, kv, d, out, out_stride)
+    pub fn weighted_values_bf16(p: (&[f32], usize), rows: usize, v: (&[u16], (usize, usize)), d: usize, out: (&mut [f32], usize), accumulate: bool) {
+        values_body(p, rows, v, d, out, accumulate)
     }
 }
 
@@ -223,8 +237,8 @@ mod x86 {
     /// [`super::query_key_scores`] for `R` rows from `q` (AVX-512, `d` a multiple of 16): four
     /// keys at a time, each loaded piece of a key serving every row.
     #[inline(always)]
-    unsafe fn scores_tile<const R: usize, E: KvElement>(q: *const f32, q_stride: usize, k: *const E, kv: (usize, usize), d: usize, out: *mut f32) {
-        let (keys, k_stride) = kv;
+    unsafe fn scores_tile<const R: usize, E: KvElement>(q: *const f32, q_stride: usize, k: *const E, kv: (usize, usize), d: usize, out: (*mut f32, usize)) {
+        let ((keys, k_stride), (out, out_stride)) = (kv, out);
         unsafe {
             let mut j = 0;
             while j + 4 <= keys {
@@ -239,7 +253,7 @@ mod x86 {
                     }
                 }
                 for (r, acc) in acc.into_iter().enumerate() {
-                    _mm_storeu_ps(out.add(r * keys + j), sums_of_four(acc));
+                    _mm_storeu_ps(out.add(r * out_stride + j), sums_of_four(acc));
                 }
                 j += 4;
             }
@@ -253,7 +267,7 @@ mod x86 {
                     }
                 }
                 for (r, acc) in acc.into_iter().enumerate() {
-                    *out.add(r * keys + j) = _mm512_reduce_add_ps(acc);
+                    *out.add(r * out_stride + j) = _mm512_reduce_add_ps(acc);
                 }
             }
         }
@@ -261,29 +275,43 @@ mod x86 {
 
     /// SAFETY: AVX-512F is there; the slices hold every row the shapes say.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn scores<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: &mut [f32]) {
-        let keys = kv.0;
-        let (q, k, out) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr());
+    pub(super) unsafe fn scores<E: KvElement>(q: &[f32], q_stride: usize, rows: usize, k: &[E], kv: (usize, usize), d: usize, out: (&mut [f32], usize)) {
+        let (q, k, (out, out_stride)) = (q.as_ptr(), k.as_ptr(), (out.0.as_mut_ptr(), out.1));
         // SAFETY: forwarded from the caller: each tile's rows are within the slices.
         in_row_tiles!(rows, |r, R| unsafe {
-            scores_tile::<R, E>(q.add(r * q_stride), q_stride, k, kv, d, out.add(r * keys))
+            scores_tile::<R, E>(q.add(r * q_stride), q_stride, k, kv, d, (out.add(r * out_stride), out_stride))
         });
     }
 
-    /// [`super::weighted_values`] for `R` rows and a strip of `S` × 16 columns from `c`.
+    /// Where a tile's values go: `(out, out_stride)`, and whether its sums go on from what
+    /// `out` holds.
+    #[derive(Clone, Copy)]
+    struct Dest {
+        out: *mut f32,
+        stride: usize,
+        accumulate: bool,
+    }
+
+    /// [`super::weighted_values`] for `R` rows and a strip of `S` × 16 columns from `c`; the
+    /// weights `p = (pointer, row stride)`, the values `kv = (keys, v_stride)`.
     #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
     unsafe fn values_strip<const R: usize, const S: usize, E: KvElement>(
-        p: *const f32,
+        p: (*const f32, usize),
         kv: (usize, usize),
         v: *const E,
         c: usize,
-        out: *mut f32,
-        out_stride: usize,
+        dest: Dest,
     ) {
-        let (keys, v_stride) = kv;
+        let ((p, p_stride), (keys, v_stride)) = (p, kv);
         unsafe {
             let mut acc = [[_mm512_setzero_ps(); S]; R];
+            if dest.accumulate {
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    for (s, acc) in acc.iter_mut().enumerate() {
+                        *acc = _mm512_loadu_ps(dest.out.add(r * dest.stride + c + 16 * s));
+                    }
+                }
+            }
             for j in 0..keys {
                 let row = v.add(j * v_stride + c);
                 let mut vs = [_mm512_setzero_ps(); S];
@@ -291,7 +319,7 @@ mod x86 {
                     *vs = load16(row.add(16 * s));
                 }
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let pj = _mm512_set1_ps(*p.add(r * keys + j));
+                    let pj = _mm512_set1_ps(*p.add(r * p_stride + j));
                     for (acc, &vs) in acc.iter_mut().zip(&vs) {
                         *acc = _mm512_fmadd_ps(pj, vs, *acc);
                     }
@@ -299,7 +327,7 @@ mod x86 {
             }
             for (r, acc) in acc.iter().enumerate() {
                 for (s, &acc) in acc.iter().enumerate() {
-                    _mm512_storeu_ps(out.add(r * out_stride + c + 16 * s), acc);
+                    _mm512_storeu_ps(dest.out.add(r * dest.stride + c + 16 * s), acc);
                 }
             }
         }
@@ -308,15 +336,15 @@ mod x86 {
     /// [`values_strip`] over every strip of `d` columns: four registers a row where they fit
     /// (a 64- or 128-wide head: 16 sums in registers for four rows), one where they do not.
     #[inline(always)]
-    unsafe fn values_tile<const R: usize, E: KvElement>(p: *const f32, kv: (usize, usize), v: *const E, d: usize, out: *mut f32, out_stride: usize) {
+    unsafe fn values_tile<const R: usize, E: KvElement>(p: (*const f32, usize), kv: (usize, usize), v: *const E, d: usize, dest: Dest) {
         let mut c = 0;
         unsafe {
             while c + 64 <= d {
-                values_strip::<R, 4, E>(p, kv, v, c, out, out_stride);
+                values_strip::<R, 4, E>(p, kv, v, c, dest);
                 c += 64;
             }
             while c < d {
-                values_strip::<R, 1, E>(p, kv, v, c, out, out_stride);
+                values_strip::<R, 1, E>(p, kv, v, c, dest);
                 c += 16;
             }
         }
@@ -324,12 +352,12 @@ mod x86 {
 
     /// SAFETY: AVX-512F is there; the slices hold every row the shapes say.
     #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn values<E: KvElement>(p: &[f32], rows: usize, v: &[E], kv: (usize, usize), d: usize, out: &mut [f32], out_stride: usize) {
-        let keys = kv.0;
-        let (p, v, out) = (p.as_ptr(), v.as_ptr(), out.as_mut_ptr());
+    pub(super) unsafe fn values<E: KvElement>(p: (&[f32], usize), rows: usize, v: (&[E], (usize, usize)), d: usize, out: (&mut [f32], usize), accumulate: bool) {
+        let ((p, p_stride), (v, kv), (out, stride)) = ((p.0.as_ptr(), p.1), (v.0.as_ptr(), v.1), (out.0.as_mut_ptr(), out.1));
         // SAFETY: forwarded from the caller: each tile's rows are within the slices.
         in_row_tiles!(rows, |r, R| unsafe {
-            values_tile::<R, E>(p.add(r * keys), kv, v, d, out.add(r * out_stride), out_stride)
+            let dest = Dest { out: out.add(r * stride), stride, accumulate };
+            values_tile::<R, E>((p.add(r * p_stride), p_stride), kv, v, d, dest)
         });
     }
 }

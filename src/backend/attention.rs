@@ -13,7 +13,10 @@
 //! long prompts no longer holds `[batch, heads, t, t]` floats. Decoding's single query runs
 //! the group's heads through [`kernels::query_key_scores`] and [`kernels::weighted_values`]
 //! instead of the GEMMs, which read each key and value row once where it is stored, f32 or
-//! bf16 (a sampling cache: [`crate::model::KvCache::for_sampling`]).
+//! bf16 (a sampling cache: [`crate::model::KvCache::for_sampling`]). Rows that are samples
+//! of one prompt hold copies of its keys and values ([`SharedKeys`]): each reads the prompt's
+//! from the first such row, and the rows run KV head by KV head, so that a group's copies come
+//! from the caches instead of memory.
 //!
 //! Training on the CPU backend (`Autodiff<Cpu>`) runs the same forward as a custom autodiff
 //! op that keeps the probabilities (as the generic graph does) and returns dq, dk, dv from
@@ -50,6 +53,39 @@ pub fn cache_dtype<B: Backend>(compute: ComputeDtype) -> crate::dtype::Dtype {
 /// Multiply-adds below which inference runs its blocks on the calling thread.
 const PARALLEL_WORK: usize = 1 << 18;
 
+/// Rows of a KV cache whose first `slots` keys and values are copies of another row's (the
+/// samples of one prompt, fanned out from its prefill): `source[r]` is the row that row `r`
+/// may read them from, `r` itself for the first of its group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SharedKeys {
+    pub slots: usize,
+    pub source: Vec<usize>,
+}
+
+impl SharedKeys {
+    /// Rows `rows` of the rows `self` describes (a row may repeat), or `None` when none of them
+    /// shares with another.
+    pub fn rows(&self, rows: &[usize]) -> Option<SharedKeys> {
+        Self::grouped(self.slots, rows.iter().map(|&r| self.source[r]))
+    }
+
+    /// Rows whose first `slots` slots are alike when their `groups` are, or `None` when no two
+    /// are.
+    pub fn grouped(slots: usize, groups: impl Iterator<Item = usize>) -> Option<SharedKeys> {
+        let mut first: std::collections::HashMap<usize, usize> = std::collections::HashMap::new();
+        let source: Vec<usize> = groups.enumerate().map(|(row, group)| *first.entry(group).or_insert(row)).collect();
+        let shares = source.iter().enumerate().any(|(row, &from)| from != row);
+        (shares && slots > 0).then_some(SharedKeys { slots, source })
+    }
+
+    /// The keys row `row` of a decoding pass over `keys` keys reads from `source[row]`: whole
+    /// blocks of four ([`kernels::query_key_scores`] scores four keys at a time, so the split
+    /// keeps every score's bits), none for a group's first row.
+    fn split(&self, row: usize, keys: usize) -> usize {
+        if self.source.get(row).is_none_or(|&from| from == row) { 0 } else { self.slots.min(keys) / 4 * 4 }
+    }
+}
+
 /// `softmax(q kᵀ + bias) v` for `q: [batch, heads, t, head_dim]` (already scaled) and
 /// `k, v: [batch, kv_heads, keys, head_dim]`, query head `i` reading KV head
 /// `i / (heads / kv_heads)` (HF's order). `bias` is [`crate::model::LayoutTensors::bias`]:
@@ -71,14 +107,15 @@ pub fn attention<B: Backend>(
     bias: Option<&Tensor<B, 2>>,
     compute: ComputeDtype,
 ) -> Tensor<B, 3> {
-    attention_read_as(q, k, v, bias, compute, None)
+    attention_read_as(q, k, v, bias, compute, None, None)
 }
 
 /// [`attention`] in `reads`, for a reader that rounds the output to it first (the output
 /// projection's product in half precision): the GPU kernel writes that dtype, one launch
 /// fewer; the other paths cast to it, the launch the reader's cast would have been. Every
 /// path gives the same dtype, so that passes of different lengths (some through the kernel,
-/// some not) join into one tensor.
+/// some not) join into one tensor. `shared` says which rows hold copies of another's first keys
+/// and values; the CPU's decoding reads them from there, to the same bits.
 pub fn attention_read_as<B: Backend>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
@@ -86,6 +123,7 @@ pub fn attention_read_as<B: Backend>(
     bias: Option<&Tensor<B, 2>>,
     compute: ComputeDtype,
     reads: Option<burn::tensor::DType>,
+    shared: Option<&SharedKeys>,
 ) -> Tensor<B, 3> {
     let [b, h, t, d] = q.dims();
     let [kb, kvh, keys, kd] = k.dims();
@@ -113,7 +151,7 @@ pub fn attention_read_as<B: Backend>(
     let out = match backend {
         Some(CpuBackend::Plain) => {
             let bias = bias.map(|x| flex(x.clone()));
-            let out = forward(&flex(q), &flex(k), &flex(v), bias.as_ref(), None);
+            let out = forward(&flex(q), &flex(k), &flex(v), bias.as_ref(), None, shared);
             tensor::<B, 3, _>(out.reshape([b, t, h * d].into()))
         }
         Some(CpuBackend::Autodiff) => {
@@ -500,26 +538,58 @@ fn block_kv(k: &View, v: &View, (batch, kv): (usize, usize), dims: &Dims, wide: 
     BlockKv::F32((wk.as_ptr(), d, 1), (wv.as_ptr(), d, 1))
 }
 
+/// Where a block reads its keys and values: its own rows, and for decoding's rows that share
+/// a prompt's keys, the first `.1` keys from the row that holds them first ([`SharedKeys`]).
+#[derive(Clone, Copy)]
+struct Reads {
+    own: BlockKv,
+    shared: Option<(BlockKv, usize)>,
+}
+
+impl Reads {
+    /// `(keys and values, first key, end)` of each part of the `keys` keys, in order.
+    fn parts(&self, keys: usize) -> impl Iterator<Item = (BlockKv, usize, usize)> {
+        let split = self.shared.map_or(0, |(_, split)| split);
+        let shared = self.shared.map(|(kv, split)| (kv, 0, split));
+        shared.into_iter().chain(std::iter::once((self.own, split, keys)))
+    }
+}
+
+/// Rows `first..end` of a block's keys or values from `(pointer, row stride)`, `d` wide.
+///
+/// SAFETY: the caller guarantees those rows are within a live view.
+unsafe fn kv_rows<'a, T>((ptr, stride): (*const T, usize), first: usize, end: usize, d: usize) -> &'a [T] {
+    // SAFETY: forwarded from the caller.
+    unsafe { rows_of(ptr.wrapping_add(first * stride), stride, end - first, d) }
+}
+
 /// One segment's scores `p = q kᵀ` (its rows `keys` apart): decoding's few queries (a row
-/// per head of the group) read the keys as stored, longer passes take the GEMM.
-fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, kv: BlockKv, p: &mut [f32]) {
+/// per head of the group) read the keys as stored, part by part ([`Reads::parts`]); longer
+/// passes take the GEMM.
+fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, reads: Reads, p: &mut [f32]) {
     let (d, keys) = (dims.dim, dims.keys);
-    // SAFETY (of every block): q and the keys are live views of the shapes in `dims`, `p` is
-    // this block's.
-    match kv {
-        BlockKv::F32(kp, _) if !seg.by_head => unsafe {
-            matmul_into(seg.rows, seg.keys, d, (p.as_mut_ptr(), keys, 1), false, q, (kp.0, 1, kp.1))
-        },
-        BlockKv::F32(kp, _) => {
-            debug_assert_eq!(seg.keys, keys, "a decoding segment sees every key");
-            let (qs, ks) = unsafe { (rows_of(q.0, q.1, seg.rows, d), rows_of(kp.0, kp.1, seg.keys, d)) };
-            kernels::query_key_scores(qs, q.1, seg.rows, ks, (seg.keys, kp.1), d, p);
-        }
-        BlockKv::Bf16(kb, _) => {
-            assert!(seg.by_head, "bf16 keys are widened for several queries");
-            debug_assert_eq!(seg.keys, keys, "a decoding segment sees every key");
-            let (qs, ks) = unsafe { (rows_of(q.0, q.1, seg.rows, d), rows_of(kb.0, kb.1, seg.keys, d)) };
-            kernels::query_key_scores_bf16(qs, q.1, seg.rows, ks, (seg.keys, kb.1), d, p);
+    if !seg.by_head {
+        let BlockKv::F32(kp, _) = reads.own else { unreachable!("bf16 keys are widened for several queries") };
+        assert!(reads.shared.is_none(), "only decoding reads another row's keys");
+        // SAFETY: q and the keys are live views of the shapes in `dims`, `p` is this block's.
+        unsafe { matmul_into(seg.rows, seg.keys, d, (p.as_mut_ptr(), keys, 1), false, q, (kp.0, 1, kp.1)) };
+        return;
+    }
+    debug_assert_eq!(seg.keys, keys, "a decoding segment sees every key");
+    // SAFETY: q is a live view of the shapes in `dims`.
+    let qs = unsafe { rows_of(q.0, q.1, seg.rows, d) };
+    for (kv, first, end) in reads.parts(keys) {
+        let out = (&mut p[first..], keys);
+        // SAFETY (of each `kv_rows`): keys `first..end` of a block of a live view.
+        match kv {
+            BlockKv::F32(kp, _) => {
+                let ks = unsafe { kv_rows((kp.0, kp.1), first, end, d) };
+                kernels::query_key_scores(qs, q.1, seg.rows, ks, (end - first, kp.1), d, out);
+            }
+            BlockKv::Bf16(kb, _) => {
+                let ks = unsafe { kv_rows(kb, first, end, d) };
+                kernels::query_key_scores_bf16(qs, q.1, seg.rows, ks, (end - first, kb.1), d, out);
+            }
         }
     }
 }
@@ -528,35 +598,47 @@ fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, kv: BlockKv, p: &mut [f32]
 ///
 /// SAFETY: the caller guarantees the segment's output rows are valid, and that nobody else
 /// reads or writes them (or, for decoding's rows, the elements between them) meanwhile.
-unsafe fn segment_values(dims: &Dims, seg: &Segment, p: &[f32], kv: BlockKv, (out, stride): (*mut f32, usize)) {
+unsafe fn segment_values(dims: &Dims, seg: &Segment, p: &[f32], reads: Reads, (out, stride): (*mut f32, usize)) {
     let (d, keys) = (dims.dim, dims.keys);
-    // SAFETY (of every block): the values are a live view of the shapes in `dims`; `out` is
-    // forwarded from the caller.
-    match kv {
-        BlockKv::F32(_, vp) if !seg.by_head => unsafe {
-            matmul_into(seg.rows, d, seg.keys, (out, stride, 1), false, (p.as_ptr(), keys, 1), vp)
-        },
-        BlockKv::F32(_, vp) => {
-            let (vs, o) = unsafe { (rows_of(vp.0, vp.1, seg.keys, d), rows_of_mut(out, stride, seg.rows, d)) };
-            kernels::weighted_values(p, seg.rows, vs, (seg.keys, vp.1), d, o, stride);
-        }
-        BlockKv::Bf16(_, vb) => {
-            let (vs, o) = unsafe { (rows_of(vb.0, vb.1, seg.keys, d), rows_of_mut(out, stride, seg.rows, d)) };
-            kernels::weighted_values_bf16(p, seg.rows, vs, (seg.keys, vb.1), d, o, stride);
+    if !seg.by_head {
+        let BlockKv::F32(_, vp) = reads.own else { unreachable!("bf16 values are widened for several queries") };
+        // SAFETY: the values are a live view of the shapes in `dims`; `out` is forwarded from
+        // the caller.
+        unsafe { matmul_into(seg.rows, d, seg.keys, (out, stride, 1), false, (p.as_ptr(), keys, 1), vp) };
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    let o = unsafe { rows_of_mut(out, stride, seg.rows, d) };
+    for (kv, first, end) in reads.parts(keys) {
+        // The later part's sums go on from the earlier's, in the order of one call.
+        let (weights, accumulate) = ((&p[first..], keys), first > 0);
+        // SAFETY (of each `kv_rows`): values `first..end` of a block of a live view.
+        match kv {
+            BlockKv::F32(_, vp) => {
+                let vs = (unsafe { kv_rows((vp.0, vp.1), first, end, d) }, (end - first, vp.1));
+                kernels::weighted_values(weights, seg.rows, vs, d, (&mut *o, stride), accumulate);
+            }
+            BlockKv::Bf16(_, vb) => {
+                let vs = (unsafe { kv_rows(vb, first, end, d) }, (end - first, vb.1));
+                kernels::weighted_values_bf16(weights, seg.rows, vs, d, (&mut *o, stride), accumulate);
+            }
         }
     }
 }
 
 /// The forward pass: `[batch, t, heads, dim]`, and the probabilities `[batch, kv_heads,
-/// group·t, keys]` (zero where masked or skipped) when `keep` is given.
+/// group·t, keys]` (zero where masked or skipped) when `keep` is given. Decoding reads the keys
+/// rows share from the row `shared` names.
 fn forward(
     q: &FlexTensor,
     k: &FlexTensor,
     v: &FlexTensor,
     bias: Option<&FlexTensor>,
     keep: Option<&mut Vec<f32>>,
+    shared: Option<&SharedKeys>,
 ) -> FlexTensor {
     let dims = Dims::of(q, k);
+    let shared = shared.filter(|shared| dims.t == 1 && keep.is_none() && shared.source.len() == dims.batch);
     let (q, k, v) = (View::of(q), View::of(k), View::of(v));
     let bias = bias.map(|x| Bias::of(x, &dims));
     let segments = dims.segments();
@@ -566,13 +648,21 @@ fn forward(
     let blocks = dims.batch * dims.kv_heads;
 
     let run_block = |block: usize, probs: &mut [f32], wide: &mut Vec<f32>, keep: bool| {
-        let (batch, kv) = (block / dims.kv_heads, block % dims.kv_heads);
-        let block_kv = block_kv(&k, &v, (batch, kv), &dims, wide);
+        // Rows that share keys run KV head by KV head, so that a group's rows read the same
+        // keys one after another.
+        let (batch, kv) = match shared {
+            Some(_) => (block % dims.batch, block / dims.batch),
+            None => (block / dims.kv_heads, block % dims.kv_heads),
+        };
+        let own = block_kv(&k, &v, (batch, kv), &dims, wide);
+        let split = shared.map_or(0, |shared| shared.split(batch, keys));
+        let from = shared.filter(|_| split > 0).map(|shared| shared.source[batch]);
+        let reads = Reads { own, shared: from.map(|row| (block_kv(&k, &v, (row, kv), &dims, wide), split)) };
         for seg in &segments {
             let at = if keep { seg.block_row(dims.t) * keys } else { 0 };
             let p = &mut probs[at..at + seg.rows * keys];
             let ptrs = segment_ptrs(&dims, &q, bias.as_ref(), batch, kv, seg);
-            segment_scores(&dims, seg, ptrs.q, block_kv, p);
+            segment_scores(&dims, seg, ptrs.q, reads, p);
             for (i, row) in p.chunks_mut(keys).enumerate() {
                 let row = &mut row[..seg.keys];
                 if let Some((first, stride)) = ptrs.bias {
@@ -583,7 +673,7 @@ fn forward(
             }
             // SAFETY: this segment's output rows (one head's queries, or one query's heads of
             // the group, side by side) belong to this block alone; `out` outlives the loop.
-            unsafe { segment_values(&dims, seg, p, block_kv, (out_ptr.at(ptrs.out.0), ptrs.out.1)) };
+            unsafe { segment_values(&dims, seg, p, reads, (out_ptr.at(ptrs.out.0), ptrs.out.1)) };
         }
     };
 
@@ -716,12 +806,12 @@ fn autodiff_forward(q: AdTensor, k: AdTensor, v: AdTensor, bias: Option<FlexTens
     match prep.compute_bound().stateful() {
         OpsKind::Tracked(prep) => {
             let mut probs = Vec::new();
-            let out = forward(&q.primitive, &k.primitive, &v.primitive, bias.as_ref(), Some(&mut probs));
+            let out = forward(&q.primitive, &k.primitive, &v.primitive, bias.as_ref(), Some(&mut probs), None);
             let saved = (q.primitive, k.primitive, v.primitive, std::sync::Arc::new(probs));
             prep.finish(saved, out.reshape([b, t, h * d].into()))
         }
         OpsKind::UnTracked(prep) => {
-            let out = forward(&q.primitive, &k.primitive, &v.primitive, bias.as_ref(), None);
+            let out = forward(&q.primitive, &k.primitive, &v.primitive, bias.as_ref(), None, None);
             prep.finish(out.reshape([b, t, h * d].into()))
         }
     }
@@ -829,6 +919,59 @@ mod tests {
         // Training never reads one.
         let bf16 = burn::tensor::DType::BF16;
         assert_eq!(fused_backend::<Ad>(burn::tensor::DType::F32, bf16, bf16), None);
+    }
+
+    /// Decoding rows that are samples of one prompt read its keys and values from the group's
+    /// first row: the same bits as reading their own copies. Each later row's copy of the
+    /// shared slots (in whole fours: see `SharedKeys::split`) is overwritten with other
+    /// numbers, so that a row reading its own would give other results.
+    #[test]
+    fn decoding_reads_the_keys_rows_share_from_their_groups_first_row_to_the_same_bits() {
+        let (dev, u) = (Default::default(), Distribution::Uniform(-1.0, 1.0));
+        let groups = [0, 0, 1, 0, 1, 2, 2];
+        let b = groups.len();
+        for (heads, kv, dim, prompt, keys) in
+            [(9, 3, 64, 13, 30), (4, 2, 24, 8, 11), (6, 2, 16, 3, 9), (2, 1, 16, 20, 21)]
+        {
+            let shared = SharedKeys::grouped(prompt, groups.iter().copied()).expect("rows share");
+            let layout = Layout::left_padded(&groups.map(|g| [0, 2, 1][g]), keys - 1, 1);
+            let q = Tensor::<Cpu, 4>::random([b, 1, heads, dim], u, &dev).swap_dims(1, 2);
+            let bias = bias::<Cpu>(&layout, heads, kv, dim);
+            let kv_of = |prompts: Tensor<Cpu, 4>, own: Tensor<Cpu, 4>| {
+                let idx = Tensor::<Cpu, 1, burn::tensor::Int>::from_data(groups.map(|g| g as i64), &dev);
+                let copies = prompts.select(0, idx).slice([0..b, 0..kv, 0..prompt, 0..dim]);
+                let wrong = Tensor::<Cpu, 4>::random([b, kv, prompt / 4 * 4, dim], u, &dev);
+                let read: Vec<_> = (0..b)
+                    .map(|r| {
+                        let row = copies.clone().slice([r..r + 1, 0..kv, 0..prompt, 0..dim]);
+                        if shared.source[r] == r {
+                            return row;
+                        }
+                        let rest = row.slice([0..1, 0..kv, prompt / 4 * 4..prompt, 0..dim]);
+                        Tensor::cat(vec![wrong.clone().slice([r..r + 1, 0..kv, 0..prompt / 4 * 4, 0..dim]), rest], 2)
+                    })
+                    .collect();
+                let own = own.slice([0..b, 0..kv, prompt..keys, 0..dim]);
+                [Tensor::cat(vec![copies, own.clone()], 2), Tensor::cat(vec![Tensor::cat(read, 0), own], 2)]
+            };
+            let [k, k_read] =
+                kv_of(Tensor::random([3, kv, keys, dim], u, &dev), Tensor::random([b, kv, keys, dim], u, &dev));
+            let [v, v_read] =
+                kv_of(Tensor::random([3, kv, keys, dim], u, &dev), Tensor::random([b, kv, keys, dim], u, &dev));
+            for dtype in [burn::tensor::DType::F32, burn::tensor::DType::BF16] {
+                let [k, v, k_read, v_read] = [&k, &v, &k_read, &v_read].map(|x| x.clone().cast(dtype));
+                let run = |k: Tensor<Cpu, 4>, v: Tensor<Cpu, 4>, shared: Option<&SharedKeys>| {
+                    let out = attention_read_as(q.clone(), k, v, bias.as_ref(), F32, None, shared);
+                    out.into_data().to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                };
+                let own = run(k, v, None);
+                let read = run(k_read.clone(), v_read.clone(), Some(&shared));
+                assert_eq!(read, own, "{heads} heads, {kv} KV heads of {dim}, {dtype:?}");
+                if prompt >= 4 {
+                    assert_ne!(run(k_read, v_read, None), own, "the later rows' copies differ");
+                }
+            }
+        }
     }
 
     #[test]

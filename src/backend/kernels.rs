@@ -44,6 +44,51 @@ mod tests {
         (1..40).map(|n| (0..n).map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.7).collect()).collect()
     }
 
+    /// Decoding's few-query kernels for `rows` queries over `keys` keys and values (`k`, or its
+    /// bf16 `bits`), run as two calls split at key `split`: scores `keys + 2` apart, outputs
+    /// `out_stride` apart.
+    #[allow(clippy::too_many_arguments)]
+    fn few_queries(
+        q: (&[f32], usize),
+        rows: usize,
+        (k, bits, kv_stride): (&[f32], Option<&[u16]>, usize),
+        keys: usize,
+        d: usize,
+        out_stride: usize,
+        split: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let (q, q_stride) = q;
+        let p_stride = keys + 2;
+        let mut scores = vec![0f32; rows * p_stride];
+        let mut out = vec![0f32; rows * out_stride];
+        for (first, end) in [(0, split), (split, keys)] {
+            // Without rows there are no scores to index.
+            let (n, at, first) = (end - first, first * kv_stride, first.min(scores.len()));
+            let accumulate = first > 0;
+            match bits {
+                Some(bits) => {
+                    query_key_scores_bf16(
+                        q,
+                        q_stride,
+                        rows,
+                        &bits[at..],
+                        (n, kv_stride),
+                        d,
+                        (&mut scores[first..], p_stride),
+                    );
+                    let (p, v) = ((&scores[first..], p_stride), (&bits[at..], (n, kv_stride)));
+                    weighted_values_bf16(p, rows, v, d, (&mut out, out_stride), accumulate);
+                }
+                None => {
+                    query_key_scores(q, q_stride, rows, &k[at..], (n, kv_stride), d, (&mut scores[first..], p_stride));
+                    let (p, v) = ((&scores[first..], p_stride), (&k[at..], (n, kv_stride)));
+                    weighted_values(p, rows, v, d, (&mut out, out_stride), accumulate);
+                }
+            }
+        }
+        (scores, out)
+    }
+
     #[test]
     fn few_query_scores_and_weighted_values_match_the_definitions() {
         let value = |i: usize| ((i * 37 % 23) as f32 - 11.0) * 0.09;
@@ -59,21 +104,15 @@ mod tests {
             let mut bits = vec![0u16; exact.len()];
             bf16_round_bits(&exact, &mut bits);
             let rounded: Vec<f32> = bits.iter().map(|&b| f32::from_bits((b as u32) << 16)).collect();
+            let p_stride = keys + 2;
             for bf16 in [false, true] {
                 let k = if bf16 { &rounded } else { &exact };
-                let mut scores = vec![0f32; rows * keys];
-                let mut out = vec![0f32; rows * out_stride];
-                if bf16 {
-                    query_key_scores_bf16(&q, q_stride, rows, &bits, (keys, kv_stride), d, &mut scores);
-                    weighted_values_bf16(&scores, rows, &bits, (keys, kv_stride), d, &mut out, out_stride);
-                } else {
-                    query_key_scores(&q, q_stride, rows, k, (keys, kv_stride), d, &mut scores);
-                    weighted_values(&scores, rows, k, (keys, kv_stride), d, &mut out, out_stride);
-                }
+                let kv = (k.as_slice(), bf16.then_some(bits.as_slice()), kv_stride);
+                let (scores, out) = few_queries((&q, q_stride), rows, kv, keys, d, out_stride, keys);
                 for r in 0..rows {
                     for j in 0..keys {
                         let want: f64 = (0..d).map(|i| q[r * q_stride + i] as f64 * k[j * kv_stride + i] as f64).sum();
-                        let got = scores[r * keys + j];
+                        let got = scores[r * p_stride + j];
                         assert!(
                             (got as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
                             "{rows}x{keys}x{d}: score {got} {want}"
@@ -81,15 +120,25 @@ mod tests {
                     }
                     for i in 0..d {
                         let want: f64 =
-                            (0..keys).map(|j| scores[r * keys + j] as f64 * k[j * kv_stride + i] as f64).sum();
+                            (0..keys).map(|j| scores[r * p_stride + j] as f64 * k[j * kv_stride + i] as f64).sum();
                         let got = out[r * out_stride + i];
                         assert!(
                             (got as f64 - want).abs() < 1e-5 * (1.0 + want.abs()),
                             "{rows}x{keys}x{d}: value {got} {want}"
                         );
                     }
-                    // The gaps between output rows are left alone.
+                    // The gaps between output rows, and the scores' between their rows, are left
+                    // alone.
                     assert!(out[r * out_stride + d..(r + 1) * out_stride].iter().all(|&x| x == 0.0));
+                    assert!(scores[r * p_stride + keys..(r + 1) * p_stride].iter().all(|&x| x == 0.0));
+                }
+                // Keys split at a multiple of four (decoding reads a group's shared prompt from
+                // one row and the rest from each row's own) give the same bits as one call.
+                for split in (4..keys).step_by(4) {
+                    let (split_scores, split_out) = few_queries((&q, q_stride), rows, kv, keys, d, out_stride, split);
+                    let bits_of = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits_of(&split_scores), bits_of(&scores), "{rows}x{keys}x{d} split at {split}: scores");
+                    assert_eq!(bits_of(&split_out), bits_of(&out), "{rows}x{keys}x{d} split at {split}: values");
                 }
             }
         }

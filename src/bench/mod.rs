@@ -114,27 +114,35 @@ pub fn prefill<B: Backend>(model: &CausalLm<B>, batch: usize, seq_len: usize, re
     })
 }
 
-/// Greedy generation of `new_tokens` for each prompt (no stop tokens, so every row decodes
-/// the full length).
-pub fn decode_once<B: Backend>(model: &CausalLm<B>, prompts: &[Vec<u32>], new_tokens: usize) -> GenerationStats {
-    let req = GenerateRequest::new(prompts, SamplingParams::greedy(new_tokens));
+/// Greedy generation of `new_tokens` for each prompt, `samples` times (no stop tokens, so
+/// every row decodes the full length).
+pub fn decode_once<B: Backend>(
+    model: &CausalLm<B>,
+    prompts: &[Vec<u32>],
+    samples: usize,
+    new_tokens: usize,
+) -> GenerationStats {
+    let req =
+        GenerateRequest { num_samples: samples, ..GenerateRequest::new(prompts, SamplingParams::greedy(new_tokens)) };
     generate(model, &req).expect("generation on valid prompts").1
 }
 
-/// Generated tokens per second for `batch` sequences (distinct random prompts of
-/// `prompt_len` tokens) decoding `new_tokens` greedy tokens each; prefill time excluded.
+/// Generated tokens per second for `batch` sequences decoding `new_tokens` greedy tokens
+/// each, `samples` of each random prompt of `prompt_len` tokens (an RL step's groups; 1:
+/// every prompt distinct); prefill time excluded.
 pub fn decode<B: Backend>(
     model: &CausalLm<B>,
-    batch: usize,
+    [batch, samples]: [usize; 2],
     prompt_len: usize,
     new_tokens: usize,
     reps: usize,
 ) -> Measurement {
     let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(1);
     let vocab = model.config.vocab_size;
+    assert!(samples > 0 && batch % samples == 0, "a decoding batch of {batch} is not groups of {samples}");
     median_of("decode", batch, reps, || {
-        let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_ids(&mut rng, prompt_len, vocab)).collect();
-        let stats = decode_once(model, &prompts, new_tokens);
+        let prompts: Vec<Vec<u32>> = (0..batch / samples).map(|_| random_ids(&mut rng, prompt_len, vocab)).collect();
+        let stats = decode_once(model, &prompts, samples, new_tokens);
         (stats.generated_tokens, stats.decode_seconds)
     })
 }

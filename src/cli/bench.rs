@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Decode: batch sizes to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 64])]
     pub decode_batch: Vec<usize>,
+    /// Decode: sequences sampled from each prompt, as an RL step's groups (each batch a
+    /// multiple of it); 1, every prompt distinct.
+    #[arg(long, default_value_t = 1)]
+    pub decode_samples: usize,
     /// Decode: prompt tokens per sequence.
     #[arg(long, default_value_t = 32)]
     pub prompt_len: usize,
@@ -144,8 +148,15 @@ pub fn run(args: BenchArgs) -> Result<()> {
     // Every size is checked, against the model's context too, and the memory estimate before
     // any weight is built: a zero panics in the forward pass, a huge batch exhausts the machine.
     check_size("--prefill-batch", args.prefill_batch, 1, MAX_BATCH)?;
+    check_size("--decode-samples", args.decode_samples, 1, MAX_BATCH)?;
     for &b in &args.decode_batch {
         check_size("--decode-batch", b, 1, MAX_BATCH)?;
+        if b % args.decode_samples != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "--decode-batch {b} is not a multiple of --decode-samples {}: each batch is whole groups of samples",
+                args.decode_samples
+            )));
+        }
     }
     check_size("--train-batch", args.train_batch, 1, MAX_BATCH)?;
     let shape = model_shape(&args)?;
@@ -267,7 +278,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
     );
     let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len, args.reps)];
     for &b in &args.decode_batch {
-        results.push(bench::decode(&model, b, args.prompt_len, args.new_tokens, args.reps));
+        results.push(bench::decode(&model, [b, args.decode_samples], args.prompt_len, args.new_tokens, args.reps));
     }
     drop(model);
     if !args.no_train {
@@ -279,6 +290,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
         Format::Json => {
             let out = serde_json::json!({"model": name, "parameters": params, "device": args.device,
                 "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "cpu_kernels": kernels,
+                "decode_samples": args.decode_samples,
                 "results": results, "memory": memory});
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }

@@ -10,7 +10,7 @@
 
 use burn::tensor::{Int, Tensor, TensorCreationOptions, TensorData, backend::Backend};
 
-use crate::backend::attention::cache_dtype;
+use crate::backend::attention::{SharedKeys, cache_dtype};
 use crate::backend::flex_fast::write_slots;
 use crate::dtype::{ComputeDtype, Dtype};
 
@@ -51,12 +51,16 @@ pub struct KvCache<B: Backend> {
     limit: usize,
     /// Whether only sampling reads it ([`Self::for_sampling`]).
     sampling: bool,
+    /// Rows that hold copies of another row's first slots (a prompt fanned out to its samples),
+    /// which decoding's attention reads from that row.
+    shared: Option<SharedKeys>,
 }
 
 impl<B: Backend> KvCache<B> {
     /// An empty cache for `num_layers` layers that pre-allocates room for `reserve` slots.
     pub fn new(num_layers: usize, reserve: usize) -> Self {
-        KvCache { layers: (0..num_layers).map(|_| None).collect(), len: 0, reserve, limit: usize::MAX, sampling: false }
+        let layers = (0..num_layers).map(|_| None).collect();
+        KvCache { layers, len: 0, reserve, limit: usize::MAX, sampling: false, shared: None }
     }
 
     /// This cache growing to at most `limit` slots (the longest prompt plus the new tokens).
@@ -75,6 +79,23 @@ impl<B: Backend> KvCache<B> {
     /// The dtype this cache keeps its keys and values in, for a model computing in `compute`.
     pub(crate) fn dtype(&self, compute: ComputeDtype) -> Dtype {
         if self.sampling { compute.attention() } else { cache_dtype::<B>(compute) }
+    }
+
+    /// Which rows hold copies of another row's first slots, if any do.
+    pub(crate) fn shared_keys(&self) -> Option<&SharedKeys> {
+        self.shared.as_ref()
+    }
+
+    /// What [`Self::shared_keys`] becomes for the rows `rows` of this cache: rows copied from
+    /// one row share every slot written so far; rows taken once keep what they shared.
+    fn shared_in(&self, rows: &[usize]) -> Option<SharedKeys> {
+        let mut seen = std::collections::HashSet::new();
+        let repeats = !rows.iter().all(|&r| seen.insert(r));
+        match &self.shared {
+            _ if repeats => SharedKeys::grouped(self.len, rows.iter().copied()),
+            Some(shared) => shared.rows(rows),
+            None => None,
+        }
     }
 
     /// Slots already written.
@@ -136,6 +157,10 @@ impl<B: Backend> KvCache<B> {
         fill: impl FnOnce(Tensor<B, 4>, Tensor<B, 4>) -> (Tensor<B, 4>, Tensor<B, 4>),
     ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let end = start + t;
+        // Slots written again need not be alike any more.
+        if let Some(shared) = &mut self.shared {
+            shared.slots = shared.slots.min(start);
+        }
         let cap = self.capacity_for(layer, end);
         let options = || TensorCreationOptions::new(device.clone()).with_dtype(dtype);
         let kv = match self.layers[layer].take() {
@@ -183,7 +208,7 @@ impl<B: Backend> KvCache<B> {
                 .unzip();
             layers.push(Some(LayerKv { k: Tensor::cat(ks, 0), v: Tensor::cat(vs, 0) }));
         }
-        KvCache { layers, len, reserve, limit, sampling }
+        KvCache { layers, len, reserve, limit, sampling, shared: None }
     }
 
     /// Keeps only the rows `rows` (in that order; a row may repeat), e.g. to fan one prefilled
@@ -191,6 +216,7 @@ impl<B: Backend> KvCache<B> {
     /// old buffers dropped before the next is copied (a full cache dropping an eighth of its
     /// rows would otherwise hold 1.875 caches).
     pub fn select_rows(&mut self, rows: &[usize]) {
+        self.shared = self.shared_in(rows);
         for layer in &mut self.layers {
             if let Some(kv) = layer.take() {
                 *layer = Some(kv.rows(rows));
@@ -202,7 +228,8 @@ impl<B: Backend> KvCache<B> {
     /// prefilled prefix fanned out to the prompts that continue it, in buffers of their own.
     pub fn copy_rows(&self, rows: &[usize]) -> Self {
         let layers = self.layers.iter().map(|kv| kv.as_ref().map(|kv| kv.rows(rows))).collect();
-        KvCache { layers, len: self.len, reserve: self.reserve, limit: self.limit, sampling: self.sampling }
+        let shared = self.shared_in(rows);
+        KvCache { layers, len: self.len, reserve: self.reserve, limit: self.limit, sampling: self.sampling, shared }
     }
 
     /// Inserts `slots` empty slots before slot `at` in every row (zeros, which the rows' pads
@@ -211,6 +238,10 @@ impl<B: Backend> KvCache<B> {
     pub fn widen(&mut self, at: usize, slots: usize) {
         if slots == 0 {
             return;
+        }
+        // Zeros in every row: the slots before `at` stay alike.
+        if let Some(shared) = &mut self.shared {
+            shared.slots = shared.slots.min(at);
         }
         for kv in self.layers.iter_mut().flatten() {
             let [b, h, cap, d] = kv.k.dims();
@@ -261,6 +292,30 @@ mod tests {
             |r: usize, last: usize| (0..7).flat_map(move |s| [(if s < 6 { r * 100 + s } else { last }) as f32; 2]);
         let want: Vec<f32> = row(1, 6).chain(row(0, 106)).collect();
         assert_eq!(k.cast(burn::tensor::DType::F32).into_data().to_vec::<f32>().unwrap(), want);
+    }
+
+    /// Rows fanned out from one row share the slots written so far; rows dropped leave their
+    /// groups to the rest (a group's first row gone, the next leads it); a slot written again
+    /// ends what is shared there; a stack of caches shares nothing.
+    #[test]
+    fn fanned_out_rows_share_their_prompts_slots() {
+        let mut cache = KvCache::<Cpu>::new(1, 8);
+        cache.append(0, 0, keys(2, 0, 5), keys(2, 0, 5));
+        cache.advance(5);
+        assert_eq!(cache.shared_keys(), None);
+        cache.select_rows(&[0, 0, 0, 1, 1]);
+        assert_eq!(cache.shared_keys(), Some(&SharedKeys { slots: 5, source: vec![0, 0, 0, 3, 3] }));
+        cache.append(0, 5, keys(5, 5, 1), keys(5, 5, 1));
+        cache.advance(1);
+        cache.select_rows(&[1, 2, 3]);
+        assert_eq!(cache.shared_keys(), Some(&SharedKeys { slots: 5, source: vec![0, 0, 2] }));
+        let mut copy = cache.copy_rows(&[2, 2]);
+        assert_eq!(copy.shared_keys(), Some(&SharedKeys { slots: 6, source: vec![0, 0] }));
+        copy.append(0, 2, keys(2, 2, 1), keys(2, 2, 1));
+        assert_eq!(copy.shared_keys().map(|s| s.slots), Some(2), "slots written again");
+        assert_eq!(KvCache::concat(vec![copy, cache.copy_rows(&[0])]).shared_keys(), None);
+        cache.select_rows(&[0, 2]);
+        assert_eq!(cache.shared_keys(), None, "no two rows of a group left");
     }
 
     fn capacity(cache: &KvCache<Cpu>, layer: usize) -> usize {

@@ -204,16 +204,18 @@ impl<B: Backend> Attention<B> {
         let q = swap_middle(apply_rope(q, &layout.query));
         let k = swap_middle(apply_rope(k, &layout.key));
 
-        let (k, v) = match cache {
+        let (k, v, shared) = match cache {
             // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read
             // (f32 on the CPU where scoring or training reads it: see `KvCache::dtype`).
             Some((cache, layer, start)) => {
                 let dtype = cache.dtype(c).burn();
-                cache.append(layer, start, cast::cast(k, dtype), cast::cast(v, dtype))
+                let (k, v) = cache.append(layer, start, cast::cast(k, dtype), cast::cast(v, dtype));
+                (k, v, cache.shared_keys())
             }
-            None => (k, v),
+            None => (k, v, None),
         };
-        crate::backend::attention::attention_read_as(q, k, v, layout.bias.as_ref(), c, self.output_read_as(c))
+        let bias = layout.bias.as_ref();
+        crate::backend::attention::attention_read_as(q, k, v, bias, c, self.output_read_as(c), shared)
     }
 
     /// The dtype `o_proj` rounds the attention's output to, where a kernel may write it so.
@@ -274,7 +276,9 @@ impl<B: Backend> Attention<B> {
                 (k, v.expect("values written"))
             }
         };
-        Ok(crate::backend::attention::attention_read_as(q, k, v, layout.bias.as_ref(), c, self.output_read_as(c)))
+        // Sharing keys between rows is the CPU's decoding's: the GPU's kernel reads every row's.
+        let bias = layout.bias.as_ref();
+        Ok(crate::backend::attention::attention_read_as(q, k, v, bias, c, self.output_read_as(c), None))
     }
 }
 

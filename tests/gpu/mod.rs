@@ -930,7 +930,7 @@ fn attention_kernel_matches_the_generic_ops() {
             assert!(diff < tolerance, "attention, f16 compute, {what}: {diff}");
             // For an output projection that reads f16: written in f16 (rounded once).
             let read_as =
-                attention_read_as(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F16, Some(F16));
+                attention_read_as(q.clone(), k.clone(), v.clone(), bias.as_ref(), ComputeDtype::F16, Some(F16), None);
             assert_eq!(read_as.dtype(), F16, "{what}");
             let diff = max_abs_diff(&values(read_as), &slow);
             assert!(diff < 1e-3, "attention written in f16, {what}: {diff}");

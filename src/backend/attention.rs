@@ -58,8 +58,9 @@ const PARALLEL_WORK: usize = 1 << 18;
 /// may read them from, `r` itself for the first of its group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SharedKeys {
-    pub slots: usize,
-    pub source: Vec<usize>,
+    pub(crate) slots: usize,
+    /// Built by [`Self::grouped`], so that `source[r] <= r`.
+    pub(crate) source: Vec<usize>,
 }
 
 impl SharedKeys {
@@ -638,7 +639,11 @@ fn forward(
     shared: Option<&SharedKeys>,
 ) -> FlexTensor {
     let dims = Dims::of(q, k);
-    let shared = shared.filter(|shared| dims.t == 1 && keep.is_none() && shared.source.len() == dims.batch);
+    // Another row's keys are read only from rows of this batch.
+    let rows_of_this_batch = |shared: &&SharedKeys| {
+        shared.source.len() == dims.batch && shared.source.iter().enumerate().all(|(row, &from)| from <= row)
+    };
+    let shared = shared.filter(|shared| dims.t == 1 && keep.is_none() && rows_of_this_batch(shared));
     let (q, k, v) = (View::of(q), View::of(k), View::of(v));
     let bias = bias.map(|x| Bias::of(x, &dims));
     let segments = dims.segments();
@@ -930,8 +935,9 @@ mod tests {
         let (dev, u) = (Default::default(), Distribution::Uniform(-1.0, 1.0));
         let groups = [0, 0, 1, 0, 1, 2, 2];
         let b = groups.len();
+        // The last shape is enough work to run its blocks over the threads.
         for (heads, kv, dim, prompt, keys) in
-            [(9, 3, 64, 13, 30), (4, 2, 24, 8, 11), (6, 2, 16, 3, 9), (2, 1, 16, 20, 21)]
+            [(9, 3, 64, 13, 30), (4, 2, 24, 8, 11), (6, 2, 16, 3, 9), (2, 1, 16, 20, 21), (9, 3, 64, 401, 600)]
         {
             let shared = SharedKeys::grouped(prompt, groups.iter().copied()).expect("rows share");
             let layout = Layout::left_padded(&groups.map(|g| [0, 2, 1][g]), keys - 1, 1);

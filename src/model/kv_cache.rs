@@ -86,8 +86,9 @@ impl<B: Backend> KvCache<B> {
         self.shared.as_ref()
     }
 
-    /// What [`Self::shared_keys`] becomes for the rows `rows` of this cache: rows copied from
-    /// one row share every slot written so far; rows taken once keep what they shared.
+    /// What [`Self::shared_keys`] becomes for the rows `rows` of this cache: where a row
+    /// repeats (a fan-out), rows copied from one row share every slot written so far and
+    /// nothing else is shared; otherwise (rows dropped or reordered) each keeps what it shared.
     fn shared_in(&self, rows: &[usize]) -> Option<SharedKeys> {
         let mut seen = std::collections::HashSet::new();
         let repeats = !rows.iter().all(|&r| seen.insert(r));
@@ -295,8 +296,8 @@ mod tests {
     }
 
     /// Rows fanned out from one row share the slots written so far; rows dropped leave their
-    /// groups to the rest (a group's first row gone, the next leads it); a slot written again
-    /// ends what is shared there; a stack of caches shares nothing.
+    /// groups to the rest (a group's first row gone, the next leads it); a slot written again,
+    /// or slots inserted, end what is shared there; a stack of caches shares nothing.
     #[test]
     fn fanned_out_rows_share_their_prompts_slots() {
         let mut cache = KvCache::<Cpu>::new(1, 8);
@@ -313,6 +314,9 @@ mod tests {
         assert_eq!(copy.shared_keys(), Some(&SharedKeys { slots: 6, source: vec![0, 0] }));
         copy.append(0, 2, keys(2, 2, 1), keys(2, 2, 1));
         assert_eq!(copy.shared_keys().map(|s| s.slots), Some(2), "slots written again");
+        let mut widened = cache.copy_rows(&[2, 2]);
+        widened.widen(4, 3);
+        assert_eq!(widened.shared_keys().map(|s| s.slots), Some(4), "the slots before the inserted ones");
         assert_eq!(KvCache::concat(vec![copy, cache.copy_rows(&[0])]).shared_keys(), None);
         cache.select_rows(&[0, 2]);
         assert_eq!(cache.shared_keys(), None, "no two rows of a group left");

@@ -79,11 +79,12 @@ impl SharedKeys {
         (shares && slots > 0).then_some(SharedKeys { slots, source })
     }
 
-    /// The keys row `row` of a decoding pass over `keys` keys reads from `source[row]`: whole
-    /// blocks of four ([`kernels::query_key_scores`] scores four keys at a time, so the split
-    /// keeps every score's bits), none for a group's first row.
-    fn split(&self, row: usize, keys: usize) -> usize {
-        if self.source.get(row).is_none_or(|&from| from == row) { 0 } else { self.slots.min(keys) / 4 * 4 }
+    /// The row that row `row` of a decoding pass over `keys` keys reads its first keys from,
+    /// and how many: whole blocks of four ([`kernels::query_key_scores`] scores four keys at a
+    /// time, so the split keeps every score's bits); `None` for a group's first row.
+    fn read_from(&self, row: usize, keys: usize) -> Option<(usize, usize)> {
+        let split = self.slots.min(keys) / 4 * 4;
+        self.source.get(row).filter(|&&from| from != row && split > 0).map(|&from| (from, split))
     }
 }
 
@@ -660,9 +661,8 @@ fn forward(
             None => (block / dims.kv_heads, block % dims.kv_heads),
         };
         let own = block_kv(&k, &v, (batch, kv), &dims, wide);
-        let split = shared.map_or(0, |shared| shared.split(batch, keys));
-        let from = shared.filter(|_| split > 0).map(|shared| shared.source[batch]);
-        let reads = Reads { own, shared: from.map(|row| (block_kv(&k, &v, (row, kv), &dims, wide), split)) };
+        let from = shared.and_then(|shared| shared.read_from(batch, keys));
+        let reads = Reads { own, shared: from.map(|(row, split)| (block_kv(&k, &v, (row, kv), &dims, wide), split)) };
         for seg in &segments {
             let at = if keep { seg.block_row(dims.t) * keys } else { 0 };
             let p = &mut probs[at..at + seg.rows * keys];
@@ -928,7 +928,7 @@ mod tests {
 
     /// Decoding rows that are samples of one prompt read its keys and values from the group's
     /// first row: the same bits as reading their own copies. Each later row's copy of the
-    /// shared slots (in whole fours: see `SharedKeys::split`) is overwritten with other
+    /// shared slots (in whole fours: see `SharedKeys::read_from`) is overwritten with other
     /// numbers, so that a row reading its own would give other results.
     #[test]
     fn decoding_reads_the_keys_rows_share_from_their_groups_first_row_to_the_same_bits() {

@@ -90,13 +90,9 @@ impl<B: Backend> KvCache<B> {
     /// repeats (a fan-out), rows copied from one row share every slot written so far and
     /// nothing else is shared; otherwise (rows dropped or reordered) each keeps what it shared.
     fn shared_in(&self, rows: &[usize]) -> Option<SharedKeys> {
-        let mut seen = std::collections::HashSet::new();
-        let repeats = !rows.iter().all(|&r| seen.insert(r));
-        match &self.shared {
-            _ if repeats => SharedKeys::grouped(self.len, rows.iter().copied()),
-            Some(shared) => shared.rows(rows),
-            None => None,
-        }
+        // Grouped by the rows they copy, rows share only where one repeats. An empty cache has
+        // nothing to share, before or after.
+        SharedKeys::grouped(self.len, rows.iter().copied()).or_else(|| self.shared.as_ref()?.rows(rows))
     }
 
     /// Slots already written.

@@ -33,7 +33,7 @@ use std::collections::HashMap;
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
-use crate::backend::gather::gather_rows;
+use crate::backend::gather::{gather_rows, row_range};
 use crate::model::transformer::DecoderLayer;
 use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
@@ -488,10 +488,8 @@ impl<B: Backend> PassTensors<B> {
     fn slots_of(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.gather {
             Some([[reads, back], _]) => gather_rows(x, reads.clone(), back.clone()),
-            None => {
-                let width = x.dims()[1];
-                x.slice([self.first..self.first + self.tokens, 0..width])
-            }
+            // A view, whose gradient is cheaper than `slice`'s (`row_range`).
+            None => row_range(x, self.first..self.first + self.tokens),
         }
     }
 

@@ -104,6 +104,12 @@ fn tracked_range<B: Backend, I: Backend>(x: Tensor<B, 2>, rows: Range<usize>) ->
     Tensor::from_primitive(TensorPrimitive::Float(cast(out)))
 }
 
+thread_local! {
+    /// How many [`row_range`] gradients this thread has put back (tests check that the op, not
+    /// `slice`'s fallback, ran).
+    pub(crate) static RANGES_PUT_BACK: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 #[derive(Debug)]
 struct RowRange;
 
@@ -115,6 +121,7 @@ impl<I: Backend> Backward<I, 1> for RowRange {
         let grad = grads.consume::<I>(&ops.node);
         let [Some(parent)] = ops.parents else { return };
         let (rows, len) = ops.state;
+        RANGES_PUT_BACK.with(|n| n.set(n.get() + 1));
         grads.register::<I>(parent.id, put_rows::<I>(grad, rows, len));
     }
 }
@@ -219,7 +226,9 @@ mod tests {
         let sliced = |rows: Range<usize>| x.clone().slice([rows, 0..3]);
         assert_eq!(host(row_range(x.clone(), 2..5).inner()), host(sliced(2..5).inner()));
         assert_eq!(host(row_range(x.clone().inner(), 1..4)), host(sliced(1..4).inner()));
+        RANGES_PUT_BACK.with(|n| n.set(0));
         let ours = gradient(&|rows| row_range(x.clone(), rows));
+        assert_eq!(RANGES_PUT_BACK.with(|n| n.get()), 3, "the op's backward ran, not slice's");
         assert_eq!(bits(ours.clone()), bits(gradient(&sliced)));
         assert!(ours[15..].iter().all(|&g| g == 0.0) && ours[..15].iter().all(|&g| g != 0.0), "{ours:?}");
         let grad =

@@ -35,6 +35,23 @@ use burn_flex::FlexTensor;
 
 use super::fused::{contiguous, elems};
 
+/// Returns `tracked::<B, I>(args)` when `B` is `Autodiff` over an inner backend `I` this build
+/// runs; otherwise goes on to what follows it.
+macro_rules! on_autodiff {
+    ($b:ident, $tracked:ident($($arg:expr),*)) => {
+        on_autodiff!(@one $b, super::Cpu, $tracked($($arg),*));
+        #[cfg(feature = "cuda")]
+        on_autodiff!(@one $b, super::Cuda, $tracked($($arg),*));
+        #[cfg(feature = "wgpu")]
+        on_autodiff!(@one $b, super::Wgpu, $tracked($($arg),*));
+    };
+    (@one $b:ident, $inner:ty, $tracked:ident($($arg:expr),*)) => {
+        if TypeId::of::<$b>() == TypeId::of::<Autodiff<$inner>>() {
+            return $tracked::<$b, $inner>($($arg),*);
+        }
+    };
+}
+
 /// Rows `index` of `x` (`[rows, width]` → `[index.len(), width]`), whose gradient with
 /// respect to `x` is gathered back through `back`: input row `r` takes the gradient of output
 /// row `back[r]`, or zero where `back[r]` is `index.len()` (a row nothing read).
@@ -42,30 +59,28 @@ use super::fused::{contiguous, elems};
 /// The caller vouches that every output row with a gradient other than zero reads an input
 /// row `r` with `back[r]` naming it; then the gradient is `select`'s, whose sums it skips.
 pub fn gather_rows<B: Backend>(x: Tensor<B, 2>, index: Tensor<B, 1, Int>, back: Tensor<B, 1, Int>) -> Tensor<B, 2> {
-    /// Runs [`tracked`] when `B` is `Autodiff` over one of the inner backends named.
-    macro_rules! over {
-        ($($inner:ty),*) => {$(
-            if TypeId::of::<B>() == TypeId::of::<Autodiff<$inner>>() {
-                return tracked::<B, $inner>(x, index, back);
-            }
-        )*};
-    }
-    over!(super::Cpu);
-    #[cfg(feature = "cuda")]
-    over!(super::Cuda);
-    #[cfg(feature = "wgpu")]
-    over!(super::Wgpu);
+    on_autodiff!(B, tracked(x, index, back));
     // No gradient to take (or an autodiff backend not named above, where `select`'s is right).
     x.select(0, index)
 }
 
 fn tracked<B: Backend, I: Backend>(x: Tensor<B, 2>, index: Tensor<B, 1, Int>, back: Tensor<B, 1, Int>) -> Tensor<B, 2> {
-    let x: FloatTensor<Autodiff<I>> = cast(x.into_primitive().tensor());
     let index: IntTensor<I> = cast(index.into_primitive());
     let back: IntTensor<I> = cast(back.into_primitive());
-    let out = I::float_select(x.primitive, 0, index);
-    let out = match Backward::<I, 1>::prepare::<NoCheckpointing>(GatherRows, [x.node]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish(back, out),
+    recorded::<B, I, _>(GatherRows, x, |x| (back, I::float_select(x, 0, index)))
+}
+
+/// `forward`'s output from `x`'s values (`B` being `Autodiff<I>`), with `op`'s backward (and
+/// the state `forward` gives) recorded for it where `x` is tracked.
+fn recorded<B: Backend, I: Backend, O: Backward<I, 1>>(
+    op: O,
+    x: Tensor<B, 2>,
+    forward: impl FnOnce(FloatTensor<I>) -> (O::State, FloatTensor<I>),
+) -> Tensor<B, 2> {
+    let x: FloatTensor<Autodiff<I>> = cast(x.into_primitive().tensor());
+    let (state, out) = forward(x.primitive);
+    let out = match op.prepare::<NoCheckpointing>([x.node]).compute_bound().stateful() {
+        OpsKind::Tracked(prep) => prep.finish(state, out),
         OpsKind::UnTracked(prep) => prep.finish(out),
     };
     Tensor::from_primitive(TensorPrimitive::Float(cast(out)))
@@ -75,33 +90,18 @@ fn tracked<B: Backend, I: Backend>(x: Tensor<B, 2>, index: Tensor<B, 1, Int>, ba
 /// range's put back among zeros in one pass ([`put_rows`]): `slice`'s values, without its
 /// copies (see the module docs).
 pub fn row_range<B: Backend>(x: Tensor<B, 2>, rows: Range<usize>) -> Tensor<B, 2> {
-    /// Runs [`tracked_range`] when `B` is `Autodiff` over one of the inner backends named.
-    macro_rules! over {
-        ($($inner:ty),*) => {$(
-            if TypeId::of::<B>() == TypeId::of::<Autodiff<$inner>>() {
-                return tracked_range::<B, $inner>(x, rows);
-            }
-        )*};
-    }
-    over!(super::Cpu);
-    #[cfg(feature = "cuda")]
-    over!(super::Cuda);
-    #[cfg(feature = "wgpu")]
-    over!(super::Wgpu);
+    on_autodiff!(B, tracked_range(x, rows));
     let width = x.dims()[1];
     x.slice([rows, 0..width])
 }
 
 fn tracked_range<B: Backend, I: Backend>(x: Tensor<B, 2>, rows: Range<usize>) -> Tensor<B, 2> {
     let len = x.dims()[0];
-    let x: FloatTensor<Autodiff<I>> = cast(x.into_primitive().tensor());
-    let width = x.primitive.shape()[1];
-    let out = I::float_slice(x.primitive, &[Slice::from(rows.clone()), Slice::from(0..width)]);
-    let out = match Backward::<I, 1>::prepare::<NoCheckpointing>(RowRange, [x.node]).compute_bound().stateful() {
-        OpsKind::Tracked(prep) => prep.finish((rows, len), out),
-        OpsKind::UnTracked(prep) => prep.finish(out),
-    };
-    Tensor::from_primitive(TensorPrimitive::Float(cast(out)))
+    recorded::<B, I, _>(RowRange, x, |x| {
+        let width = x.shape()[1];
+        let out = I::float_slice(x, &[Slice::from(rows.clone()), Slice::from(0..width)]);
+        ((rows, len), out)
+    })
 }
 
 thread_local! {

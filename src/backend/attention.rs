@@ -39,7 +39,7 @@ use crate::dtype::ComputeDtype;
 
 /// Queries per GEMM block: the block's scores (`QUERY_BLOCK × keys` floats) stay in cache,
 /// and keys after the block's last query are skipped.
-const QUERY_BLOCK: usize = 64;
+pub(super) const QUERY_BLOCK: usize = 64;
 
 /// The dtype of a KV cache that scoring or training reads: the attention's
 /// ([`ComputeDtype::attention`]), except on the CPU backends, where it is f32: the fused
@@ -51,7 +51,7 @@ pub fn cache_dtype<B: Backend>(compute: ComputeDtype) -> crate::dtype::Dtype {
 }
 
 /// Multiply-adds below which inference runs its blocks on the calling thread.
-const PARALLEL_WORK: usize = 1 << 18;
+pub(super) const PARALLEL_WORK: usize = 1 << 18;
 
 /// Rows of a KV cache whose first `slots` keys and values are copies of another row's (the
 /// samples of one prompt, fanned out from its prefill): `source[r]` is the row that row `r`
@@ -259,16 +259,16 @@ fn probabilities<B: Backend>(
 // --- the kernels ---------------------------------------------------------------------------
 
 /// A 4-D f32 or bf16 view `[batch, heads, seq, dim]` with unit stride along `dim`.
-struct View {
+pub(super) struct View {
     tensor: FlexTensor,
     /// Element strides of batch, heads, seq.
-    strides: [usize; 3],
+    pub(super) strides: [usize; 3],
     /// bf16 (a sampling cache's keys or values), read as bits.
     half: bool,
 }
 
 impl View {
-    fn of(t: &FlexTensor) -> View {
+    pub(super) fn of(t: &FlexTensor) -> View {
         let unit = t.layout().strides()[3] == 1 && t.layout().strides().iter().all(|&s| s >= 0);
         let tensor = if unit { t.clone() } else { t.to_contiguous() };
         let s = tensor.layout().strides();
@@ -277,7 +277,7 @@ impl View {
         View { tensor, strides, half }
     }
 
-    fn ptr(&self) -> *const f32 {
+    pub(super) fn ptr(&self) -> *const f32 {
         let data: &[f32] = self.tensor.storage();
         data[self.tensor.layout().start_offset()..].as_ptr()
     }
@@ -290,13 +290,13 @@ impl View {
 
 /// Shapes of one call: `heads` query heads of `t` queries, `kv_heads` of `keys` keys.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    batch: usize,
-    heads: usize,
-    kv_heads: usize,
-    t: usize,
-    keys: usize,
-    dim: usize,
+pub(super) struct Dims {
+    pub(super) batch: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) t: usize,
+    pub(super) keys: usize,
+    pub(super) dim: usize,
 }
 
 impl Dims {
@@ -305,17 +305,17 @@ impl Dims {
         Dims { batch: qs[0], heads: qs[1], kv_heads: ks[1], t: qs[2], keys: ks[2], dim: qs[3] }
     }
 
-    fn group(&self) -> usize {
+    pub(super) fn group(&self) -> usize {
         self.heads / self.kv_heads
     }
 
     /// Rows of one block's probabilities: `group·t`, head-major.
-    fn block_rows(&self) -> usize {
+    pub(super) fn block_rows(&self) -> usize {
         self.group() * self.t
     }
 
     /// The query segments of one (batch row, KV head) block.
-    fn segments(&self) -> Vec<Segment> {
+    pub(super) fn segments(&self) -> Vec<Segment> {
         if self.t == 1 {
             // Decoding: the group's heads are the rows of one segment (the few-query kernels').
             return vec![Segment { head: 0, first: 0, rows: self.group(), by_head: true, keys: self.keys }];
@@ -333,26 +333,26 @@ impl Dims {
 }
 
 /// Floats of one segment's scores: its rows × `keys`, for the largest segment.
-fn scratch_len(segments: &[Segment], keys: usize) -> usize {
+pub(super) fn scratch_len(segments: &[Segment], keys: usize) -> usize {
     segments.iter().map(|s| s.rows).max().unwrap_or(0) * keys
 }
 
 /// Consecutive rows of a block's probabilities: `rows` queries of one head from position
 /// `first`, or (`by_head`, when t = 1) one query of `rows` heads from head `head`.
 #[derive(Clone, Copy, Debug)]
-struct Segment {
+pub(super) struct Segment {
     /// Query head within the group.
-    head: usize,
-    first: usize,
-    rows: usize,
-    by_head: bool,
+    pub(super) head: usize,
+    pub(super) first: usize,
+    pub(super) rows: usize,
+    pub(super) by_head: bool,
     /// Keys that any of these rows may see.
-    keys: usize,
+    pub(super) keys: usize,
 }
 
 impl Segment {
     /// Row within the block's `[group·t, keys]` probabilities.
-    fn block_row(&self, t: usize) -> usize {
+    pub(super) fn block_row(&self, t: usize) -> usize {
         self.head * t + self.first
     }
 }
@@ -384,26 +384,26 @@ impl Bias {
 
 /// A raw pointer that rayon blocks may share: every block writes elements no other touches.
 #[derive(Clone, Copy)]
-struct SharedMut(*mut f32);
+pub(super) struct SharedMut(pub(super) *mut f32);
 // SAFETY: used only for outputs whose (batch row, head) parts are written by one block each.
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 
 impl SharedMut {
     /// Through a method, so that closures capture the whole (Sync) wrapper.
-    fn at(&self, offset: usize) -> *mut f32 {
+    pub(super) fn at(&self, offset: usize) -> *mut f32 {
         self.0.wrapping_add(offset)
     }
 }
 
 /// A matrix operand: pointer, row stride, column stride (elements).
-type Mat = (*const f32, usize, usize);
+pub(super) type Mat = (*const f32, usize, usize);
 
 /// `dst (+)= lhs · rhs` with `dst: m×n`, `lhs: m×k`, `rhs: k×n`, all strided.
 ///
 /// SAFETY: the caller guarantees every operand is valid for its shape and strides and that
 /// `dst` is not read or written by anyone else meanwhile.
-unsafe fn matmul_into(
+pub(super) unsafe fn matmul_into(
     m: usize,
     n: usize,
     k: usize,
@@ -506,7 +506,7 @@ fn kv_ptr(view: &View, batch: usize, kv: usize) -> Mat {
 /// every `.1`), or bf16 rows (their bits, a row every `.1`), which only the few-query kernels
 /// read ([`block_kv`] widens them for the GEMMs).
 #[derive(Clone, Copy)]
-enum BlockKv {
+pub(super) enum BlockKv {
     F32(Mat, Mat),
     Bf16((*const u16, usize), (*const u16, usize)),
 }
@@ -543,9 +543,9 @@ fn block_kv(k: &View, v: &View, (batch, kv): (usize, usize), dims: &Dims, wide: 
 /// Where a block reads its keys and values: its own rows, and for decoding's rows that share
 /// a prompt's keys, the first `.1` keys from the row that holds them first ([`SharedKeys`]).
 #[derive(Clone, Copy)]
-struct Reads {
-    own: BlockKv,
-    shared: Option<(BlockKv, usize)>,
+pub(super) struct Reads {
+    pub(super) own: BlockKv,
+    pub(super) shared: Option<(BlockKv, usize)>,
 }
 
 impl Reads {
@@ -568,7 +568,7 @@ unsafe fn kv_rows<'a, T>((ptr, stride): (*const T, usize), first: usize, end: us
 /// One segment's scores `p = q kᵀ` (its rows `keys` apart): decoding's few queries (a row
 /// per head of the group) read the keys as stored, part by part ([`Reads::parts`]); longer
 /// passes take the GEMM.
-fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, reads: Reads, p: &mut [f32]) {
+pub(super) fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, reads: Reads, p: &mut [f32]) {
     let (d, keys) = (dims.dim, dims.keys);
     if !seg.by_head {
         let BlockKv::F32(kp, _) = reads.own else { unreachable!("bf16 keys are widened for several queries") };
@@ -600,7 +600,13 @@ fn segment_scores(dims: &Dims, seg: &Segment, q: Mat, reads: Reads, p: &mut [f32
 ///
 /// SAFETY: the caller guarantees the segment's output rows are valid, and that nobody else
 /// reads or writes them (or, for decoding's rows, the elements between them) meanwhile.
-unsafe fn segment_values(dims: &Dims, seg: &Segment, p: &[f32], reads: Reads, (out, stride): (*mut f32, usize)) {
+pub(super) unsafe fn segment_values(
+    dims: &Dims,
+    seg: &Segment,
+    p: &[f32],
+    reads: Reads,
+    (out, stride): (*mut f32, usize),
+) {
     let (d, keys) = (dims.dim, dims.keys);
     if !seg.by_head {
         let BlockKv::F32(_, vp) = reads.own else { unreachable!("bf16 values are widened for several queries") };

@@ -20,6 +20,7 @@ pub mod fused;
 pub mod gather;
 pub mod kernel_cache;
 pub mod kernels;
+pub mod packed_attention;
 pub mod packed_weight;
 mod panel_split;
 mod parallel_fill;

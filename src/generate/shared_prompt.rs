@@ -6,7 +6,8 @@
 //! [`super::generate`] fans a prefill out to its samples), and the responses run on top: the
 //! same hidden states, to rounding, with the prompt's share of the work divided by G. In a
 //! training pass the fan-out is a row selection, whose backward sums the responses' gradients
-//! into the one prompt pass.
+//! into the one prompt pass; on the CPU backends the responses read the prompt's keys and
+//! values where its pass left them, with no fan-out ([`packed_attention`]).
 //!
 //! Prompts that are not identical but begin alike (a multi-turn team's K episodes of one task,
 //! whose later turns' prompts differ by what each episode did) share that beginning the same
@@ -16,11 +17,14 @@
 //! Only the attention needs its rows side by side: everything else in a layer works token by
 //! token. So the passes' tokens are packed, padding left out, and every projection and MLP of
 //! a layer multiplies all of them at once (verl's and TRL's padding-free batches: one product
-//! of each weight a micro-batch, a bf16 weight rounded once); each pass's attention runs on its
-//! rows right-padded to the longest, gathered from the packed tokens and back by
-//! [`gather_rows`], whose gradient is a gather too. Responses of very different lengths (a
-//! math rollout's run from a few hundred tokens to the limit) run their attention in passes of
-//! like lengths where that saves more padding than a pass costs ([`passes_by_length`]).
+//! of each weight a micro-batch, a bf16 weight rounded once). On a CPU backend one attention op
+//! runs every row of every pass on the packed tokens, a continuing row reading its prompt's
+//! keys where the prompt pass left them ([`packed_attention`]: no cache, no padding). On the
+//! other backends each pass's attention runs on its rows right-padded to the longest, gathered
+//! from the packed tokens and back by [`gather_rows`], whose gradient is a gather too, and
+//! responses of very different lengths (a math rollout's run from a few hundred tokens to the
+//! limit) run in passes of like lengths where that saves more padding than a pass costs
+//! ([`passes_by_length`]).
 //!
 //! The last response token is never fed (nothing here reads what it predicts), and the first
 //! response token is predicted by the last prompt position, in the prefix pass when the prompt
@@ -30,10 +34,15 @@
 //! checkpointing ([`crate::train::recompute`]) can keep each layer's inputs and recompute it.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
+use crate::backend::fused::CpuBackend;
 use crate::backend::gather::{gather_rows, row_range};
+use crate::backend::packed_attention::{self, PackedSeq};
+use crate::dtype::ComputeDtype;
+use crate::model::layout::RopeTables;
 use crate::model::transformer::DecoderLayer;
 use crate::model::{CausalLm, KvCache, Layout, LayoutTensors};
 
@@ -319,7 +328,8 @@ impl Passes {
     /// What the passes hold per layer, in token slots: every slot their attention runs,
     /// padding included (the matmuls run the tokens alone), and for each continuing pass a copy
     /// of its prompt's keys and values, a slot per prompt token and row. A training
-    /// micro-batch's activations grow with it (the budget of `algo.micro_batch_tokens`).
+    /// micro-batch's activations grow with it (the budget of `algo.micro_batch_tokens`). The
+    /// CPU's packed attention runs neither the padding nor the copies: there this bounds them.
     pub fn slots(&self) -> usize {
         let mut prompt = 0;
         let mut slots = 0;
@@ -333,10 +343,35 @@ impl Passes {
         slots
     }
 
+    /// What the attention reads, on `model`'s device, made once for all the layers: on a CPU
+    /// backend every pass's rows as packed sequences, each token's position and what it
+    /// continues; elsewhere [`Self::pass_tensors`].
+    pub(crate) fn tensors<B: Backend>(&self, model: &CausalLm<B>) -> PlanTensors<B> {
+        let Some(on) = packed_attention::backend::<B>() else {
+            return PlanTensors::Passes(self.pass_tensors(model));
+        };
+        let (mut seqs, mut positions) = (Vec::new(), Vec::new());
+        // A continuing pass's rows see its prompt pass's tokens: (first token, length).
+        let (mut prompt, mut first) = ((0, 0), 0);
+        for pass in &self.passes {
+            let (prefix, prefix_len) = if pass.continues { prompt } else { (0, 0) };
+            if !pass.continues {
+                prompt = (first, pass.len);
+            }
+            for &len in &pass.lens {
+                seqs.push(PackedSeq { first, len, prefix, prefix_len });
+                positions.extend((0..len).map(|i| prefix_len + i));
+                first += len;
+            }
+        }
+        let tables = model.rope_tables(&positions);
+        PlanTensors::Packed { tables, seqs: seqs.into(), on, compute: model.compute }
+    }
+
     /// What each pass's attention reads, on `model`'s device, made once for all the layers:
     /// its positions and mask (a continuing pass starts after its prompt pass), and where its
     /// slots are among the packed tokens.
-    pub fn tensors<B: Backend>(&self, model: &CausalLm<B>) -> Vec<PassTensors<B>> {
+    fn pass_tensors<B: Backend>(&self, model: &CausalLm<B>) -> Vec<PassTensors<B>> {
         let device = model.device();
         let index = |at: Vec<i64>| {
             let n = at.len();
@@ -392,11 +427,27 @@ impl Passes {
     }
 
     /// `layer` over the packed tokens `x` (`[tokens, hidden]`, [`Self::ids`]' order): the
-    /// projections and the MLP over all of them at once, padding left out; the attention pass
-    /// by pass, each pass's rows right-padded to its length. A prompt pass that passes
+    /// projections and the MLP over all of them at once, padding left out; the attention on a
+    /// CPU backend over every pass's rows at once ([`packed_attention`]), elsewhere pass by
+    /// pass, each pass's rows right-padded to its length. There a prompt pass that passes
     /// continue keeps its keys and values for them, each continuing pass a copy fanned out to
     /// its rows (the last takes the kept cache itself).
-    pub fn layer<B: Backend>(
+    pub(crate) fn layer<B: Backend>(
+        &self,
+        layer: &DecoderLayer<B>,
+        tensors: &PlanTensors<B>,
+        x: Tensor<B, 2>,
+    ) -> Tensor<B, 2> {
+        match tensors {
+            PlanTensors::Packed { tables, seqs, on, compute } => layer.forward_packed(x, *compute, |attention, qkv| {
+                attention.attend_packed(qkv, tables, seqs, (*on, *compute))
+            }),
+            PlanTensors::Passes(tensors) => self.layer_by_passes(layer, tensors, x),
+        }
+    }
+
+    /// [`Self::layer`] with the attention pass by pass.
+    fn layer_by_passes<B: Backend>(
         &self,
         layer: &DecoderLayer<B>,
         tensors: &[PassTensors<B>],
@@ -454,10 +505,14 @@ impl Passes {
     /// The final hidden states of [`Self::select`]'s rows, the whole model's forward pass run
     /// as planned.
     pub fn response_hidden<B: Backend>(&self, model: &CausalLm<B>) -> Tensor<B, 2> {
-        let tensors = self.tensors(model);
+        self.hidden_with(model, &self.tensors(model))
+    }
+
+    /// [`Self::response_hidden`] with the attention reading `tensors`.
+    fn hidden_with<B: Backend>(&self, model: &CausalLm<B>, tensors: &PlanTensors<B>) -> Tensor<B, 2> {
         let mut x = self.embed(model, self.ids(&model.device()));
         for layer in &model.layers {
-            x = self.layer(layer, &tensors, x);
+            x = self.layer(layer, tensors, x);
         }
         // The final norm works per row, so it can come after the selection.
         model.norm.forward(self.select(x), model.compute)
@@ -471,7 +526,16 @@ impl Pass {
     }
 }
 
-/// What a pass's attention reads ([`Passes::tensors`]).
+/// What the attention of a plan's layers reads ([`Passes::tensors`]).
+pub(crate) enum PlanTensors<B: Backend> {
+    /// On a CPU backend (`on`): the query's and key's RoPE tables of the packed tokens, and
+    /// their sequences.
+    Packed { tables: [RopeTables<B>; 2], seqs: Arc<[PackedSeq]>, on: CpuBackend, compute: ComputeDtype },
+    /// Elsewhere, each pass's.
+    Passes(Vec<PassTensors<B>>),
+}
+
+/// What a pass's attention reads ([`Passes::pass_tensors`]).
 pub struct PassTensors<B: Backend> {
     layout: LayoutTensors<B>,
     /// Its first token among the packed tokens, and how many it has.
@@ -571,19 +635,26 @@ mod tests {
                     m = crate::model::lora::attach(m, &config, 1);
                 }
                 let dense = dense_hidden(&m, &requests);
-                let planned = passes.response_hidden(&m);
-                assert_eq!(dense.dims(), planned.dims());
-                let (x, y) = (host(dense.clone()), host(planned.clone()));
-                let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);
-                let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max) / scale;
-                let case = format!("{count} passes, tied {tied}, lora {lora}, biased {biased}");
-                assert!(d <= 1e-5, "{case}: hidden states differ by {d} (relative)");
-                let (mut a, mut b) = (GradStore::<Cpu>::default(), GradStore::<Cpu>::default());
-                a.accumulate(&m, &weighted_head_loss(&m, dense).backward());
-                b.accumulate(&m, &weighted_head_loss(&m, planned).backward());
+                let mut a = GradStore::<Cpu>::default();
+                a.accumulate(&m, &weighted_head_loss(&m, dense.clone()).backward());
                 assert!(a.names().len() >= if lora { 2 * 7 } else { 3 * 11 }, "{} parameters", a.names().len());
-                let d = a.max_relative_diff(&b);
-                assert!(d <= 1e-5, "{case}: gradients differ by {d} (relative)");
+                // The CPU's packed attention, and the passes one by one as the GPUs run them.
+                let packed = passes.tensors(&m);
+                assert!(matches!(packed, PlanTensors::Packed { .. }), "the CPU backend runs the packed op");
+                let by_passes = PlanTensors::Passes(passes.pass_tensors(&m));
+                for (tensors, how) in [(packed, "packed"), (by_passes, "by passes")] {
+                    let planned = passes.hidden_with(&m, &tensors);
+                    assert_eq!(dense.dims(), planned.dims());
+                    let (x, y) = (host(dense.clone()), host(planned.clone()));
+                    let scale = x.iter().map(|v| v.abs()).fold(0.0, f32::max);
+                    let d = x.iter().zip(&y).map(|(p, q)| (p - q).abs()).fold(0.0, f32::max) / scale;
+                    let case = format!("{count} passes {how}, tied {tied}, lora {lora}, biased {biased}");
+                    assert!(d <= 1e-5, "{case}: hidden states differ by {d} (relative)");
+                    let mut b = GradStore::<Cpu>::default();
+                    b.accumulate(&m, &weighted_head_loss(&m, planned).backward());
+                    let d = a.max_relative_diff(&b);
+                    assert!(d <= 1e-5, "{case}: gradients differ by {d} (relative)");
+                }
             }
         }
     }

@@ -112,38 +112,50 @@ pub struct LayoutTensors<B: Backend> {
     pub compute: crate::dtype::ComputeDtype,
 }
 
+/// The query and key tables of `positions` (`rows` rows of as many positions each): one
+/// cos/sin row per position, expanded over the heads; the query's scaled by `1/sqrt(head_dim)`.
+pub fn rope_tables<B: Backend>(
+    positions: &[usize],
+    rows: usize,
+    rope: &Rope,
+    heads: Heads,
+    device: &B::Device,
+) -> [RopeTables<B>; 2] {
+    let hd = heads.dim;
+    let half = hd / 2;
+    let mut base_cos = vec![0f32; positions.len() * hd];
+    let mut base_sin = vec![0f32; positions.len() * hd];
+    for (i, &position) in positions.iter().enumerate() {
+        let (c, sn) = (&mut base_cos[i * hd..(i + 1) * hd], &mut base_sin[i * hd..(i + 1) * hd]);
+        rope.fill_row(position, c, sn);
+        sn[..half].iter_mut().for_each(|x| *x = -*x);
+    }
+    let per_row = positions.len() / rows.max(1);
+    let scale = 1.0 / (hd as f32).sqrt();
+    let tables = |n_heads: usize, scale: f32| {
+        let expand = |base: &[f32]| {
+            let mut out = Vec::with_capacity(base.len() * n_heads);
+            for row in base.chunks(hd) {
+                for _ in 0..n_heads {
+                    out.extend(row.iter().map(|x| x * scale));
+                }
+            }
+            Tensor::<B, 2>::from_data(TensorData::new(out, [rows, per_row * n_heads * hd]), device)
+        };
+        RopeTables { cos: expand(&base_cos), sin: expand(&base_sin) }
+    };
+    [tables(heads.query, scale), tables(heads.key_value, 1.0)]
+}
+
 impl<B: Backend> LayoutTensors<B> {
     pub fn new(layout: &Layout, rope: &Rope, heads: Heads, device: &B::Device) -> Self {
         let (t, s) = (layout.len, layout.keys());
         let padded = layout.padded();
         let rows = if padded { layout.batch() } else { 1 };
 
-        // One cos/sin row per (row, slot), then expanded over heads.
-        let hd = heads.dim;
-        let half = hd / 2;
-        let mut base_cos = vec![0f32; rows * t * hd];
-        let mut base_sin = vec![0f32; rows * t * hd];
-        for r in 0..rows {
-            for q in 0..t {
-                let off = (r * t + q) * hd;
-                let (c, sn) = (&mut base_cos[off..off + hd], &mut base_sin[off..off + hd]);
-                rope.fill_row(layout.position(r, layout.start + q), c, sn);
-                sn[..half].iter_mut().for_each(|x| *x = -*x);
-            }
-        }
-        let scale = 1.0 / (hd as f32).sqrt();
-        let tables = |n_heads: usize, scale: f32| {
-            let expand = |base: &[f32]| {
-                let mut out = Vec::with_capacity(base.len() * n_heads);
-                for row in base.chunks(hd) {
-                    for _ in 0..n_heads {
-                        out.extend(row.iter().map(|x| x * scale));
-                    }
-                }
-                Tensor::<B, 2>::from_data(TensorData::new(out, [rows, t * n_heads * hd]), device)
-            };
-            RopeTables { cos: expand(&base_cos), sin: expand(&base_sin) }
-        };
+        let positions: Vec<usize> =
+            (0..rows).flat_map(|r| (0..t).map(move |q| layout.position(r, layout.start + q))).collect();
+        let [query, key] = rope_tables(&positions, rows, rope, heads, device);
 
         let bias = if t == 1 && !padded {
             None
@@ -173,11 +185,6 @@ impl<B: Backend> LayoutTensors<B> {
             Some(Tensor::from_data(TensorData::new(bias, [rows, heads.query * per_head]), device))
         };
 
-        LayoutTensors {
-            query: tables(heads.query, scale),
-            key: tables(heads.key_value, 1.0),
-            bias,
-            compute: Default::default(),
-        }
+        LayoutTensors { query, key, bias, compute: Default::default() }
     }
 }

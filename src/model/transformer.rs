@@ -37,6 +37,8 @@ use super::layout::{Heads, Layout, LayoutTensors, RopeTables};
 use super::lora::LoraAdapter;
 use super::rope::Rope;
 use crate::backend::attention::swap_middle;
+use crate::backend::fused::CpuBackend;
+use crate::backend::packed_attention::{self, PackedSeq};
 use crate::backend::packed_weight::{self, PackedWeight};
 use crate::backend::{cast, gpu_kernels, keeps_half};
 use crate::dtype::{ComputeDtype, f32_weight};
@@ -216,6 +218,32 @@ impl<B: Backend> Attention<B> {
         };
         let bias = layout.bias.as_ref();
         crate::backend::attention::attention_read_as(q, k, v, bias, c, self.output_read_as(c), shared)
+    }
+
+    /// [`Self::attend`] over packed sequences on a CPU backend (`on`,
+    /// [`packed_attention::backend`]): the projections' rows `[tokens, ·]` as
+    /// [`Self::project`] returns them, each token's RoPE position in `tables`; `[tokens, heads
+    /// · head_dim]`.
+    pub(crate) fn attend_packed(
+        &self,
+        [q, k, v]: [Tensor<B, 2>; 3],
+        tables: &[RopeTables<B>; 2],
+        seqs: &Arc<[PackedSeq]>,
+        (on, c): (CpuBackend, ComputeDtype),
+    ) -> Tensor<B, 2> {
+        let [q, k, v] =
+            [(&self.q_proj, q), (&self.k_proj, k), (&self.v_proj, v)].map(|(l, y)| f32_weight(l.add_bias(y, c)));
+        let (n, h, kvh, hd) = (q.dims()[0], self.num_heads, self.num_kv_heads, self.head_dim);
+        let mut q = q.reshape([1, n, h, hd]);
+        let mut k = k.reshape([1, n, kvh, hd]);
+        let v = swap_middle(v.reshape([1, n, kvh, hd]));
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(q, c);
+            k = kn.forward(k, c);
+        }
+        let [query, key] = tables;
+        let (q, k) = (swap_middle(apply_rope(q, query)), swap_middle(apply_rope(k, key)));
+        packed_attention::attention(q, k, v, seqs, on)
     }
 
     /// The dtype `o_proj` rounds the attention's output to, where a kernel may write it so.
@@ -468,6 +496,13 @@ impl<B: Backend> CausalLm<B> {
         let c = &self.config;
         let heads = Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim };
         LayoutTensors { compute: self.compute, ..LayoutTensors::new(layout, &Rope::new(c), heads, &self.device()) }
+    }
+
+    /// RoPE tables (query's, key's) for packed tokens at `positions`, one row.
+    pub fn rope_tables(&self, positions: &[usize]) -> [RopeTables<B>; 2] {
+        let c = &self.config;
+        let heads = Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim };
+        super::layout::rope_tables(positions, 1, &Rope::new(c), heads, &self.device())
     }
 
     /// The output projection `[vocab, hidden]` (the embedding matrix when tied), in the

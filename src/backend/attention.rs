@@ -747,42 +747,44 @@ fn backward(
                     let p = &p_block[seg.block_row(dims.t) * keys..][..seg.rows * keys];
                     let ptrs = segment_ptrs(&dims, &q, None, batch, kv, seg);
                     let g: Mat = (go[ptrs.out.0..].as_ptr(), ptrs.out.1, 1);
-                    let ds = &mut ds[..seg.rows * keys];
+                    let grads = (dq_ptr.at(ptrs.out.0), &mut *dk, &mut *dv);
                     // SAFETY: every operand is a live buffer of the shapes in `dims`; dk, dv and ds
                     // are this block's own, and the dq rows of this segment are written only here.
-                    unsafe {
-                        // dP = dO vᵀ, then dS = P ∘ (dP − rowsum(P ∘ dP)).
-                        matmul_into(seg.rows, seg.keys, d, (ds.as_mut_ptr(), keys, 1), false, g, (vp.0, 1, vp.1));
-                        for (dsr, pr) in ds.chunks_mut(keys).zip(p.chunks(keys)) {
-                            kernels::softmax_backward(&mut dsr[..seg.keys], &pr[..seg.keys]);
-                        }
-                        // dv += Pᵀ dO; dq = dS k; dk += dSᵀ q.
-                        matmul_into(seg.keys, d, seg.rows, (dv.as_mut_ptr(), d, 1), true, (p.as_ptr(), 1, keys), g);
-                        matmul_into(
-                            seg.rows,
-                            d,
-                            seg.keys,
-                            (dq_ptr.at(ptrs.out.0), ptrs.out.1, 1),
-                            false,
-                            (ds.as_ptr(), keys, 1),
-                            kp,
-                        );
-                        matmul_into(
-                            seg.keys,
-                            d,
-                            seg.rows,
-                            (dk.as_mut_ptr(), d, 1),
-                            true,
-                            (ds.as_ptr(), 1, keys),
-                            ptrs.q,
-                        );
-                    }
+                    unsafe { segment_backward(seg, [keys, d], (p, g, ptrs.q), (kp, vp), grads, ds) };
                 }
             },
         );
     let dq = FlexTensor::from_data(TensorData::new(dq, [dims.batch, dims.t, dims.heads, d])).transpose(1, 2);
     let kv_shape = [dims.batch, dims.kv_heads, keys, d];
     (dq, FlexTensor::from_data(TensorData::new(dk, kv_shape)), FlexTensor::from_data(TensorData::new(dv, kv_shape)))
+}
+
+/// One segment's share of a block's backward pass: `dP = dO vᵀ`, `dS = P ∘ (dP − rowsum(P ∘
+/// dP))`, then `dv += Pᵀ dO`, `dq = dS k` into its rows (`dq`, `g`'s row stride apart) and `dk
+/// += dSᵀ q`. `p` holds its probabilities and `ds` room for its `dS`, rows `keys` apart; `g`
+/// its output gradient's rows, `q` its queries'; `dk` and `dv` are `[keys, dim]`.
+///
+/// SAFETY: the caller guarantees every operand is valid for the segment's shapes, and that
+/// nobody else reads or writes the segment's dq rows, `dk`, `dv` or `ds` meanwhile.
+pub(super) unsafe fn segment_backward(
+    seg: &Segment,
+    [keys, d]: [usize; 2],
+    (p, g, q): (&[f32], Mat, Mat),
+    (kp, vp): (Mat, Mat),
+    (dq, dk, dv): (*mut f32, &mut [f32], &mut [f32]),
+    ds: &mut [f32],
+) {
+    let ds = &mut ds[..seg.rows * keys];
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        matmul_into(seg.rows, seg.keys, d, (ds.as_mut_ptr(), keys, 1), false, g, (vp.0, 1, vp.1));
+        for (dsr, pr) in ds.chunks_mut(keys).zip(p.chunks(keys)) {
+            kernels::softmax_backward(&mut dsr[..seg.keys], &pr[..seg.keys]);
+        }
+        matmul_into(seg.keys, d, seg.rows, (dv.as_mut_ptr(), d, 1), true, (p.as_ptr(), 1, keys), g);
+        matmul_into(seg.rows, d, seg.keys, (dq, g.1, 1), false, (ds.as_ptr(), keys, 1), kp);
+        matmul_into(seg.keys, d, seg.rows, (dk.as_mut_ptr(), d, 1), true, (ds.as_ptr(), 1, keys), q);
+    }
 }
 
 // --- the autodiff op -----------------------------------------------------------------------

@@ -22,7 +22,8 @@ use rayon::prelude::*;
 
 use super::Cpu;
 use super::attention::{
-    BlockKv, Dims, Mat, PARALLEL_WORK, Reads, SharedMut, View, matmul_into, scratch_len, segment_scores, segment_values,
+    BlockKv, Dims, Mat, PARALLEL_WORK, Reads, SharedMut, View, scratch_len, segment_backward, segment_scores,
+    segment_values,
 };
 use super::fused::{AdTensor, CpuBackend, ad, contiguous, cpu_backend, elems, flex};
 use super::kernels;
@@ -290,20 +291,9 @@ fn block_backward(
         let p = &p_block[seg.block_row(block.dims.t) * keys..][..seg.rows * keys];
         let (q_rows, (at, row)) = segment_rows(q, block, seg);
         let g: Mat = (go[at..].as_ptr(), row, 1);
-        let ds = &mut ds[..seg.rows * keys];
         // SAFETY: every operand is a live buffer of the block's shapes; dk, dv and ds are this
         // block's own, and the dq rows of this segment are written only here.
-        unsafe {
-            // dP = dO vᵀ, then dS = P ∘ (dP − rowsum(P ∘ dP)).
-            matmul_into(seg.rows, seg.keys, d, (ds.as_mut_ptr(), keys, 1), false, g, (vp.0, 1, vp.1));
-            for (dsr, pr) in ds.chunks_mut(keys).zip(p.chunks(keys)) {
-                kernels::softmax_backward(&mut dsr[..seg.keys], &pr[..seg.keys]);
-            }
-            // dv += Pᵀ dO; dq = dS k; dk += dSᵀ q.
-            matmul_into(seg.keys, d, seg.rows, (dv.as_mut_ptr(), d, 1), true, (p.as_ptr(), 1, keys), g);
-            matmul_into(seg.rows, d, seg.keys, (dq.at(at), row, 1), false, (ds.as_ptr(), keys, 1), kp);
-            matmul_into(seg.keys, d, seg.rows, (dk.as_mut_ptr(), d, 1), true, (ds.as_ptr(), 1, keys), q_rows);
-        }
+        unsafe { segment_backward(seg, [keys, d], (p, g, q_rows), (kp, vp), (dq.at(at), &mut dk, &mut dv), ds) };
     }
     (dk, dv)
 }

@@ -39,7 +39,7 @@ use crate::dtype::ComputeDtype;
 
 /// Queries per GEMM block: the block's scores (`QUERY_BLOCK × keys` floats) stay in cache,
 /// and keys after the block's last query are skipped.
-pub(super) const QUERY_BLOCK: usize = 64;
+const QUERY_BLOCK: usize = 64;
 
 /// The dtype of a KV cache that scoring or training reads: the attention's
 /// ([`ComputeDtype::attention`]), except on the CPU backends, where it is f32: the fused
@@ -385,7 +385,8 @@ impl Bias {
 /// A raw pointer that rayon blocks may share: every block writes elements no other touches.
 #[derive(Clone, Copy)]
 pub(super) struct SharedMut(pub(super) *mut f32);
-// SAFETY: used only for outputs whose (batch row, head) parts are written by one block each.
+// SAFETY: used only for outputs whose (batch row or packed sequence, head) parts are written by
+// one block each.
 unsafe impl Send for SharedMut {}
 unsafe impl Sync for SharedMut {}
 

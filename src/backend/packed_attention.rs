@@ -8,8 +8,9 @@
 //!
 //! Each (sequence, KV head) block runs [`super::attention`]'s segments and GEMMs; a sequence
 //! that continues a prompt reads the prompt's keys and values and its own copied side by side
-//! (a few rows, against its GEMMs over all of them). The causal mask is set in the scores
-//! themselves, not read from a bias tensor. The other backends run the passes one by one.
+//! (`keys · dim` floats each, against its products' `group · len · keys · dim` multiply-adds).
+//! The causal mask is set in the scores themselves, not read from a bias tensor. The other
+//! backends run the passes one by one.
 
 use std::sync::Arc;
 
@@ -71,7 +72,10 @@ pub(crate) fn attention<B: Backend>(
         k.dims(),
         v.dims()
     );
+    assert!(k.dims()[0] == 1 && k.dims()[1] > 0, "packed attention: k {:?}", k.dims());
     assert!(seqs.iter().all(|s| s.first + s.len <= t && s.prefix + s.prefix_len <= t), "a sequence past the tokens");
+    // Each block writes its sequence's own rows of the output and of dq unsynchronised.
+    assert!(seqs.windows(2).all(|w| w[0].first + w[0].len <= w[1].first), "sequences overlap or are out of order");
     match on {
         CpuBackend::Plain => tensor::<B, 2, _>(forward(&flex(q), &flex(k), &flex(v), seqs, None)),
         CpuBackend::Autodiff => tensor::<B, 2, _>(autodiff_forward(ad(q), ad(k), ad(v), seqs.clone())),
@@ -176,18 +180,7 @@ fn forward(
 
     let run_block = |block: &Block, probs: &mut [f32], wide: &mut Vec<f32>, keep: bool| {
         let (kp, vp) = block_kv(&k, &v, block, wide);
-        let reads = Reads { own: BlockKv::F32(kp, vp), shared: None };
-        let keys = block.dims.keys;
-        for seg in &block.dims.segments() {
-            let at = if keep { seg.block_row(block.dims.t) * keys } else { 0 };
-            let p = &mut probs[at..at + seg.rows * keys];
-            let (q_rows, (out_at, out_row)) = segment_rows(&q, block, seg);
-            segment_scores(&block.dims, seg, q_rows, reads, p);
-            probabilities(block, seg, p);
-            // SAFETY: the segment's output rows (one head's queries of this sequence, or its one
-            // query's heads of the group) belong to this block alone; `out` outlives the loop.
-            unsafe { segment_values(&block.dims, seg, p, reads, (out_ptr.at(out_at), out_row)) };
-        }
+        block_forward(block, (&q, kp, vp), probs, keep, out_ptr);
     };
 
     match keep {
@@ -209,6 +202,23 @@ fn forward(
         }
     }
     FlexTensor::from_data(TensorData::new(out, [tokens, width]))
+}
+
+/// One block's forward pass: its output rows written into `out` (`[tokens, heads · dim]`), its
+/// probabilities into `probs` (all of them when `keep`, else one segment's at a time).
+fn block_forward(block: &Block, (q, kp, vp): (&View, Mat, Mat), probs: &mut [f32], keep: bool, out: SharedMut) {
+    let reads = Reads { own: BlockKv::F32(kp, vp), shared: None };
+    let keys = block.dims.keys;
+    for seg in &block.dims.segments() {
+        let at = if keep { seg.block_row(block.dims.t) * keys } else { 0 };
+        let p = &mut probs[at..at + seg.rows * keys];
+        let (q_rows, (out_at, out_row)) = segment_rows(q, block, seg);
+        segment_scores(&block.dims, seg, q_rows, reads, p);
+        probabilities(block, seg, p);
+        // SAFETY: the segment's output rows (one head's queries of this sequence, or its one
+        // query's heads of the group) belong to this block alone; `out` outlives the call.
+        unsafe { segment_values(&block.dims, seg, p, reads, (out.at(out_at), out_row)) };
+    }
 }
 
 /// The blocks' parts of the kept probabilities, in block order.
@@ -421,6 +431,10 @@ mod tests {
                 t.into_data().to_vec::<f32>().unwrap().iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             };
             assert_eq!(bits(packed.clone()), bits(alone), "{heads} heads, {kv} KV heads of {dim}");
+            // The autodiff op's forward (which keeps the probabilities) writes the same output.
+            let [tq, tk, tv] = [&q, &k, &v].map(|x| Tensor::<Ad, 4>::from_inner(x.clone()).require_grad());
+            let tracked = attention(tq, tk, tv, &seqs, backend::<Ad>().expect("autodiff on the CPU"));
+            assert_eq!(bits(tracked.inner()), bits(packed.clone()), "tracked, {heads} heads, {kv} KV heads of {dim}");
             let err = max_error(packed, reference);
             assert!(err < 1e-5, "{heads} heads, {kv} KV heads of {dim}: max error {err} against burn's ops");
         }

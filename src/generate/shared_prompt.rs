@@ -2,12 +2,12 @@
 //!
 //! A GRPO group is G responses to one prompt: laid out as G full sequences, the prompt's
 //! tokens go through every layer G times, forward and backward. Here each distinct prompt runs
-//! once, its keys and values fan out to its responses through the KV cache (as
-//! [`super::generate`] fans a prefill out to its samples), and the responses run on top: the
-//! same hidden states, to rounding, with the prompt's share of the work divided by G. In a
-//! training pass the fan-out is a row selection, whose backward sums the responses' gradients
-//! into the one prompt pass; on the CPU backends the responses read the prompt's keys and
-//! values where its pass left them, with no fan-out ([`packed_attention`]).
+//! once and its responses run on top, reading its keys and values: the same hidden states, to
+//! rounding, with the prompt's share of the work divided by G. On the CPU backends they read
+//! them where the prompt's pass left them ([`packed_attention`]); on the others the keys and
+//! values fan out to the responses through the KV cache (as [`super::generate`] fans a prefill
+//! out to its samples), a row selection whose backward sums the responses' gradients into the
+//! one prompt pass.
 //!
 //! Prompts that are not identical but begin alike (a multi-turn team's K episodes of one task,
 //! whose later turns' prompts differ by what each episode did) share that beginning the same
@@ -159,15 +159,15 @@ struct Pass {
     len: usize,
     /// Each row's tokens (`len` for the longest).
     lens: Vec<usize>,
-    /// Whether it continues the last prompt pass before it (one that does not continue), over
-    /// that pass's keys and values fanned out to each of its rows.
+    /// Whether it continues the last prompt pass before it (one that does not continue): its
+    /// rows see that pass's keys and values first.
     continues: bool,
 }
 
-/// What one more pass costs beside its tokens, in tokens: each pass gathers its rows' keys,
-/// queries and values and runs an attention of its own, and on a GPU launches the attention's
-/// kernels of every layer again. A batch splits into passes of like lengths only where that
-/// saves more padding than this.
+/// What one more pass costs beside its tokens, in tokens: on a GPU each pass gathers its rows'
+/// keys, queries and values and launches the attention's kernels of every layer again. A batch
+/// splits into passes of like lengths only where that saves more padding than this. (The
+/// CPU's packed attention runs no padding: the cut changes nothing there.)
 pub const PASS_OVERHEAD_TOKENS: usize = 256;
 
 /// Rows of lengths `lens` cut into passes (row indices, each pass's in row order, longest

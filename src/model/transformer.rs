@@ -191,20 +191,7 @@ impl<B: Backend> Attention<B> {
             Err(back) => back,
         };
         let c = layout.compute;
-        // The GPU's products may be in half precision (see `Linear::forward`).
-        let [q, k, v] =
-            [(&self.q_proj, q), (&self.k_proj, k), (&self.v_proj, v)].map(|(l, y)| f32_weight(l.add_bias(y, c)));
-        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let mut q = q.reshape([b, t, h, hd]);
-        let mut k = k.reshape([b, t, kvh, hd]);
-        let v = swap_middle(v.reshape([b, t, kvh, hd]));
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = qn.forward(q, c);
-            k = kn.forward(k, c);
-        }
-        // RoPE in the projections' own contiguous layout; q also takes the 1/sqrt(d) scale.
-        let q = swap_middle(apply_rope(q, &layout.query));
-        let k = swap_middle(apply_rope(k, &layout.key));
+        let [q, k, v] = self.heads([q, k, v], [b, t], [&layout.query, &layout.key], c);
 
         let (k, v, shared) = match cache {
             // Cached in the attention's dtype: a bf16 cache is half the bytes to hold and read
@@ -231,19 +218,34 @@ impl<B: Backend> Attention<B> {
         seqs: &Arc<[PackedSeq]>,
         (on, c): (CpuBackend, ComputeDtype),
     ) -> Tensor<B, 2> {
+        let n = q.dims()[0];
+        let [q, k, v] = self.heads([q, k, v], [1, n], [&tables[0], &tables[1]], c);
+        packed_attention::attention(q, k, v, seqs, on)
+    }
+
+    /// The projections' rows of `b` sequences of `t` slots as the attention reads them, each a
+    /// head-major view of the token-major rows: biases added, in f32, q and k normed (Qwen3)
+    /// and rotated by `query` and `key`.
+    fn heads(
+        &self,
+        [q, k, v]: [Tensor<B, 2>; 3],
+        [b, t]: [usize; 2],
+        [query, key]: [&RopeTables<B>; 2],
+        c: ComputeDtype,
+    ) -> [Tensor<B, 4>; 3] {
+        // The GPU's products may be in half precision (see `Linear::forward`).
         let [q, k, v] =
             [(&self.q_proj, q), (&self.k_proj, k), (&self.v_proj, v)].map(|(l, y)| f32_weight(l.add_bias(y, c)));
-        let (n, h, kvh, hd) = (q.dims()[0], self.num_heads, self.num_kv_heads, self.head_dim);
-        let mut q = q.reshape([1, n, h, hd]);
-        let mut k = k.reshape([1, n, kvh, hd]);
-        let v = swap_middle(v.reshape([1, n, kvh, hd]));
+        let (h, kvh, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let mut q = q.reshape([b, t, h, hd]);
+        let mut k = k.reshape([b, t, kvh, hd]);
+        let v = swap_middle(v.reshape([b, t, kvh, hd]));
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(q, c);
             k = kn.forward(k, c);
         }
-        let [query, key] = tables;
-        let (q, k) = (swap_middle(apply_rope(q, query)), swap_middle(apply_rope(k, key)));
-        packed_attention::attention(q, k, v, seqs, on)
+        // RoPE in the projections' own contiguous layout; q also takes the 1/sqrt(d) scale.
+        [swap_middle(apply_rope(q, query)), swap_middle(apply_rope(k, key)), v]
     }
 
     /// The dtype `o_proj` rounds the attention's output to, where a kernel may write it so.
@@ -493,16 +495,18 @@ impl<B: Backend> CausalLm<B> {
 
     /// RoPE tables and attention mask for `layout`, on the model's device.
     pub fn layout_tensors(&self, layout: &Layout) -> LayoutTensors<B> {
+        let (rope, heads) = (Rope::new(&self.config), self.head_geometry());
+        LayoutTensors { compute: self.compute, ..LayoutTensors::new(layout, &rope, heads, &self.device()) }
+    }
+
+    fn head_geometry(&self) -> Heads {
         let c = &self.config;
-        let heads = Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim };
-        LayoutTensors { compute: self.compute, ..LayoutTensors::new(layout, &Rope::new(c), heads, &self.device()) }
+        Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim }
     }
 
     /// RoPE tables (query's, key's) for packed tokens at `positions`, one row.
     pub fn rope_tables(&self, positions: &[usize]) -> [RopeTables<B>; 2] {
-        let c = &self.config;
-        let heads = Heads { query: c.num_attention_heads, key_value: c.num_key_value_heads, dim: c.head_dim };
-        super::layout::rope_tables(positions, 1, &Rope::new(c), heads, &self.device())
+        super::layout::rope_tables(positions, 1, &Rope::new(&self.config), self.head_geometry(), &self.device())
     }
 
     /// The output projection `[vocab, hidden]` (the embedding matrix when tied), in the

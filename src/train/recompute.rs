@@ -17,8 +17,8 @@
 //!
 //! The passes are [`Passes`]'s: when responses share prompts (a group's samples) or prompt
 //! beginnings, each shared prompt or prefix runs once in the forward pass and in each layer's
-//! recomputation, and its keys and values fan out to the responses, so its gradient sums the
-//! responses' through the fan-out.
+//! recomputation, and the responses read its keys and values (on the CPU in one attention op,
+//! elsewhere fanned out through a cache), so its gradient sums the responses'.
 
 use burn::backend::Autodiff;
 use burn::module::AutodiffModule;

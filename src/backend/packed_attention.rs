@@ -65,14 +65,15 @@ pub(crate) fn attention<B: Backend>(
     on: CpuBackend,
 ) -> Tensor<B, 2> {
     let [_, h, t, d] = q.dims();
+    let [kb, kvh, kt, kd] = k.dims();
+    // `kvh > 0` before the remainder.
     assert!(
-        q.dims()[0] == 1 && k.dims() == v.dims() && k.dims()[2] == t && k.dims()[3] == d && h % k.dims()[1] == 0,
+        q.dims()[0] == 1 && kb == 1 && k.dims() == v.dims() && kt == t && kd == d && kvh > 0 && h % kvh == 0,
         "packed attention: q {:?}, k {:?}, v {:?} do not fit together",
         q.dims(),
         k.dims(),
         v.dims()
     );
-    assert!(k.dims()[0] == 1 && k.dims()[1] > 0, "packed attention: k {:?}", k.dims());
     assert!(seqs.iter().all(|s| s.first + s.len <= t && s.prefix + s.prefix_len <= t), "a sequence past the tokens");
     // Each block writes its sequence's own rows of the output and of dq unsynchronised.
     assert!(seqs.windows(2).all(|w| w[0].first + w[0].len <= w[1].first), "sequences overlap or are out of order");
@@ -91,6 +92,18 @@ struct Block {
     probs: usize,
 }
 
+impl Block {
+    /// How many probabilities the forward pass keeps for it.
+    fn kept(&self) -> usize {
+        self.dims.block_rows() * self.dims.keys
+    }
+
+    /// Floats of its largest segment's scores.
+    fn scratch(&self) -> usize {
+        scratch_len(&self.dims.segments(), self.dims.keys)
+    }
+}
+
 /// The blocks of `seqs` over `kv_heads`, sequence by sequence, and how many probabilities they
 /// keep together.
 fn blocks(seqs: &[PackedSeq], [heads, kv_heads, dim]: [usize; 3]) -> (Vec<Block>, usize) {
@@ -100,8 +113,9 @@ fn blocks(seqs: &[PackedSeq], [heads, kv_heads, dim]: [usize; 3]) -> (Vec<Block>
         let keys = seq.prefix_len + seq.len;
         let dims = Dims { batch: 1, heads, kv_heads, t: seq.len, keys, dim };
         for kv in 0..kv_heads {
-            out.push(Block { seq: *seq, kv, dims, probs });
-            probs += dims.block_rows() * keys;
+            let block = Block { seq: *seq, kv, dims, probs };
+            probs += block.kept();
+            out.push(block);
         }
     }
     (out, probs)
@@ -186,12 +200,12 @@ fn forward(
     match keep {
         Some(probs) => {
             *probs = vec![0f32; kept];
-            let parts = split_probs(probs, &blocks, kept);
+            let parts = split_probs(probs, &blocks);
             (blocks.par_iter().zip(parts)).for_each_init(Vec::new, |wide, (block, p)| run_block(block, p, wide, true));
         }
         None => {
-            let scratch = blocks.iter().map(|b| scratch_len(&b.dims.segments(), b.dims.keys)).max().unwrap_or(0);
-            let work: usize = blocks.iter().map(|b| b.dims.block_rows() * b.dims.keys * b.dims.dim).sum();
+            let scratch = blocks.iter().map(Block::scratch).max().unwrap_or(0);
+            let work: usize = blocks.iter().map(|b| b.kept() * b.dims.dim).sum();
             let init = || (vec![0f32; scratch], Vec::new());
             if work >= PARALLEL_WORK {
                 blocks.par_iter().for_each_init(init, |(p, wide), block| run_block(block, p, wide, false));
@@ -222,21 +236,14 @@ fn block_forward(block: &Block, (q, kp, vp): (&View, Mat, Mat), probs: &mut [f32
 }
 
 /// The blocks' parts of the kept probabilities, in block order.
-fn split_probs<'a>(mut probs: &'a mut [f32], blocks: &[Block], kept: usize) -> Vec<&'a mut [f32]> {
-    let ends = blocks.iter().skip(1).map(|b| b.probs).chain(std::iter::once(kept));
+fn split_probs<'a>(mut probs: &'a mut [f32], blocks: &[Block]) -> Vec<&'a mut [f32]> {
     let mut parts = Vec::with_capacity(blocks.len());
-    for (block, end) in blocks.iter().zip(ends) {
-        let (part, rest) = std::mem::take(&mut probs).split_at_mut(end - block.probs);
+    for block in blocks {
+        let (part, rest) = std::mem::take(&mut probs).split_at_mut(block.kept());
         parts.push(part);
         probs = rest;
     }
     parts
-}
-
-/// The parts of the kept probabilities, read-only: [`split_probs`]'s.
-fn probs_of<'a>(probs: &'a [f32], blocks: &[Block], kept: usize) -> Vec<&'a [f32]> {
-    let ends = blocks.iter().skip(1).map(|b| b.probs).chain(std::iter::once(kept));
-    blocks.iter().zip(ends).map(|(b, end)| &probs[b.probs..end]).collect()
 }
 
 /// Gradients of q (`[1, heads, tokens, dim]`, a view of token-major memory), k and v (`[1,
@@ -256,16 +263,18 @@ fn backward(
     let (q, k, v) = (View::of(q), View::of(k), View::of(v));
     let grad = contiguous(grad);
     let go = elems(&grad);
-    let (blocks, kept) = blocks(seqs, shape);
+    let (blocks, _) = blocks(seqs, shape);
     let mut dq = vec![0f32; tokens * heads * d];
     let dq_ptr = SharedMut(dq.as_mut_ptr());
-    let scratch = blocks.iter().map(|b| scratch_len(&b.dims.segments(), b.dims.keys)).max().unwrap_or(0);
+    let scratch = blocks.iter().map(Block::scratch).max().unwrap_or(0);
 
-    let per_block: Vec<(Vec<f32>, Vec<f32>)> = (blocks.par_iter().zip(probs_of(probs, &blocks, kept)))
+    let per_block: Vec<(Vec<f32>, Vec<f32>)> = blocks
+        .par_iter()
         .map_init(
             || (vec![0f32; scratch], Vec::new()),
-            |(ds, wide), (block, p_block)| {
+            |(ds, wide), block| {
                 let (kp, vp) = block_kv(&k, &v, block, wide);
+                let p_block = &probs[block.probs..block.probs + block.kept()];
                 block_backward(block, (&q, kp, vp), p_block, (go, dq_ptr), ds)
             },
         )

@@ -39,7 +39,7 @@ use std::sync::Arc;
 use burn::tensor::{Int, Tensor, TensorData, backend::Backend};
 
 use crate::backend::fused::CpuBackend;
-use crate::backend::gather::{gather_rows, row_range};
+use crate::backend::gather::gather_rows;
 use crate::backend::packed_attention::{self, PackedSeq};
 use crate::dtype::ComputeDtype;
 use crate::model::layout::RopeTables;
@@ -552,8 +552,10 @@ impl<B: Backend> PassTensors<B> {
     fn slots_of(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
         match &self.gather {
             Some([[reads, back], _]) => gather_rows(x, reads.clone(), back.clone()),
-            // A view, whose gradient is cheaper than `slice`'s (`row_range`).
-            None => row_range(x, self.first..self.first + self.tokens),
+            None => {
+                let width = x.dims()[1];
+                x.slice([self.first..self.first + self.tokens, 0..width])
+            }
         }
     }
 

@@ -33,15 +33,21 @@ def main():
     model = ["--model", args.gguf] if args.gguf else []
     torch_model = ["--gguf", args.gguf] if args.gguf else []
     rates = {"hacpo": {}, "torch": {}}
+    machine = None
     for _ in range(args.rounds):
         for who, cmd in [("hacpo", [args.hacpo, "bench", "--format", "json", "--reps", str(args.reps)] + model),
                          ("torch", [args.python, os.path.join(HERE, "bench_pytorch.py"), "--reps", str(args.reps)] + torch_model)]:
-            for r in run_json(cmd)["results"]:
+            out = run_json(cmd)
+            machine = machine or out.get("machine")
+            for r in out["results"]:
                 rates[who].setdefault(f"{r['name']} (batch {r['batch']})", []).append(r["tokens_per_second"])
     print(f"{'phase':<24} {'hacpo tok/s':>12} {'torch tok/s':>12} {'ratio':>7}")
     for phase, values in rates["hacpo"].items():
         h, t = statistics.median(values), statistics.median(rates["torch"][phase])
         print(f"{phase:<24} {h:>12.1f} {t:>12.1f} {h / t:>6.2f}x")
+    if machine:  # hacpo bench names it since 2026-12-02; an older build does not
+        numbers = f" (family {machine['family']}, model {machine['model']})" if machine.get("family") is not None else ""
+        print(f"machine: {machine['cpu']}{numbers}, {machine['cores']} cores, {' '.join(machine['flags'])}")
 
 
 if __name__ == "__main__":

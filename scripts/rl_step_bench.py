@@ -227,6 +227,31 @@ def trl_worker(args):
                       "trl": __import__("trl").__version__}))
 
 
+def machine(device):
+    """The CPU (model name, family and model numbers, the vector flags kernels pick by) and, on
+    CUDA, the GPUs: figures from different machines are not comparable."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        text = ""
+    first = text.split("\n\n")[0]
+    fields = dict((k.strip(), v.strip()) for k, _, v in (l.partition(":") for l in first.splitlines()) if v)
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "asimd", "sve", "bf16"]
+    cpu = fields.get("model name", os.uname().machine)
+    if "cpu family" in fields:
+        cpu += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
+    line = f"{cpu}, {os.cpu_count()} cores, {' '.join(f for f in wanted if f in flags)}"
+    if device == "cuda":
+        try:
+            gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                                  capture_output=True, text=True, timeout=30).stdout.strip()
+            line += f"; GPU: {'; '.join(gpus.splitlines()) or 'nvidia-smi printed nothing'}"
+        except (OSError, subprocess.SubprocessError):
+            line += "; GPU: nvidia-smi not found"
+    return line
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--hacpo", default=os.path.join(HERE, "..", "target", "release", "hacpo"))
@@ -302,6 +327,7 @@ def main():
         print(f"{who:<26} {median:>8.1f} {reference / median:>8.2f}x   {stages}")
     where = "cuda" if args.device == "cuda" else f"{args.threads} threads"
     print(f"({sum(len(v) for v in steps.values())} steps timed, {where}, model {args.model})")
+    print(f"machine: {machine(args.device)}")
 
 
 if __name__ == "__main__":

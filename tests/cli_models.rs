@@ -1,7 +1,7 @@
 //! What README promises about configs and models that no other test covers: every file in
 //! `configs/` validates, `hacpo models` lists the zoo and what is cached, a zoo id resolves
 //! from a local hub cache with no network, and `hacpo convert --dtype bf16` writes bf16 weights
-//! that load back as the model rounded to bf16.
+//! that load back as the model rounded to bf16, and `hacpo bench` names the machine it measured.
 
 mod common;
 
@@ -158,4 +158,26 @@ fn convert_to_bf16_writes_bf16_weights_that_load_as_the_rounded_model() {
     let worst = a.iter().flatten().zip(b.iter().flatten()).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     assert!(worst > 0.0, "bf16 changed nothing: the weights were not rounded");
     assert!(worst < 0.05 * scale, "bf16 logits differ by {worst} (scale {scale})");
+}
+
+/// A figure is only comparable with its CPU beside it: `hacpo bench` names the CPU
+/// `/proc/cpuinfo` gives, and the cores.
+#[test]
+fn bench_names_the_machine_it_measured() {
+    let dir = common::tiny_model_dir("qwen3-tiny");
+    let args = ["bench", "--model", dir.path().to_str().unwrap(), "--reps", "1", "--no-train"];
+    let small = ["--prefill-batch", "1", "--prefill-len", "4", "--decode-batch", "1", "--new-tokens", "1"];
+    let out = hacpo(&[&args[..], &small, &["--format", "json"]].concat(), &[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("machine: "), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --format json prints JSON");
+    let machine = &report["machine"];
+    assert!(machine["cores"].as_u64().is_some_and(|n| n >= 1), "{machine}");
+    assert!(machine["flags"].is_array(), "{machine}");
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model_name = cpuinfo.lines().find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == "model name"));
+    if let Some((_, name)) = model_name {
+        assert_eq!(machine["cpu"], name.trim(), "{machine}");
+    }
 }

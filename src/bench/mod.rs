@@ -17,6 +17,7 @@ use crate::generate::{GenerateRequest, GenerationStats, SamplingParams, generate
 use crate::model::{CausalLm, Layout, ModelConfig};
 use crate::train::optim::{AdamW, AdamWConfig, GradStore};
 
+pub mod machine;
 pub mod trainer;
 
 /// A ~5M-parameter Llama-architecture config (vocab 8192, hidden 256, 4 layers, GQA 4/2).

@@ -270,12 +270,14 @@ fn run_on<B: burn::tensor::backend::Backend>(
     let params = model.config.num_parameters();
     // A figure depends on the instructions the kernels ran (HACPO_CPU_KERNELS may cap them).
     let kernels = hacpo::backend::kernels::level().name();
+    let machine = bench::machine::Machine::here();
     eprintln!(
         "benchmarking {name} ({params} parameters) on {}, {} matmuls, with {} threads, hacpo's CPU kernels at {kernels}",
         args.device,
         args.compute_dtype,
         rayon::current_num_threads()
     );
+    eprintln!("machine: {}", machine.describe());
     let mut results: Vec<Measurement> = vec![bench::prefill(&model, args.prefill_batch, args.prefill_len, args.reps)];
     for &b in &args.decode_batch {
         results.push(bench::decode(&model, [b, args.decode_samples], args.prompt_len, args.new_tokens, args.reps));
@@ -290,6 +292,7 @@ fn run_on<B: burn::tensor::backend::Backend>(
         Format::Json => {
             let out = serde_json::json!({"model": name, "parameters": params, "device": args.device,
                 "compute_dtype": args.compute_dtype, "threads": rayon::current_num_threads(), "cpu_kernels": kernels,
+                "machine": machine,
                 "decode_samples": args.decode_samples,
                 "results": results, "memory": memory});
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
@@ -341,11 +344,13 @@ fn run_trainer<B: burn::tensor::backend::Backend>(
         opts.max_new_tokens,
         rayon::current_num_threads()
     );
+    let machine = bench::machine::Machine::here();
+    eprintln!("machine: {}", machine.describe());
     let r = bench::trainer::run::<B>(&opts, device)?;
     match args.format {
         Format::Json => {
             let out = serde_json::json!({"device": args.device, "threads": rayon::current_num_threads(),
-                "tokens_per_second": r.tokens_per_second(), "breakdown": r});
+                "machine": machine, "tokens_per_second": r.tokens_per_second(), "breakdown": r});
             println!("{}", serde_json::to_string_pretty(&out).expect("json"));
         }
         Format::Text => {

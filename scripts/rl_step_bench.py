@@ -237,7 +237,9 @@ def machine(device):
     first = text.split("\n\n")[0]
     fields = dict((k.strip(), v.strip()) for k, _, v in (l.partition(":") for l in first.splitlines()) if v)
     flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "asimd", "sve", "bf16"]
+    # The same flags as hacpo bench's (src/bench/machine.rs, FLAGS), so the two name a CPU alike.
+    wanted = ["avx2", "fma", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16", "amx_tile", "asimd", "sve", "bf16",
+              "i8mm"]
     cpu = fields.get("model name", os.uname().machine)
     if "cpu family" in fields:
         cpu += f" (family {fields['cpu family']}, model {fields.get('model', '?')})"
